@@ -1,0 +1,48 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Provenance of this vLLM build: which upstream, patches and overlay it was made from.
+
+The XPU Laguna series writes ``xpu_laguna_provenance.json`` next to this module when it
+builds a wheel (pins, each patch's name and sha256, overlay file hashes, the tool revision).
+``python -m vllm.xpu_laguna_provenance`` prints it; the series' ``verify`` command checks it.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+PROVENANCE_FILE = "xpu_laguna_provenance.json"
+
+
+def load() -> dict[str, Any] | None:
+    """The provenance record of this installation, or None for a build without one."""
+    path = Path(__file__).with_name(PROVENANCE_FILE)
+    if not path.is_file():
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def summary(record: dict[str, Any]) -> str:
+    pins = record.get("pins", {}).get("vllm", {})
+    lines = [
+        f"vLLM {pins.get('version')} ({pins.get('commit')}) + XPU Laguna series "
+        f"{record.get('label')}",
+        f"tool revision {record.get('tool', {}).get('revision')}",
+    ]
+    lines += [f"  patch {p['name']} sha256 {p['sha256'][:16]}" for p in record.get("patches", [])]
+    lines += [f"  overlay {o['path']} sha256 {o['sha256'][:16]}" for o in record.get("overlay", [])]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    record = load()
+    if record is None:
+        print("this vLLM carries no XPU Laguna provenance record", file=sys.stderr)
+        sys.exit(1)
+    if "--json" in sys.argv[1:]:
+        print(json.dumps(record, indent=2, sort_keys=True))
+    else:
+        print(summary(record))

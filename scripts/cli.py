@@ -1,0 +1,92 @@
+"""Command line of the tooling: ``python -m scripts COMMAND [options]`` (nox sessions call it)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from scripts.errors import ToolError
+
+
+def _apply(args: argparse.Namespace) -> None:
+    from scripts.worktree import apply
+
+    apply(force=args.force, source=args.source, offline=args.offline)
+
+
+def _export(args: argparse.Namespace) -> None:
+    from scripts.export import export
+
+    export(check=args.check)
+
+
+def _lint(args: argparse.Namespace) -> None:
+    from scripts.lint import lint
+
+    lint(offline=args.offline, static_only=args.static_only)
+
+
+def _build(args: argparse.Namespace) -> None:
+    from scripts.build import build
+
+    build()
+
+
+def _verify(args: argparse.Namespace) -> None:
+    from scripts.provenance import verify
+
+    verify(args.target, python=args.python)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from scripts.bench import main as bench_main
+
+    bench_main(rounds=args.rounds)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="python -m scripts",
+        description="Apply, export, lint, build and verify the vLLM XPU Laguna patch series.")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd.set_defaults(func=func)
+        return cmd
+
+    cmd = add("apply", _apply, "Make build/worktree = pinned upstream + patches/series + overlay/ "
+              "(a no-op when already up to date).")
+    cmd.add_argument("--force", action="store_true", help="discard uncommitted or unexported work in the tree")
+    cmd.add_argument("--source", choices=("sdist", "git"), default="sdist",
+                     help="upstream from the sdist on pip's configured index (default) or from git")
+    cmd.add_argument("--offline", action="store_true", help="use only the download cache")
+    cmd = add("export", _export, "Write the work tree's commits back to patches/ and overlay/.")
+    cmd.add_argument("--check", action="store_true", help="change nothing; fail if export would change a file")
+    cmd = add("lint", _lint, "Check series, patch headers, paths, overlay manifest and strict application.")
+    cmd.add_argument("--offline", action="store_true", help="use only the download cache")
+    cmd.add_argument("--static-only", action="store_true", help="skip the scratch application")
+    add("build", _build, "Build dist/vllm-<version>+xpu.<label>-*.whl from the work tree with provenance.")
+    cmd = add("verify", _verify, "Check a wheel file, or the installed vllm ('installed'), against this repository.")
+    cmd.add_argument("target", help="path to a wheel, or 'installed'")
+    cmd.add_argument("--python", help="with 'installed': the interpreter whose vllm to check")
+    cmd = add("bench", _bench, "Time cold/warm/no-op apply and build next to the raw baseline.")
+    cmd.add_argument("--rounds", type=int, default=1, help="repetitions of each measurement")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    start = time.monotonic()
+    try:
+        args.func(args)
+    except ToolError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    print(f"==> {args.command} finished in {time.monotonic() - start:.1f}s", file=sys.stderr)
+    return 0

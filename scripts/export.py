@@ -1,0 +1,126 @@
+"""Turn work-tree commits back into ``patches/`` and ``overlay/`` deterministically.
+
+Every commit after the pristine one becomes a patch, except the overlay commit. A later commit
+that touches only overlay files folds back into ``overlay/``; one that mixes overlay and
+upstream files is refused (split it with git first). ``apply`` then ``export`` is a fixpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from scripts.errors import ToolError
+from scripts.git import git, run_git
+from scripts.log import detail, info
+from scripts.series import read_series
+from scripts.worktree import OVERLAY_SUBJECT, Layout, read_state, write_state
+
+FORMAT_PATCH_FLAGS = ("--zero-commit", "--full-index", "--no-signature", "--no-stat", "--keep-subject",
+                      "--no-numbered", "--no-renames", "--diff-algorithm=myers", "--abbrev=40")
+
+
+def _series_header(series: Path) -> list[str]:
+    """Leading comment lines of the series file (kept across exports)."""
+    header = []
+    if series.exists():
+        for line in series.read_text(encoding="utf-8").splitlines():
+            if line.startswith("#") or not line.strip():
+                header.append(line)
+            else:
+                break
+    return header
+
+
+def export(layout: Layout | None = None, check: bool = False) -> bool:
+    """Write patches/ and overlay/ from the work tree; returns True when anything changed.
+
+    With ``check`` nothing is written and a difference is an error (CI's fixpoint check).
+    """
+    layout = layout or Layout()
+    tree = layout.worktree
+    state = read_state(tree)
+    if state is None:
+        raise ToolError(f"{tree} is not a work tree made by this tool; run nox -s apply first")
+    dirty = [ln for ln in run_git(tree, "status", "--porcelain").stdout.splitlines() if ln.strip()]
+    if dirty:
+        raise ToolError(f"{tree} has {len(dirty)} uncommitted change(s) (first: {dirty[0].strip()}); commit them first")
+    commits = git(tree, "rev-list", "--reverse", f"{state.pristine}..HEAD").split()
+    overlay_paths: set[str] = set()
+    patch_commits: list[str] = []
+    overlay_commits: list[str] = []
+    for sha in commits:
+        subject = git(tree, "log", "-1", "--format=%s", sha)
+        files = set(git(tree, "diff-tree", "--no-commit-id", "--name-only", "-r", "--root", sha).splitlines())
+        if subject == OVERLAY_SUBJECT:
+            overlay_paths |= files
+            overlay_commits.append(sha)
+            continue
+        touched = files & overlay_paths
+        if touched and touched != files:
+            raise ToolError(f"commit {sha[:12]} ({subject}) mixes overlay files and upstream files; split it")
+        if touched:
+            overlay_commits.append(sha)
+        else:
+            patch_commits.append(sha)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "patches"
+        out.mkdir()
+        names = []
+        for number, sha in enumerate(patch_commits, 1):
+            name = git(tree, "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={number}", "-o", str(out),
+                       "-1", sha)
+            names.append(Path(name).name)
+        new_files = {n: (out / n).read_bytes() for n in names}
+        new_overlay = {}
+        for rel in sorted(overlay_paths):
+            data = run_git(tree, "cat-file", "-e", f"HEAD:{rel}", check=False)
+            if data.returncode == 0:
+                new_overlay[rel] = (tree / rel).read_bytes()
+    series_path = layout.patches / "series"
+    header = _series_header(series_path)
+    series_text = "\n".join([*header, *names]) + "\n"
+    old_names = read_series(layout.patches) if series_path.exists() else []
+    old_files = {n: (layout.patches / n).read_bytes() for n in old_names if (layout.patches / n).exists()}
+    old_overlay = {}
+    if layout.overlay.exists():
+        for path in layout.overlay.rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                old_overlay[path.relative_to(layout.overlay).as_posix()] = path.read_bytes()
+    changes = []
+    if series_path.exists() and series_path.read_text(encoding="utf-8") != series_text:
+        changes.append("patches/series")
+    changes += [f"patches/{n}" for n in sorted(set(new_files) | set(old_files)) if new_files.get(n) != old_files.get(n)]
+    changes += [f"overlay/{p}" for p in sorted(set(new_overlay) | set(old_overlay)) if new_overlay.get(p) != old_overlay.get(p)]
+    if check:
+        if changes:
+            raise ToolError(f"export would change {len(changes)} file(s) (first: {changes[0]}): apply/export is not a fixpoint")
+        info(f"export is a fixpoint: {len(names)} patch(es), {len(new_overlay)} overlay file(s) unchanged")
+        return False
+    for name in sorted(set(old_files) - set(new_files)):
+        (layout.patches / name).unlink()
+    for name, data in new_files.items():
+        (layout.patches / name).write_bytes(data)
+    series_path.write_text(series_text, encoding="utf-8")
+    for rel in sorted(set(old_overlay) - set(new_overlay)):
+        (layout.overlay / rel).unlink()
+    for rel, data in new_overlay.items():
+        dest = layout.overlay / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+        mode = int(git(tree, "ls-files", "-s", "--", rel).split()[0], 8) & 0o777
+        os.chmod(dest, mode)
+    for change in changes:
+        detail(f"updated {change}")
+    info(f"exported {len(names)} patch(es) and {len(new_overlay)} overlay file(s); {len(changes)} file(s) changed")
+    # the tree now matches the repository again: record that so apply sees it as up to date
+    from scripts.worktree import load_inputs
+    state.input_hash = load_inputs(layout).input_hash
+    state.head = git(tree, "rev-parse", "HEAD")
+    write_state(tree, state)
+    return bool(changes)
+
+
+__all__ = ["export", "FORMAT_PATCH_FLAGS", "shutil"]

@@ -1,0 +1,195 @@
+"""Acquire the pinned upstream source: sdist from pip's index (cached by sha256) or git."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path, PurePosixPath
+
+from scripts import REPO_ROOT
+from scripts.errors import ToolError
+from scripts.index import download, find_file
+from scripts.log import detail, step
+from scripts.pins import VllmPin
+
+
+def cache_root() -> Path:
+    """Where downloads are cached (``VXL_CACHE_DIR`` overrides)."""
+    env = os.environ.get("VXL_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "vllm-xpu-laguna"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sdist_name(version: str) -> str:
+    return f"vllm-{version}.tar.gz"
+
+
+def cached_sdist(pin: VllmPin) -> Path:
+    return cache_root() / "sdist" / pin.sdist_sha256 / sdist_name(pin.version)
+
+
+def fetch_sdist(pin: VllmPin, offline: bool = False) -> Path:
+    """The pinned sdist, from the cache or downloaded through pip's configured index."""
+    path = cached_sdist(pin)
+    if path.exists():
+        actual = sha256_file(path)
+        if actual == pin.sdist_sha256:
+            detail(f"cached {path.name} (sha256 {actual[:12]}...)")
+            return path
+        path.unlink()
+        detail(f"removed corrupt cache entry {path} (sha256 {actual[:12]}...)")
+    if offline:
+        raise ToolError(
+            f"--offline: {sdist_name(pin.version)} (sha256 {pin.sdist_sha256}) is not in the cache "
+            f"{cache_root()}; run once without --offline")
+    with step(f"download {sdist_name(pin.version)} through pip's configured index"):
+        item = find_file("vllm", sdist_name(pin.version))
+        download(item, path, pin.sdist_sha256)
+    return path
+
+
+_COMMIT_LINE = re.compile(r"""__commit_id__\s*=\s*commit_id\s*=\s*['"]g?([0-9a-f]+)['"]""")
+
+
+def commit_of_version_file(text: str) -> str | None:
+    match = _COMMIT_LINE.search(text)
+    return match.group(1) if match else None
+
+
+def check_commit(found: str | None, pin: VllmPin, where: str) -> None:
+    if not found:
+        raise ToolError(f"{where}: vllm/_version.py names no commit id; cannot confirm pin {pin.commit}")
+    if not (found.startswith(pin.commit) or pin.commit.startswith(found)):
+        raise ToolError(f"{where}: upstream commit is {found}, the pin says {pin.commit}")
+
+
+def _safe_member_path(name: str, top: str | None) -> PurePosixPath:
+    path = PurePosixPath(name)
+    if path.is_absolute() or name.startswith(("/", "\\")):
+        raise ToolError(f"unsafe archive: absolute path {name!r}")
+    if ".." in path.parts:
+        raise ToolError(f"unsafe archive: path escapes the tree {name!r}")
+    if top is not None and path.parts[0] != top:
+        raise ToolError(f"unsafe archive: {name!r} is outside the top folder {top!r}")
+    return path
+
+
+def extract_sdist(archive: Path, dest: Path, pin: VllmPin) -> None:
+    """Check every member, confirm the pinned commit, then extract into ``dest`` (top folder stripped)."""
+    try:
+        tar = tarfile.open(archive, "r:gz")
+    except (tarfile.TarError, OSError) as exc:
+        raise ToolError(f"{archive.name}: not a readable gzip tar archive ({exc})") from None
+    with tar:
+        try:
+            members = tar.getmembers()
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise ToolError(f"{archive.name}: truncated or corrupt archive ({exc})") from None
+        if not members:
+            raise ToolError(f"{archive.name}: empty archive")
+        top = PurePosixPath(members[0].name).parts[0]
+        version_text = None
+        for member in members:
+            path = _safe_member_path(member.name, top)
+            if member.issym() or member.islnk():
+                target = PurePosixPath(member.linkname)
+                resolved = (path.parent / target) if member.issym() else target
+                if target.is_absolute() or ".." in PurePosixPath(os.path.normpath(str(resolved))).parts \
+                        or PurePosixPath(os.path.normpath(str(resolved))).parts[:1] != (top,):
+                    raise ToolError(f"unsafe archive: link {member.name!r} points outside the tree ({member.linkname!r})")
+            elif not (member.isfile() or member.isdir()):
+                raise ToolError(f"unsafe archive: special file {member.name!r}")
+            if path.parts[1:] == ("vllm", "_version.py"):
+                fh = tar.extractfile(member)
+                version_text = fh.read().decode("utf-8", "replace") if fh else None
+        check_commit(commit_of_version_file(version_text or ""), pin, archive.name)
+        if dest.exists():
+            shutil.rmtree(dest)
+        staging = dest.with_name(dest.name + ".extracting")
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        try:
+            tar.extractall(staging, filter="data")
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise ToolError(f"{archive.name}: extraction failed ({exc})") from None
+        os.replace(staging / top, dest)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _git(*args: str, cwd: Path | None = None) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        msg = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ToolError(f"git {args[0]} failed: {msg}")
+    return proc.stdout.strip()
+
+
+def fetch_git(pin: VllmPin, dest: Path, offline: bool = False, url: str | None = None) -> str:
+    """Export the pinned commit from git (a cached bare mirror) into ``dest``; returns the full id."""
+    url = url or pin.git_url
+    mirror = cache_root() / "git" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
+    if not mirror.exists():
+        if offline:
+            raise ToolError(f"--offline: no cached git mirror of {url} in {mirror.parent}")
+        with step(f"clone {url} (bare, cached)"):
+            mirror.parent.mkdir(parents=True, exist_ok=True)
+            proc = subprocess.run(["git", "clone", "--bare", "--progress", url, str(mirror)], check=False)
+            if proc.returncode != 0:
+                shutil.rmtree(mirror, ignore_errors=True)
+                raise ToolError(f"git clone of {url} failed (exit {proc.returncode})")
+    try:
+        full = _git("rev-parse", "--verify", "--quiet", f"{pin.commit}^{{commit}}", cwd=mirror)
+    except ToolError:
+        if offline:
+            raise ToolError(f"--offline: commit {pin.commit} is not in the cached mirror of {url}") from None
+        _git("fetch", "--quiet", "origin", "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*", cwd=mirror)
+        try:
+            full = _git("rev-parse", "--verify", "--quiet", f"{pin.commit}^{{commit}}", cwd=mirror)
+        except ToolError:
+            raise ToolError(f"{url}: commit {pin.commit} not found") from None
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    archive = subprocess.Popen(["git", "archive", "--format=tar", full], cwd=mirror, stdout=subprocess.PIPE)
+    untar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=False)
+    archive.wait()
+    if archive.returncode or untar.returncode:
+        raise ToolError(f"git archive of {full[:12]} failed")
+    version_file = dest / "vllm" / "_version.py"
+    if not version_file.exists():  # a git checkout has no generated _version.py: write what setuptools-scm would
+        version_file.write_text(
+            f"__version__ = version = {pin.version!r}\n__commit_id__ = commit_id = 'g{full[:9]}'\n")
+    check_commit(full, pin, url)
+    return full
+
+
+def acquire(pin: VllmPin, dest: Path, source: str = "sdist", offline: bool = False) -> str:
+    """Put the pristine upstream tree of ``pin`` at ``dest``; returns a description for commit 1."""
+    if source == "sdist":
+        archive = fetch_sdist(pin, offline=offline)
+        with step(f"check and extract {archive.name}"):
+            extract_sdist(archive, dest, pin)
+        return f"sdist {archive.name} sha256 {pin.sdist_sha256}"
+    if source == "git":
+        full = fetch_git(pin, dest, offline=offline)
+        return f"git {pin.git_url} commit {full}"
+    raise ToolError(f"unknown --source {source!r} (choose sdist or git)")
+
+
+__all__ = ["acquire", "cache_root", "sha256_file", "fetch_sdist", "extract_sdist", "REPO_ROOT"]

@@ -1,0 +1,270 @@
+"""The patched work tree: pristine upstream commit, one commit per patch, one overlay commit.
+
+``apply`` is idempotent: an up-to-date tree is left alone; a stale one is rebuilt next to the
+old one and swapped in only when complete; a tree with uncommitted or unexported work is never
+clobbered without ``force``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from scripts import REPO_ROOT
+from scripts.errors import ToolError
+from scripts.git import blob_at, fixed_date_env, git, is_repo, run_git, status_porcelain
+from scripts.log import detail, info, step
+from scripts.overlay import OverlayFile, check_against_tree, list_overlay, read_replaces
+from scripts.pins import Pins, load_pins
+from scripts.series import Patch, load_series
+from scripts.source import acquire, cache_root
+from scripts.strict import check_patch
+
+STATE_FILE = "vxl-state.json"
+OVERLAY_SUBJECT = "overlay: lay the series' new files"
+TOOL_FORMAT = "1"  # bump when the work-tree layout changes
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the repository's inputs and generated state live."""
+
+    root: Path = REPO_ROOT
+    build_dir: Path | None = None  # default: $VXL_BUILD_DIR or <root>/build
+
+    @property
+    def patches(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def overlay(self) -> Path:
+        return self.root / "overlay"
+
+    @property
+    def overlay_manifest(self) -> Path:
+        return self.root / "overlay.toml"
+
+    @property
+    def pins(self) -> Path:
+        return self.root / "pins.toml"
+
+    @property
+    def build(self) -> Path:
+        if self.build_dir is not None:
+            return self.build_dir
+        env = os.environ.get("VXL_BUILD_DIR")
+        return Path(env) if env else self.root / "build"
+
+    @property
+    def worktree(self) -> Path:
+        return self.build / "worktree"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    pins: Pins
+    patches: list[Patch]
+    overlay: list[OverlayFile]
+    replaces: dict[str, str]
+    input_hash: str
+
+    @property
+    def label(self) -> str:
+        """Identifies the series in wheel versions; hex only, so it can never contain 'cpu'."""
+        return self.input_hash[:12]
+
+
+@dataclass
+class State:
+    input_hash: str
+    source: str
+    pristine: str
+    patch_commits: list[str]
+    head: str
+    format: str = TOOL_FORMAT
+
+
+def load_inputs(layout: Layout) -> Inputs:
+    pins = load_pins(layout.pins)
+    patches = load_series(layout.patches)
+    overlay = list_overlay(layout.overlay)
+    replaces = read_replaces(layout.overlay_manifest)
+    digest = hashlib.sha256()
+    digest.update(f"format {TOOL_FORMAT}\n".encode())
+    for name, data in [("pins.toml", layout.pins.read_bytes()), ("series", (layout.patches / "series").read_bytes())]:
+        digest.update(f"{name} {len(data)}\n".encode() + data)
+    for patch in patches:
+        digest.update(f"patch {patch.name} {len(patch.raw)}\n".encode() + patch.raw)
+    for item in overlay:
+        data = item.read()
+        digest.update(f"overlay {item.relpath} {len(data)}\n".encode() + data)
+    if layout.overlay_manifest.exists():
+        digest.update(b"overlay.toml\n" + layout.overlay_manifest.read_bytes())
+    return Inputs(pins, patches, overlay, replaces, digest.hexdigest())
+
+
+def read_state(tree: Path) -> State | None:
+    path = tree / ".git" / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        return State(**json.loads(path.read_text()))
+    except (ValueError, TypeError):
+        return None
+
+
+def write_state(tree: Path, state: State) -> None:
+    (tree / ".git" / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
+
+
+def tree_problems(tree: Path, state: State | None) -> str | None:
+    """Why rebuilding ``tree`` would lose work, or None when it is safe."""
+    if not is_repo(tree) or state is None:
+        return f"{tree} exists but was not made by this tool"
+    dirty = status_porcelain(tree)
+    if dirty:
+        return f"{tree} has {len(dirty)} uncommitted change(s) (first: {dirty[0].strip()})"
+    head = git(tree, "rev-parse", "HEAD")
+    if head != state.head:
+        count = git(tree, "rev-list", "--count", f"{state.head}..HEAD") if run_git(
+            tree, "cat-file", "-e", state.head, check=False).returncode == 0 else "?"
+        return f"{tree} has {count} commit(s) not exported to patches/ (HEAD moved from {state.head[:12]})"
+    return None
+
+
+def pristine_message(pins: Pins, described: str) -> str:
+    return (f"upstream vLLM {pins.vllm.version} ({pins.vllm.commit}) pristine\n\n"
+            f"Source: {described}\n")
+
+
+def _pristine_cache(pins: Pins, source: str) -> Path:
+    key = pins.vllm.sdist_sha256 if source == "sdist" else pins.vllm.commit
+    return cache_root() / "pristine" / f"{pins.vllm.version}-{source}-{key[:16]}.git"
+
+
+def pristine_repo(pins: Pins, source: str, offline: bool) -> Path:
+    """A cached bare repo whose ``pristine`` branch is the upstream tree as one reproducible commit."""
+    cached = _pristine_cache(pins, source)
+    if (cached / "refs" / "heads" / "pristine").exists() or \
+            (cached.exists() and run_git(cached, "rev-parse", "--verify", "--quiet", "pristine", check=False).returncode == 0):
+        detail(f"cached pristine upstream {cached.name}")
+        return cached
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cached.parent, prefix=".pristine-") as tmp:
+        src = Path(tmp) / "src"
+        described = acquire(pins.vllm, src, source=source, offline=offline)
+        with step(f"commit pristine vLLM {pins.vllm.version} ({sum(1 for _ in src.rglob('*'))} paths)"):
+            git(src, "init", "-q", "-b", "pristine")
+            (src / ".git" / "info" / "exclude").write_text("/vllm/_version.py\n/vllm.egg-info/\n")
+            git(src, "add", "--all", "--force", ".")
+            run_git(src, "rm", "-r", "-q", "--cached", "--ignore-unmatch", "vllm/_version.py", "vllm.egg-info")
+            git(src, "commit", "-q", "--no-verify", "-m", pristine_message(pins, described), env=fixed_date_env())
+            bare = Path(tmp) / "bare.git"
+            git(Path(tmp), "clone", "-q", "--bare", str(src), str(bare))
+            # keep _version.py: the sdist's copy names the commit and the build rewrites it
+            version_file = src / "vllm" / "_version.py"
+            if version_file.exists():
+                shutil.copy2(version_file, bare / "vllm_version.py")
+            os.replace(bare, cached)
+    return cached
+
+
+def _checkout_pristine(cached: Path, dest: Path) -> str:
+    git(dest.parent, "clone", "-q", "--no-checkout", "--local", "--branch", "pristine", str(cached), str(dest))
+    (dest / ".git" / "info" / "exclude").write_text("/vllm/_version.py\n/vllm.egg-info/\n")
+    git(dest, "checkout", "-q", "-B", "main", "pristine")
+    git(dest, "remote", "remove", "origin")
+    version = cached / "vllm_version.py"
+    if version.exists():
+        shutil.copy2(version, dest / "vllm" / "_version.py")
+    return git(dest, "rev-parse", "HEAD")
+
+
+def apply_patch(tree: Path, patch: Patch) -> str:
+    """Strict check, then ``git am`` (author, date and message from the patch); returns the commit."""
+    check_patch(patch,
+                blob_of=lambda p: blob_at(tree, "HEAD", p),
+                read=lambda p: (tree / p).read_bytes() if (tree / p).is_file() else None)
+    proc = run_git(tree, "am", "--keep", "--keep-non-patch", "--committer-date-is-author-date",
+                   "--whitespace=nowarn", "--quiet", str(patch.path), check=False)
+    if proc.returncode != 0:
+        run_git(tree, "am", "--abort", check=False)
+        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        raise ToolError(f"{patch.name} does not apply: {lines[0] if lines else 'git am failed'}")
+    return git(tree, "rev-parse", "HEAD")
+
+
+def lay_overlay(tree: Path, inputs: Inputs) -> None:
+    check_against_tree(inputs.overlay, inputs.replaces, lambda p: blob_at(tree, "HEAD", p))
+    if not inputs.overlay:
+        return
+    for item in inputs.overlay:
+        dest = tree / item.relpath
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(item.source, dest)
+        os.chmod(dest, 0o755 if os.access(item.source, os.X_OK) else 0o644)
+    git(tree, "add", "--force", "--", *[i.relpath for i in inputs.overlay])
+    body = "\n".join(f"  {i.relpath}" for i in inputs.overlay)
+    git(tree, "commit", "-q", "--no-verify", "--allow-empty", "-m", f"{OVERLAY_SUBJECT}\n\n{body}\n",
+        env=fixed_date_env())
+
+
+def build_tree(layout: Layout, inputs: Inputs, dest: Path, source: str, offline: bool) -> State:
+    cached = pristine_repo(inputs.pins, source, offline)
+    with step(f"check out pristine upstream into {dest}"):
+        pristine = _checkout_pristine(cached, dest)
+    commits = []
+    with step(f"apply {len(inputs.patches)} patch(es) strictly (no fuzz, no offset)"):
+        for number, patch in enumerate(inputs.patches, 1):
+            commits.append(apply_patch(dest, patch))
+            detail(f"[{number}/{len(inputs.patches)}] {patch.name}")
+    with step(f"lay {len(inputs.overlay)} overlay file(s)"):
+        lay_overlay(dest, inputs)
+    state = State(input_hash=inputs.input_hash, source=source, pristine=pristine, patch_commits=commits,
+                  head=git(dest, "rev-parse", "HEAD"))
+    write_state(dest, state)
+    return state
+
+
+def apply(layout: Layout | None = None, force: bool = False, source: str = "sdist", offline: bool = False) -> State:
+    """Make ``build/worktree`` match pins + series + overlay (a no-op when it already does)."""
+    layout = layout or Layout()
+    inputs = load_inputs(layout)
+    tree = layout.worktree
+    info(f"series {inputs.label}: vLLM {inputs.pins.vllm.version}, {len(inputs.patches)} patch(es), "
+         f"{len(inputs.overlay)} overlay file(s)")
+    if tree.exists():
+        state = read_state(tree)
+        problem = tree_problems(tree, state)
+        if problem and not force:
+            raise ToolError(f"{problem}; export it (nox -s export) or pass --force to discard it")
+        if problem is None and state is not None and state.input_hash == inputs.input_hash \
+                and state.source == source:
+            info(f"{tree} is up to date (HEAD {state.head[:12]}); nothing to do")
+            return state
+        if problem:
+            info(f"--force: discarding {problem}")
+        else:
+            info(f"{tree} is stale; rebuilding")
+    layout.build.mkdir(parents=True, exist_ok=True)
+    staging = layout.build / "worktree.new"
+    if staging.exists():
+        shutil.rmtree(staging)
+    try:
+        state = build_tree(layout, inputs, staging, source, offline)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if tree.exists():
+        old = layout.build / "worktree.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(tree, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(staging, tree)
+    info(f"{tree} ready at {state.head[:12]}")
+    return state
