@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scripts.errors import ToolError
+
 if TYPE_CHECKING:
     import torch
 
@@ -100,7 +102,7 @@ class TinyModels:
     vocab_size: int
 
 
-class TinyLagunaError(RuntimeError):
+class TinyLagunaError(ToolError):
     """Expected failure with a one-line message."""
 
 
@@ -352,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         models = generate(args.out, seed=args.seed)
-    except (TinyLagunaError, OSError, ImportError) as exc:
+    except (ToolError, OSError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(
