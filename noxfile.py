@@ -1,0 +1,71 @@
+"""Sessions of the vLLM XPU Laguna patch series. All logic lives in scripts/; these are thin.
+
+Main job:   nox -s apply build
+Tests:      nox -s tests cpu_tests
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["apply", "build"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
+
+TOOL_DEPS = ["unidiff>=0.7.5", "packaging>=24.2"]
+# torch: any CPU build stands in for the XPU one while building (2.13.0 is what pip has here).
+BUILD_DEPS = ["torch==2.13.0", "cmake>=3.26.1", "ninja", "packaging>=24.2", "setuptools>=77.0.3,<81.0.0",
+              "setuptools-scm>=8", "setuptools-rust>=1.9.0", "wheel", "jinja2", "numpy"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout"]
+
+
+@nox.session(reuse_venv=True)
+def apply(session: nox.Session) -> None:
+    """Build/refresh build/worktree: pinned upstream + patches/series + overlay/ (options: --force, --source git, --offline)."""
+    session.install(*TOOL_DEPS)
+    session.run("python", "-m", "scripts", "apply", *session.posargs)
+
+
+@nox.session(reuse_venv=True, requires=["apply"])
+def build(session: nox.Session) -> None:
+    """Build dist/vllm-<version>+xpu.<label>-*.whl (VLLM_TARGET_DEVICE=xpu) with its provenance record."""
+    session.install(*TOOL_DEPS, *BUILD_DEPS)
+    session.run("python", "-m", "scripts", "build", *session.posargs)
+
+
+@nox.session(reuse_venv=True, default=False)
+def export(session: nox.Session) -> None:
+    """Write build/worktree's commits back to patches/ and overlay/ (--check: fail instead of writing)."""
+    session.install(*TOOL_DEPS)
+    session.run("python", "-m", "scripts", "export", *session.posargs)
+
+
+@nox.session(reuse_venv=True, default=False)
+def lint(session: nox.Session) -> None:
+    """Check series, patch headers, safe paths, overlay manifest and strict application (no fuzz, no offset)."""
+    session.install(*TOOL_DEPS)
+    session.run("python", "-m", "scripts", "lint", *session.posargs)
+
+
+@nox.session(reuse_venv=True, default=False)
+def verify(session: nox.Session) -> None:
+    """Check a wheel (nox -s verify -- dist/vllm-*.whl) or an installed vllm (-- installed --python PY)."""
+    if not session.posargs:
+        session.error("usage: nox -s verify -- PATH-TO-WHEEL | installed [--python PY]")
+    session.install(*TOOL_DEPS)
+    session.run("python", "-m", "scripts", "verify", *session.posargs)
+
+
+@nox.session(reuse_venv=True, default=False)
+def bench(session: nox.Session) -> None:
+    """Time cold, warm and no-op apply and build next to the raw baseline (extract + git apply + pip wheel)."""
+    session.install(*TOOL_DEPS, *BUILD_DEPS)
+    session.run("python", "-m", "scripts", "bench", *session.posargs)
+
+
+@nox.session(reuse_venv=True, default=False)
+def tests(session: nox.Session) -> None:
+    """Tooling tests: synthetic upstream (fast) and the real pinned sdist (apply, build, verify, export fixpoint)."""
+    session.install(*TOOL_DEPS, *BUILD_DEPS, *TEST_DEPS)
+    session.run("python", "-m", "pytest", "-q", "-ra", "--timeout=1200", "tests", "--ignore=tests/e2e",
+                *session.posargs)
