@@ -1,0 +1,82 @@
+"""Write a run directory: raw rows, manifest, analysis documents, plot, record with sha256."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from scripts.measure.analyze import analyze
+from scripts.measure.gates import Gates
+from scripts.measure.record import RecordMeta, build_record
+from scripts.measure.rederive import MANIFEST, analysis_documents, rows_artifact
+from scripts.measure.schema import (
+    LEG_ORDER,
+    TEACHER,
+    AnalysisConfig,
+    Row,
+    dump_json,
+    dump_rows,
+    sha256_file,
+)
+
+RECORD_FILE = "record.json"
+PLOT_FILE = "crossover.png"
+
+
+def server_log_artifact(leg: str) -> str:
+    return f"{leg.lower()}_server_log"
+
+
+def write_rows(out: Path, legs: Mapping[str, Sequence[Row]], teacher: Sequence[Row] | None) -> dict[str, str]:
+    """Raw rows as JSON Lines; returns artifact name -> path relative to ``out``."""
+    artifacts = {}
+    for leg in LEG_ORDER:
+        rel = f"rows-{leg}.jsonl"
+        dump_rows(list(legs[leg]), out / rel)
+        artifacts[rows_artifact(leg)] = rel
+    if teacher is not None:
+        rel = f"rows-{TEACHER}.jsonl"
+        dump_rows(list(teacher), out / rel)
+        artifacts[rows_artifact(TEACHER)] = rel
+    return artifacts
+
+
+def finish_run(
+    out: Path,
+    manifest: dict[str, Any],
+    raw_artifacts: dict[str, str],
+    meta: RecordMeta,
+    gates: Gates,
+    plot: Callable[[dict[str, Any], Path], None] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Analyze the rows already written under ``out`` and write manifest, analysis documents,
+    the plot (when given) and ``record.json``. Returns ``(analysis, record)``."""
+    from scripts.measure.rederive import load_run
+
+    artifacts = dict(raw_artifacts)
+    artifacts[MANIFEST] = "run.json"
+    dump_json(manifest, out / "run.json")
+    legs, teacher, _ = load_run(out, artifacts)
+    config = AnalysisConfig.from_json(manifest["config"])
+    analysis = analyze(legs, teacher, config, gates)
+    for name, document in analysis_documents(analysis).items():
+        rel = f"{name.replace('_', '-')}.json"
+        dump_json(document, out / rel)
+        artifacts[name] = rel
+    if plot is not None:
+        plot(analysis, out / PLOT_FILE)
+        artifacts["plot"] = PLOT_FILE
+    hashes = {name: sha256_file(out / rel) for name, rel in sorted(artifacts.items())}
+    meta = replace(meta, artifacts=dict(sorted(artifacts.items())), sha256=hashes)
+    record = build_record(analysis, meta)
+    dump_json_ordered(record, out / RECORD_FILE)
+    return analysis, record
+
+
+def dump_json_ordered(data: object, path: Path) -> None:
+    """Records keep the reference layout's key order (not sorted)."""
+    import json
+
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

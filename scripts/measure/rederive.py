@@ -1,0 +1,135 @@
+"""Raw-artifact level of ``verify-record``: hashes, then a fresh analysis compared leaf by leaf."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from scripts.errors import ToolError
+from scripts.measure.analyze import analyze
+from scripts.measure.gates import Gates
+from scripts.measure.record import build_record, meta_from_record
+from scripts.measure.schema import LEG_ORDER, AnalysisConfig, Row, load_rows, sha256_file
+
+MANIFEST = "manifest"
+ANALYSIS_FILES = {"full_analysis": None, "all_vs_teacher": "all_vs_teacher", "cross_leg": "cross_leg"}
+DERIVED_SECTIONS = (
+    "metric",
+    "metric_conventional",
+    "starts",
+    "starts_conventional",
+    "record",
+    "pairs",
+    "quality",
+    "legs",
+    "config",
+    "gates",
+    "audits",
+)
+
+
+def rows_artifact(leg: str) -> str:
+    return f"{leg.lower()}_bench"
+
+
+def analysis_documents(analysis: dict[str, Any]) -> dict[str, Any]:
+    """The JSON documents written next to the rows, by artifact name."""
+    return {
+        name: analysis if key is None else analysis[key] for name, key in ANALYSIS_FILES.items()
+    }
+
+
+def load_run(root: Path, artifacts: dict[str, str]) -> tuple[dict[str, list[Row]], list[Row] | None, dict[str, Any]]:
+    manifest_rel = artifacts.get(MANIFEST)
+    if manifest_rel is None:
+        raise ToolError("record lists no manifest artifact")
+    manifest = json.loads((root / manifest_rel).read_text(encoding="utf-8"))
+    legs = {}
+    for leg in LEG_ORDER:
+        rel = artifacts.get(rows_artifact(leg))
+        if rel is None:
+            raise ToolError(f"record lists no rows for leg {leg}")
+        legs[leg] = load_rows(root / rel)
+    teacher_rel = artifacts.get(rows_artifact("teacher"))
+    teacher = load_rows(root / teacher_rel) if teacher_rel is not None else None
+    return legs, teacher, manifest
+
+
+def _leaves(data: Any, prefix: str) -> list[tuple[str, Any]]:
+    if isinstance(data, dict):
+        out: list[tuple[str, Any]] = []
+        for key, value in data.items():
+            out.extend(_leaves(value, f"{prefix}.{key}"))
+        return out
+    return [(prefix, data)]
+
+
+def _lookup(record: dict[str, Any], path: str) -> tuple[bool, Any]:
+    node: Any = record
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _same(a: Any, b: Any) -> bool:
+    from scripts.measure.verify_record import close, is_number
+
+    if is_number(a) and is_number(b):
+        return close(float(a), float(b)) and isinstance(a, int) == isinstance(b, int) or a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def raw_checks(record: dict[str, Any], root: Path, report: Any) -> None:
+    from scripts.measure.verify_record import Failure
+
+    def fail(fields: tuple[str, ...], message: str) -> None:
+        report.failures.append(Failure(fields, message))
+
+    artifacts = record.get("artifacts") or {}
+    hashes = record.get("sha256") or {}
+    intact = True
+    for name, rel in artifacts.items():
+        path = root / str(rel)
+        if not path.is_file():
+            fail((f"artifacts.{name}",), f"raw artifact {path} is missing")
+            intact = False
+        elif sha256_file(path) != hashes.get(name):
+            fail((f"sha256.{name}",), f"{path} hashes to {sha256_file(path)}")
+            intact = False
+    if not intact:
+        return
+    try:
+        legs, teacher, manifest = load_run(root, artifacts)
+        config = AnalysisConfig.from_json(manifest["config"])
+        gates = Gates.from_json(record["gates"], "record gates")
+        analysis = analyze(legs, teacher, config, gates)
+    except (ToolError, KeyError, ValueError, OSError) as exc:
+        fail(("artifacts",), f"cannot re-analyze the raw rows: {exc}")
+        return
+    for name, document in analysis_documents(analysis).items():
+        rel = artifacts.get(name)
+        if rel is None:
+            continue
+        fresh = json.dumps(document, indent=2, sort_keys=True) + "\n"
+        if (root / rel).read_text(encoding="utf-8") != fresh:
+            fail((f"sha256.{name}",), f"{rel} differs from a fresh analysis of the raw rows")
+    rebuilt = build_record(analysis, meta_from_record(record))
+    sections = list(DERIVED_SECTIONS) + [k for k in rebuilt if k.endswith("_submission_summary")]
+    for section in sections:
+        for path, expected in _leaves(rebuilt[section], section):
+            found, actual = _lookup(record, path)
+            report.checked.add(path)
+            report.derived.add(path)
+            if not found:
+                fail((path,), f"missing; the raw rows give {expected!r}")
+            elif not _same(actual, expected):
+                fail((path,), f"{actual!r} != {expected!r} re-derived from the raw rows")
+    for path in report.numeric:
+        if path.startswith(tuple(sections)):
+            report.checked.add(path)
+            report.derived.add(path)
