@@ -184,7 +184,8 @@ class SimpleIndex:
         self.requests: list[str] = []
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.index = self  # type: ignore[attr-defined]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
+                                        daemon=True)
 
     @property
     def url(self) -> str:
@@ -486,3 +487,21 @@ def tree_snapshot(path: Path) -> dict[str, bytes]:
 
 
 __all__ = ["Callable"]
+
+
+def tool_error(func: Callable[..., object], *args: object, **kwargs: object) -> str:
+    """Call ``func``; it must raise ToolError with a one-line message, which is returned."""
+    from scripts.errors import ToolError
+
+    try:
+        func(*args, **kwargs)
+    except ToolError as exc:
+        message = str(exc)
+        assert one_line(message), f"not one line: {message!r}"
+        return message
+    raise AssertionError(f"{getattr(func, '__name__', func)} did not raise ToolError")
+
+
+def blob_id(text: str | bytes) -> str:
+    data = text.encode() if isinstance(text, str) else text
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
