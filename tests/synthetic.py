@@ -420,6 +420,15 @@ class SyntheticProject:
                     out[rel] = text
         return out
 
+    def set_upstream(self, files: dict[str, str], seed: bool = True) -> None:
+        """Make ``files`` the pinned upstream: new sdist, pins naming its sha, index (and cache) serving it."""
+        self.files = files
+        self.sdist = make_sdist(files)
+        self.write_pins()
+        self.index.serve(f"vllm-{VERSION}.tar.gz", self.sdist, listed_sha256=self.sha)
+        if seed:
+            self.seed_cache()
+
     def seed_cache(self) -> Path:
         """Put the sdist into the download cache as a previous run would have."""
         path = self.cache / "sdist" / self.sha / f"vllm-{VERSION}.tar.gz"
