@@ -4,6 +4,7 @@ offset, no drift), series and patch validation, overlay rules, and never clobber
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -73,10 +74,10 @@ def test_commit_structure(vxl_project) -> None:
     _no_staging(project)
 
 
-def test_tool_commits_are_reproducible(vxl_project, tmp_path: Path) -> None:
+def test_tool_commits_are_reproducible(vxl_project) -> None:
     first = _apply(vxl_project)
-    synthetic.git(tmp_path, "clone", "-q", str(vxl_project.tree), str(tmp_path / "copy"))
-    second = _apply(vxl_project, force=True)
+    shutil.rmtree(vxl_project.tree)
+    second = _apply(vxl_project)
     assert (first.pristine, first.patch_commits, first.head) == (second.pristine, second.patch_commits, second.head)
 
 
@@ -421,6 +422,14 @@ def test_unexported_commit_is_not_clobbered(vxl_project) -> None:
     message = tool_error(_apply, project)
     assert "1 commit(s) not exported" in message and state.head[:12] in message
     assert project.head() == mine
+
+
+def test_force_on_an_up_to_date_clean_tree_is_a_no_op(vxl_project) -> None:
+    project = vxl_project
+    state = _apply(project)
+    inode = project.tree.stat().st_ino
+    assert _apply(project, force=True).head == state.head
+    assert project.tree.stat().st_ino == inode
 
 
 def test_force_discards_local_work(vxl_project, capfd) -> None:
