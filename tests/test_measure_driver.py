@@ -1,0 +1,117 @@
+"""Pure parts of the crossover driver: environments, prompt plan, /metrics parsing, arguments."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from scripts.errors import ToolError
+from scripts.measure import client
+from scripts.measure.crossover import leg_environments, parse_assignments, speculative_config
+from scripts.measure.prompts import build_prompts, plan_kinds
+from scripts.measure.schema import SpecCounters
+from scripts.measure.server import HOST, free_port, serve_argv
+
+
+def test_assignments() -> None:
+    assert parse_assignments(["A=1", "B_C=x=y"], "--env") == {"A": "1", "B_C": "x=y"}
+    for bad in (["A"], ["=1"], ["A-B=1"], ["A=1", "A=2"]):
+        with pytest.raises(ToolError, match="--env"):
+            parse_assignments(bad, "--env")
+
+
+def test_only_the_treatment_differs_between_legs() -> None:
+    base = {"PATH": "/bin", "HF_HUB_OFFLINE": "1"}
+    envs = leg_environments(base, {"T": "0"}, {"T": "1"})
+    assert envs["A1"] == envs["A2"] == envs["teacher"] == {**base, "T": "0"}
+    assert envs["B1"] == envs["B2"] == {**base, "T": "1"}
+    # control unset: the A legs do not carry the variable at all
+    assert "T" not in leg_environments(base, {}, {"T": "1"})["A1"]
+
+
+@pytest.mark.parametrize(
+    ("base", "control", "treatment", "fragment"),
+    [
+        ({"T": "0"}, {}, {"T": "1"}, "--env also sets"),
+        ({}, {"U": "0"}, {"T": "1"}, "not treated"),
+        ({}, {"T": "1"}, {"T": "1"}, "treatment must change"),  # no difference at all
+    ],
+)
+def test_environment_errors(base: dict, control: dict, treatment: dict, fragment: str) -> None:
+    with pytest.raises(ToolError, match=fragment):
+        leg_environments(base, control, treatment)
+
+
+def test_plan_kinds() -> None:
+    # 13 rows: long rows 3 and 8 (each followed by an ordinary row), rollover row 11
+    kinds = plan_kinds(13)
+    assert [i for i, k in enumerate(kinds) if k == "long"] == [3, 8]
+    assert [i for i, k in enumerate(kinds) if k == "rollover"] == [11]
+    assert plan_kinds(3) == ["long", "rollover", "normal"]
+    assert plan_kinds(1) == ["normal"]
+    with pytest.raises(ToolError):
+        plan_kinds(0)
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def test_prompts_are_unique_and_sized() -> None:
+    prompts = build_prompts(
+        13, "tag", 7, words, prompt_tokens=20, long_prompt_tokens=300, rollover_at=100, max_tokens=64
+    )
+    assert len({p.text for p in prompts}) == 13
+    assert len({p.sha256 for p in prompts}) == 13
+    assert [p.index for p in prompts] == list(range(13))
+    for prompt in prompts:
+        assert prompt.text.startswith(f"Note tag-{prompt.index}: ")
+        expected = {"long": 300, "rollover": 100 - 32, "normal": 20}[prompt.kind]
+        assert words(prompt.text) == expected  # the counter decides the size exactly
+    again = build_prompts(
+        13, "tag", 7, words, prompt_tokens=20, long_prompt_tokens=300, rollover_at=100, max_tokens=64
+    )
+    assert [p.text for p in again] == [p.text for p in prompts]  # seeded
+    with pytest.raises(ToolError, match="rollover"):
+        build_prompts(3, "t", 1, words, prompt_tokens=5, long_prompt_tokens=9, rollover_at=20, max_tokens=64)
+
+
+METRICS = """\
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="model"} 2.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="model"} 3.0
+vllm:spec_decode_num_drafts_total{engine="0",model_name="model"} 40.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="model"} 120.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="model"} 57.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="model",position="0"} 30.0
+vllm:request_success_created{engine="0",finished_reason="stop",model_name="model"} 1.7e+09
+"""
+
+
+def test_metrics_snapshot() -> None:
+    snap = client.snapshot(client.parse_metrics(METRICS))
+    assert snap.finished_requests == 5  # summed over finished_reason
+    assert snap.spec == SpecCounters(drafts=40, draft_tokens=120, accepted_tokens=57)
+    no_spec = client.snapshot(client.parse_metrics(METRICS.split("vllm:spec")[0]))
+    assert no_spec.spec is None
+
+
+def test_speculative_config_and_serve_argv(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    args = argparse.Namespace(speculative_config=None, draft=str(tmp_path), num_speculative_tokens=7)
+    assert speculative_config(args) == {
+        "method": "dflash",
+        "model": str(tmp_path.resolve()),
+        "num_speculative_tokens": 7,
+    }
+    args.speculative_config = '{"method": "ngram"}'
+    with pytest.raises(ToolError, match="num_speculative_tokens"):
+        speculative_config(args)
+    args.draft, args.speculative_config = None, None
+    assert speculative_config(args) is None
+    argv = serve_argv("py", "/m", 1234, ["--dtype", "float32"])
+    assert argv[argv.index("--host") + 1] == HOST == "127.0.0.1"
+    assert "--no-enable-prefix-caching" in argv and "--enable-prompt-tokens-details" in argv
+    assert argv[-2:] == ["--dtype", "float32"]
+    assert 0 < free_port() < 65536
