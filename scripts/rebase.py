@@ -216,6 +216,7 @@ def _hunks(tree: Path, parent: str, commit: str) -> dict[str, list[Json]]:
                 "target_start": hunk.target_start, "target_length": hunk.target_length,
                 "changes": [str(line) for line in hunk if line.is_added or line.is_removed],
                 "context": [str(line) for line in hunk if line.is_context],
+                "section": (hunk.section_header or "").strip(),
             })
         out[pfile.path] = hunks
     return out
@@ -258,6 +259,13 @@ def _markers(path: Path) -> list[Json]:
             block["separator"] = number
         elif block is not None and line.startswith(">>>>>>> "):
             block["end"] = number
+            sep = block.get("separator", number)
+            base = block.get("base")
+            block["upstream_lines"] = (base or sep) - block["start"] - 1  # "ours" = the new upstream side
+            block["base_lines"] = sep - base - 1 if base else None
+            block["patch_lines"] = number - sep - 1
+            if base is not None:
+                block["kind"] = "both-inserted" if block["base_lines"] == 0 else "overlapping-edit"
             out.append(block)
             block = None
     return out
@@ -309,6 +317,10 @@ def _upstream_change(tree: Path, old_base: str, new_base: str, path: str, patch_
 def _moved_candidates(tree: Path, new_base: str, patch_hunks: list[Json], limit: int = 3) -> list[Json]:
     """Files of the new base holding most of a removed file's patch context (where the code went)."""
     probes: list[str] = []
+    for hunk in patch_hunks:  # the enclosing definition first: the best clue where the code went
+        section = hunk.get("section", "")
+        if len(section) >= 8 and section not in probes:
+            probes.append(section)
     for hunk in patch_hunks:
         for line in hunk["context"] + [c for c in hunk["changes"] if c.startswith("-")]:
             text = line[1:].strip()
@@ -317,15 +329,20 @@ def _moved_candidates(tree: Path, new_base: str, patch_hunks: list[Json], limit:
     probes = probes[:16]
     if not probes:
         return []
-    args = ["grep", "-F", "-c"] + [x for p in probes for x in ("-e", p)] + [new_base, "--", "*.py"]
+    args = ["grep", "-F", "-o", "--no-color"] + [x for p in probes for x in ("-e", p)] + [new_base, "--", "*.py"]
     proc = run_git(tree, *args, check=False)
-    hits = []
+    found: dict[str, set[str]] = {}
+    prefix = f"{new_base}:"
     for line in proc.stdout.splitlines():
-        _rev_, _, rest = line.partition(":")
-        path, _, count = rest.rpartition(":")
-        if count.isdigit():
-            hits.append({"file": path, "matching_lines": int(count)})
-    hits.sort(key=lambda h: (-h["matching_lines"], h["file"]))
+        if not line.startswith(prefix):
+            continue
+        rest = line[len(prefix):]
+        for probe in probes:  # the path ends where a probe's text begins
+            if rest.endswith(":" + probe):
+                found.setdefault(rest[:-len(probe) - 1], set()).add(probe)
+                break
+    hits = sorted(({"file": path, "matching_lines": len(hit)} for path, hit in found.items()),
+                  key=lambda h: (-h["matching_lines"], h["file"]))
     return [dict(h, probes=len(probes)) for h in hits[:limit]]
 
 
@@ -445,7 +462,10 @@ class Rebase:
         old_hunks = _hunks(tree, f"{orig}^", orig)
         if unmerged:
             entry["status"] = "conflict"
-            entry["conflict"] = {"files": [self._conflict_file(path, old_hunks.get(path, [])) for path in unmerged]}
+            entry["conflict"] = {"files": [self._conflict_file(path, old_hunks.get(path, [])) for path in unmerged],
+                                 "patch_reverse_applies_to_new_base": _reverse_applies(tree, orig, d["onto"]["pristine"])}
+            if entry["conflict"]["patch_reverse_applies_to_new_base"]:
+                entry["note"] = "the patch reverse-applies to the new upstream: it is probably already upstream"
             entry["head_at_stop"] = git(tree, "rev-parse", "HEAD")
             return
         if run_git(tree, "diff", "--cached", "--quiet", check=False).returncode == 0:

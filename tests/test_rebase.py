@@ -393,3 +393,38 @@ def test_compare_hunks_distinguishes_moves_context_and_edits() -> None:
     assert ctx["context_changed"] and not ctx["moved_hunks"]
     edits = compare_hunks(old, {"a.py": [hunk(10, ["+y"], ["c1", "c2"])]})
     assert edits["edits_differ"] == ["a.py"]
+
+
+def test_git_source_onto_commit_names_upstream_commits(vxl_project: SyntheticProject, tmp_path: Path) -> None:
+    """--onto-commit: the version comes from the tag, the conflict names the upstream commit under it."""
+    project = vxl_project
+    up = tmp_path / "upstream"
+    up.mkdir()
+    synthetic.git(up, "init", "-q", "-b", "main")
+    synthetic.write_tree(up, {k: v for k, v in project.files.items() if k != "vllm/_version.py"})
+    synthetic.git(up, "add", "-A")
+    synthetic.git(up, "commit", "-q", "-m", "release 9.9.9")
+    synthetic.git(up, "tag", "v9.9.9")
+    first = synthetic.git(up, "rev-parse", "HEAD")
+    (up / "vllm/utils.py").write_text("def helper():\n    return 3\n")
+    synthetic.git(up, "commit", "-qam", "utils: an unrelated change")
+    (up / "vllm/envs.py").write_text(conflicting_envs())
+    synthetic.git(up, "commit", "-qam", "envs: rename the toy defaults")
+    synthetic.git(up, "tag", "v10.0.0")
+    second = synthetic.git(up, "rev-parse", "HEAD")
+    bare = tmp_path / "upstream.git"
+    synthetic.git(tmp_path, "clone", "-q", "--bare", str(up), str(bare))
+    project.write_pins(commit=first[:9], git_url=f"file://{bare}")
+    apply(project.layout(), source="git")
+    before = tree_state(project)
+    # no 10.0.0 sdist on the index: only a dry run may go there
+    assert "--dry-run only" in synthetic.tool_error(rebase, onto_commit=second[:12], layout=project.layout())
+    release(project, new_files(**{"vllm/envs.py": conflicting_envs()}))
+    run_stopped(onto_commit=second[:12], layout=project.layout())
+    report = report_of(project)
+    assert report["source"] == "git" and report["onto"]["version"] == NEW
+    assert report["onto"]["git_commit"] == second and report["onto"]["commit"] == second[:9]
+    upstream = report["patches"][0]["conflict"]["files"][0]["upstream"]
+    assert [line.split(" ", 1)[1] for line in upstream["upstream_commits"]] == ["envs: rename the toy defaults"]
+    rebase(abort=True, layout=project.layout())
+    assert tree_state(project) == before
