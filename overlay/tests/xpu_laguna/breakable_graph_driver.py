@@ -229,15 +229,19 @@ def stand_in_backend():
     return DeviceGraphBackend(name="stand-in", graph_factory=StandInGraph)
 
 
+def attention_layers(model) -> list[Any]:
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    return [m for m in model.modules() if isinstance(m, Attention)]
+
+
 def observe_real_calls(model) -> None:
     """Log (not replace) the real eager work: each attention kernel call
     and each in-place all-reduce."""
     import vllm.compilation.xpu_breakable_graph as xbg
 
-    for name, mod in model.named_modules():
-        impl = getattr(mod, "impl", None)
-        if impl is None or not hasattr(mod, "layer_name"):
-            continue
+    for mod in attention_layers(model):
+        impl = mod.impl
         real = impl.forward
 
         def logged(*a, __real=real, __name=mod.layer_name, **k):
@@ -299,9 +303,10 @@ def run_counts(h: Harness, num_layers: int, tp: int, moe: bool) -> dict[str, Any
         "replay_events": replay_events,
         "output_shape_matches_eager": list(out.shape) == list(eager.shape),
         "replay_returns_captured_output": out2 is out,
-        "num_attention_modules": sum(
-            1 for _, m in model.named_modules() if hasattr(m, "layer_name")
+        "num_moe_layers": sum(
+            1 for layer in model.model.layers if getattr(layer, "is_moe_layer", False)
         ),
+        "num_attention_modules": len(attention_layers(model)),
     }
 
 
@@ -369,18 +374,17 @@ def run_guard(h: Harness) -> dict[str, Any]:
     from vllm.compilation.xpu_breakable_graph import XpuBreakableGraphWrapper
 
     vllm_config, model = h.build(2, 2)
-    names = [m.layer_name for _, m in model.named_modules() if hasattr(m, "layer_name")]
+    names = [m.layer_name for m in attention_layers(model)]
     # The metadata below is synthetic (only its tensors' identities matter
     # here): the CPU kernel is handed its warm-up path (None) for it.
-    for _, mod in model.named_modules():
-        impl = getattr(mod, "impl", None)
-        if impl is not None and hasattr(mod, "layer_name"):
-            real = impl.forward
+    for mod in attention_layers(model):
+        real = mod.impl.forward
 
-            def forward(layer, q, k, v, kv, md, *a, __real=real, **kw):
-                return __real(layer, q, k, v, kv, None if isinstance(md, _Meta) else md, *a, **kw)
+        def forward(layer, q, k, v, kv, md, *a, __real=real, **kw):
+            md = None if isinstance(md, _Meta) else md
+            return __real(layer, q, k, v, kv, md, *a, **kw)
 
-            impl.forward = forward
+        mod.impl.forward = forward
     wrapper = XpuBreakableGraphWrapper(model, vllm_config, backend=stand_in_backend())
     inputs = h.inputs()
     res: dict[str, Any] = {}
@@ -556,7 +560,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--layers", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--moe", action="store_true", help="also MoE layer variants")
+    ap.add_argument(
+        "--moe-tp",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also run all-MoE variants at these TP sizes (needs the CPU MoE "
+        "sigmoid-routing patch)",
+    )
     args = ap.parse_args(argv)
     results: dict[str, Any] = {}
     try:
@@ -566,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     h = Harness()
     for layers in args.layers:
         for tp in args.tp:
-            for moe in (False, True) if args.moe else (False,):
+            for moe in (False, True) if tp in args.moe_tp else (False,):
                 key = f"counts/L{layers}/tp{tp}/{'moe' if moe else 'dense'}"
                 try:
                     results[key] = run_counts(h, layers, tp, moe)

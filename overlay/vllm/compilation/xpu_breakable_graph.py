@@ -338,6 +338,10 @@ class _Segment:
     kind: BreakKind
     fn: Callable[[], Any]
     result: list[TensorIdentity] | None = None
+    # The capture-time result of an eager break, kept alive so that a
+    # fresh tensor returned on replay can never reuse its address and slip
+    # past the check (in-place breaks return memory that is alive anyway).
+    keep_alive: Any = None
 
 
 class XpuBreakableGraphCapture(BreakableCUDAGraphCapture):
@@ -410,7 +414,7 @@ class XpuBreakableGraphCapture(BreakableCUDAGraphCapture):
         self._end_segment()
         result = fn()
         self.segments.append(fn)
-        self.records.append(_Segment(kind, fn, _result_pointers(result)))
+        self.records.append(_Segment(kind, fn, _result_pointers(result), result))
         self._num_eager_breaks += 1
         self.counts[kind] += 1
         num_segments = len(self.records) + 1  # + the segment opened next
