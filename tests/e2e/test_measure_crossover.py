@@ -1,0 +1,72 @@
+"""The crossover harness end to end on CPU: five fresh ``vllm serve`` processes (A1, B1, B2, A2,
+teacher) against the tiny Laguna with ngram drafting, then analysis, record, raw artifacts and
+``verify-record`` from the raw rows. Throughput numbers are meaningless here; every step, file
+and check is exercised. Takes several minutes (five server start-ups)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.measure.cli import verify_record
+from scripts.tiny_laguna import TinyModels
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = 3
+TOKENS = 32
+
+
+def test_crossover_end_to_end(tiny_models: TinyModels, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    plot = importlib.util.find_spec("matplotlib") is not None
+    command = [
+        sys.executable,
+        "-m",
+        "scripts.measure",
+        "crossover",
+        "--treatment", "VLLM_XPU_LAGUNA_EXACT_VERIFY=1",
+        "--control", "VLLM_XPU_LAGUNA_EXACT_VERIFY=0",
+        "--env", "HF_HUB_OFFLINE=1",
+        "--model", str(tiny_models.target),
+        "--speculative-config",
+        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, '
+        '"prompt_lookup_min": 1}',
+        "--prompts", str(PROMPTS),
+        "--max-tokens", str(TOKENS),
+        "--window", str(TOKENS),
+        "--prompt-tokens", "16",
+        "--long-prompt-tokens", "200",
+        "--rollover-at", "32",  # the tiny target's sliding window
+        "--server-args",
+        "--dtype float32 --enforce-eager --kv-cache-memory-bytes 268435456 "
+        "--max-model-len 1024 --max-num-seqs 1",
+        "--prior-tok-s", "1.0",
+        "--out", str(out),
+    ] + ([] if plot else ["--no-plot"])
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1700)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((out / "record.json").read_text())
+    rows = {leg: (out / f"rows-{leg}.jsonl").read_text().splitlines() for leg in ("A1", "B1", "B2", "A2", "teacher")}
+    assert all(len(lines) == PROMPTS for lines in rows.values())
+    first = json.loads(rows["B1"][0])
+    assert len(first["token_ids"]) == TOKENS and len(first["token_times_s"]) == TOKENS
+    assert first["requests_before"] == 0  # no warm-up generation on a fresh server
+    assert first["cached_tokens"] == 0
+    assert first["spec_after"]["drafts"] > first["spec_before"]["drafts"]
+    quality = record["quality"]
+    # ngram drafting is lossless: every leg must reproduce the non-speculative teacher
+    assert quality["teacher_exact"] == f"{4 * PROMPTS}/{4 * PROMPTS}"
+    assert quality["cross_leg_exact"] == f"{3 * PROMPTS}/{3 * PROMPTS}"
+    assert quality["cached_tokens_zero"] == f"{4 * PROMPTS}/{4 * PROMPTS}"
+    assert quality["rollover"] == "4/4"
+    assert quality["no_warmup_generation"] and quality["single_active_generation"]
+    assert record["metric"] == f"median_tok_s_1_{TOKENS}_after_ttft"
+    assert set(record["sha256"]) == set(record["artifacts"])
+    if plot:
+        assert (out / "crossover.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert verify_record([str(out / "record.json")]) == 0
