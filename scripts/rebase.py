@@ -410,6 +410,9 @@ class Rebase:
             "pins_update": d.get("pins_update"),
             "cpu_runtime": d.get("cpu_runtime"),
             "retire_proposals": [p["name"] for p in d["patches"] if p.get("status") == "already-upstream"],
+            "counts": {status: sum(1 for p in d["patches"] if p.get("status") == status)
+                       for status in ("clean", "merged", "resolved", "conflict", "already-upstream", "pending")},
+            "effect_check_failures": [p["name"] for p in d["patches"] if (p.get("effect") or {}).get("ok") is False],
             "state_file": None if self.dry_run or outcome in ("success", "aborted") else str(_state_path(self.layout)),
             "work_tree": None if self.dry_run else str(self.tree),
             "next": next_step,
@@ -645,7 +648,9 @@ class Rebase:
             entry["effect"] = {"command": command, "ok": ok, "rc": rc, "output": out[-2000:],
                                "seconds": round(time.monotonic() - started, 2)}
             if entry.get("status") == "already-upstream":
-                entry["effect"]["note"] = "the patch is retired; the check shows whether upstream has the effect"
+                entry["effect"]["note"] = ("retired patch: upstream has the effect" if ok else
+                                           "WARNING: retired patch, but its check fails on the new tree: "
+                                           "the effect may be absent upstream; review before retiring")
                 continue
             if entry.get("dry_run_skipped"):
                 entry["effect"]["note"] = "the patch was skipped (conflict) in this dry run"
@@ -789,8 +794,10 @@ def _summary(report: Json) -> None:
 def _conflict_line(f: Json) -> str:
     up = f["upstream"]
     if f["markers"]:
+        both = sum(1 for m in f["markers"] if m.get("kind") == "both-inserted")
         return (f"{f['file']} markers at lines " + ",".join(f"{m['start']}-{m['end']}" for m in f["markers"])
-                + f" (upstream {up['state']})")
+                + f" (upstream {up['state']}"
+                + (f"; {both} block(s) where both sides only inserted lines: keep both" if both else "") + ")")
     text = f"{f['file']}: {up['state']} upstream, no markers (modify/{'delete' if up['state'] == 'removed' else up['state']})"
     if up.get("possibly_moved_to"):
         best = up["possibly_moved_to"][0]

@@ -166,6 +166,7 @@ def test_conflict_stops_then_continue_finishes(vxl_project: SyntheticProject) ->
     marker = conflict["markers"][0]
     assert lines[marker["start"] - 1].startswith("<<<<<<< ") and lines[marker["separator"] - 1] == "======="
     assert lines[marker["end"] - 1].startswith(">>>>>>> ")
+    assert marker["kind"] == "overlapping-edit" and marker["patch_lines"] >= 1
     assert conflict["upstream"]["state"] == "modified"
     assert '"VLLM_TOY_10", "ten"' in conflict["upstream"]["diff"]
     assert conflict["upstream"]["upstream_hunks_under_patch_hunks"]
@@ -194,9 +195,14 @@ def test_abort_restores_everything(vxl_project: SyntheticProject) -> None:
     prepare(project)
     before_inputs = inputs_snapshot(project)
     before_tree = tree_state(project)
-    release(project, new_files(**{"vllm/envs.py": conflicting_envs()}))
+    # upstream inserted its own line exactly where the patch inserts: both sides only added lines
+    upstream_envs = synthetic.envs_py().replace('    "VLLM_TOY_11"', '    "VLLM_TOY_NEW": lambda: 1,\n    "VLLM_TOY_11"')
+    release(project, new_files(**{"vllm/envs.py": upstream_envs}))
     layout = project.layout()
     run_stopped(onto_version=NEW, layout=layout)
+    markers = report_of(project)["patches"][0]["conflict"]["files"][0]["markers"]
+    assert [(m["kind"], m["upstream_lines"], m["base_lines"], m["patch_lines"]) for m in markers] == [
+        ("both-inserted", 1, 0, 1)]
     assert project.head() != before_tree["head"]
     (project.tree / "scratch-note.txt").write_text("user junk during resolution\n")
     rebase(abort=True, layout=layout)
