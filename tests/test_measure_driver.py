@@ -115,3 +115,13 @@ def test_speculative_config_and_serve_argv(tmp_path) -> None:  # type: ignore[no
     assert "--no-enable-prefix-caching" in argv and "--enable-prompt-tokens-details" in argv
     assert argv[-2:] == ["--dtype", "float32"]
     assert 0 < free_port() < 65536
+
+
+def test_prompt_suffix_is_kept_and_counted() -> None:
+    prompts = build_prompts(
+        3, "t", 1, words, prompt_tokens=12, long_prompt_tokens=40, rollover_at=30, max_tokens=8,
+        suffix=" repeat lagoon lagoon",
+    )
+    for prompt in prompts:
+        assert prompt.text.endswith(" repeat lagoon lagoon")
+        assert words(prompt.text) == {"long": 40, "rollover": 26, "normal": 12}[prompt.kind]

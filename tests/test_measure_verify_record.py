@@ -304,3 +304,14 @@ def test_cli_finds_artifacts_next_to_the_record(tmp_path: Path, capsys) -> None:
     assert f"raw artifacts in {tmp_path}" in out
     assert "0 not derivable" in out
     assert "not derivable from this record alone" not in out
+
+
+def test_status_must_follow_the_disposition(tmp_path: Path) -> None:
+    record = write_run(tmp_path, prior=Prior(10.0, "prior-id"))  # failing gates: not a record
+    assert verify(record, gates=load_gates()).ok
+    record["status"] = "UNSUBMITTED_RECORD_CANDIDATE"
+    fields = rejected_fields(record)
+    assert "status" in fields
+    # claiming a record also requires complete quality and passing pairs
+    assert "quality.teacher_exact" in fields
+    assert "pairs.B2_vs_A2.passed" in fields

@@ -233,6 +233,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--long-prompt-tokens", type=int, default=1024)
     p.add_argument("--rollover-at", type=int, default=512,
                    help="token position the rollover row must cross (sliding window)")
+    p.add_argument("--prompt-suffix", default="", help="text ending every prompt")
     p.add_argument("--stop-at-eos", action="store_true", help="do not send ignore_eos")
     p.add_argument("--server-args", default="", help="extra vllm serve arguments (one string)")
     p.add_argument("--python", default=sys.executable, help="python of the vLLM runtime")
@@ -293,6 +294,7 @@ def main(argv: list[str]) -> int:
             long_prompt_tokens=args.long_prompt_tokens,
             rollover_at=args.rollover_at,
             max_tokens=args.max_tokens,
+            suffix=args.prompt_suffix,
         )
     (out / "prompts.json").write_text(
         json.dumps([p.__dict__ | {"sha256": p.sha256} for p in prompts], indent=2) + "\n"

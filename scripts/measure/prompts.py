@@ -57,19 +57,23 @@ def plan_kinds(n: int) -> list[str]:
     return kinds
 
 
-def _fit(prefix: str, words: list[str], target: int, count: Counter) -> str:
-    """The longest ``prefix + words[:k]`` with at most ``target`` tokens (binary search)."""
+def _fit(prefix: str, words: list[str], target: int, count: Counter, suffix: str = "") -> str:
+    """The longest ``prefix + words[:k] + suffix`` with at most ``target`` tokens."""
+
+    def text(k: int) -> str:
+        return prefix + " ".join(words[:k]) + suffix
+
     low, high = 0, len(words)
-    while count(prefix + " ".join(words[:high])) < target and high < 64 * target:
+    while count(text(high)) < target and high < 64 * target:
         words = words + words
         high = len(words)
     while low < high:
         middle = (low + high + 1) // 2
-        if count(prefix + " ".join(words[:middle])) <= target:
+        if count(text(middle)) <= target:
             low = middle
         else:
             high = middle - 1
-    return prefix + " ".join(words[:low])
+    return text(low)
 
 
 def build_prompts(
@@ -82,6 +86,7 @@ def build_prompts(
     long_prompt_tokens: int,
     rollover_at: int | None,
     max_tokens: int,
+    suffix: str = "",
 ) -> list[Prompt]:
     rng = random.Random(seed)
     prompts = []
@@ -99,7 +104,7 @@ def build_prompts(
             target = prompt_tokens
         prefix = f"Note {run_tag}-{index}: "
         words = [rng.choice(WORDS) for _ in range(max(8, target))]
-        text = _fit(prefix, words, target, count)
+        text = _fit(prefix, words, target, count, suffix)
         if text in texts:
             raise ToolError(f"prompt {index} is not unique; use more prompt tokens")
         texts.add(text)

@@ -542,6 +542,22 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
             if not isinstance(artifacts, dict) or sorted(artifacts) != sorted(hashes):
                 checker.fail(("artifacts", "sha256"), "artifacts and sha256 must name the same files")
 
+    def _disposition() -> None:
+        if version == 1:
+            return
+        audits = checker.get("audits")
+        verdict = audits.get("committed_analyzer_disposition") if isinstance(audits, dict) else None
+        checker.constraint(
+            verdict in ("record_candidate", "not_a_record"),
+            ("audits.committed_analyzer_disposition",),
+            f"unknown disposition {verdict!r}",
+        )
+        checker.constraint(
+            claims_record == (verdict == "record_candidate"),
+            ("status", "audits.committed_analyzer_disposition"),
+            f"status {status!r} disagrees with the analyzer's disposition {verdict!r}",
+        )
+
     def _identity() -> None:
         try:
             day = Date.fromisoformat(str(record["date"]))
@@ -598,7 +614,7 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
                 "submitted before the run date",
             )
 
-    for check in (_starts, _record, _pairs, _quality, _summary, _graph, _conventional, _legs, _sha256, _identity):
+    for check in (_starts, _record, _pairs, _quality, _summary, _graph, _conventional, _legs, _sha256, _disposition, _identity):
         checker.run(check)
 
 
