@@ -197,3 +197,37 @@ def test_export_after_a_rebuild_stays_a_fixpoint(check: bool, vxl_project) -> No
     before = _inputs(project)
     assert export(project.layout(), check=check) is False
     assert _inputs(project) == before
+
+
+def _renumber_second_patch(project: synthetic.SyntheticProject, number: int) -> str:
+    """Give patch 2 a pre-assigned number with a gap (as helpers' patches have, e.g. 0006)."""
+    names = project.series_names()
+    second = project.patches / names[1]
+    renamed = f"{number:04d}-{names[1].split('-', 1)[1]}"
+    text = second.read_text()
+    second.unlink()
+    (project.patches / renamed).write_text(text)
+    project.write_series([names[0], renamed])
+    return renamed
+
+
+def test_gapped_patch_numbers_are_a_fixpoint(vxl_project) -> None:
+    """Pre-assigned numbers (0001, 0006, ...) survive apply then export unchanged."""
+    project = vxl_project
+    renamed = _renumber_second_patch(project, 6)
+    apply(project.layout())
+    before = _inputs(project)
+    assert export(project.layout(), check=True) is False
+    export(project.layout())
+    assert project.series_names()[1] == renamed
+    assert _inputs(project) == before
+
+
+def test_new_patch_after_a_gap_is_numbered_after_the_last(vxl_project) -> None:
+    project = vxl_project
+    renamed = _renumber_second_patch(project, 6)
+    apply(project.layout())
+    _commit(project, {"vllm/utils.py": "def helper():\n    return 6\n"}, "utils: return six")
+    export(project.layout())
+    assert project.series_names() == ["0001-envs-declare-the-toy-XPU-toggle.patch", renamed,
+                                      "0007-utils-return-six.patch"]

@@ -228,6 +228,10 @@ def test_unsafe_archive_members_are_rejected_before_extraction(case: str, tmp_pa
     dest = tmp_path / "a" / "b" / "out"
     message = _tool_error(extract_sdist, archive, dest, _pin(vxl_project))
     assert message.startswith("unsafe archive:"), message
+    kind = case.split("-")[0]
+    expect = {"symlink": "points outside the tree", "hardlink": "points outside the tree", "fifo": "special file",
+              "dotdot": "escapes the tree", "absolute": "absolute path", "outside": "outside the top folder"}[kind]
+    assert expect in message, message
     assert not dest.exists() and not dest.with_name("out.extracting").exists()
     assert not (tmp_path / "a" / "x").exists() and not Path("/tmp/vxl-evil-absolute").exists()
 

@@ -1,0 +1,167 @@
+"""Integration on the REAL pinned vLLM sdist: apply, build the XPU wheel, verify its provenance,
+export fixpoint, no-op apply. Uses the default download cache (downloads the sdist through pip's
+configured index when it is missing) and a temporary build directory; the repository's inputs
+(pins.toml, patches/, overlay/, overlay.toml) are snapshotted first so concurrent edits by
+others cannot make the run inconsistent.
+
+Needs the build requirements (torch CPU, cmake, ninja, setuptools<81, setuptools-scm,
+setuptools-rust, wheel, jinja2) in the running interpreter: ``nox -s tests`` installs them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import shutil
+import tarfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import synthetic
+from synthetic import tool_error
+from scripts import REPO_ROOT
+from scripts.build import build
+from scripts.export import export
+from scripts.pins import load_pins
+from scripts.provenance import RECORD_PATH, verify
+from scripts.source import cache_root, fetch_sdist, sha256_file
+from scripts.worktree import Layout, apply, load_inputs
+
+pytestmark = pytest.mark.real
+
+BUILD_MODULES = ("torch", "cmake", "ninja", "setuptools", "setuptools_scm", "setuptools_rust", "wheel", "jinja2")
+
+
+@dataclass
+class Built:
+    layout: Layout
+    wheel: Path
+    timings: dict[str, float]
+    head: str
+
+
+@pytest.fixture(scope="module")
+def vxl_real(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    missing = [m for m in BUILD_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.fail(f"the build requirements are not installed in this interpreter: {', '.join(missing)} "
+                    "(run the tests through `nox -s tests`)")
+    mp = pytest.MonkeyPatch()
+    for key in ("VXL_CACHE_DIR", "VXL_BUILD_DIR"):
+        mp.delenv(key, raising=False)  # the real default cache; the build dir is explicit below
+    base = tmp_path_factory.mktemp("real")
+    root = base / "repo"
+    root.mkdir()
+    shutil.copy2(REPO_ROOT / "pins.toml", root / "pins.toml")
+    shutil.copytree(REPO_ROOT / "patches", root / "patches")
+    if (REPO_ROOT / "overlay").exists():
+        shutil.copytree(REPO_ROOT / "overlay", root / "overlay",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    if (REPO_ROOT / "overlay.toml").exists():
+        shutil.copy2(REPO_ROOT / "overlay.toml", root / "overlay.toml")
+    layout = Layout(root, build_dir=base / "build")
+    timings: dict[str, float] = {}
+    try:
+        start = time.monotonic()
+        state = apply(layout)
+        timings["apply"] = time.monotonic() - start
+        start = time.monotonic()
+        wheel = build(layout, dist=base / "dist")
+        timings["build"] = time.monotonic() - start
+    finally:
+        mp.undo()
+    print(f"\nreal sdist: apply {timings['apply']:.1f}s, build {timings['build']:.1f}s -> {wheel.name}")
+    return Built(layout, wheel, timings, state.head)
+
+
+def test_real_sdist_is_cached_with_the_pinned_sha_and_commit() -> None:
+    pins = load_pins()
+    path = fetch_sdist(pins.vllm)  # downloads through pip's configured index when missing
+    assert path.is_relative_to(cache_root())
+    assert sha256_file(path) == pins.vllm.sdist_sha256 == "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502"
+    with tarfile.open(path, "r:gz") as tar:
+        text = tar.extractfile(f"vllm-{pins.vllm.version}/vllm/_version.py").read().decode()  # type: ignore[union-attr]
+    assert re.search(r"__commit_id__ = commit_id = 'gf2654939e", text), text
+
+
+def test_real_apply_makes_the_documented_commits(vxl_real: Built) -> None:
+    tree = vxl_real.layout.worktree
+    inputs = load_inputs(vxl_real.layout)
+    subjects = synthetic.git(tree, "log", "--reverse", "--format=%s").splitlines()
+    assert subjects[0] == "upstream vLLM 0.26.0 (f2654939e) pristine"
+    assert subjects[1:-1] == [p.subject for p in inputs.patches]
+    assert subjects[-1] == "overlay: lay the series' new files"
+    assert len(inputs.patches) >= 1 and len(inputs.overlay) >= 1
+    assert "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA" in (tree / "vllm" / "envs.py").read_text()
+    assert "gf2654939e" in (tree / "vllm" / "_version.py").read_text()
+    assert synthetic.git(tree, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+def test_real_noop_apply_is_fast(vxl_real: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VXL_CACHE_DIR", raising=False)
+    start = time.monotonic()
+    state = apply(vxl_real.layout, offline=True)
+    took = time.monotonic() - start
+    print(f"\nreal no-op apply: {took:.2f}s")
+    assert state.head == vxl_real.head
+    assert took < 3.0, f"no-op apply took {took:.2f}s"
+
+
+def test_real_export_is_a_fixpoint(vxl_real: Built) -> None:
+    before = {p.name: p.read_bytes() for p in (vxl_real.layout.patches).iterdir()}
+    assert export(vxl_real.layout, check=True) is False
+    assert export(vxl_real.layout) is False
+    assert {p.name: p.read_bytes() for p in (vxl_real.layout.patches).iterdir()} == before
+
+
+def test_real_wheel_name_and_contents(vxl_real: Built) -> None:
+    inputs = load_inputs(vxl_real.layout)
+    match = re.fullmatch(r"vllm-0\.26\.0\+xpu\.([0-9a-f]{12})-cp38-abi3-[A-Za-z0-9_]+\.whl", vxl_real.wheel.name)
+    assert match, vxl_real.wheel.name
+    assert match.group(1) == inputs.label and "cpu" not in match.group(1)
+    with zipfile.ZipFile(vxl_real.wheel) as zf:
+        names = set(zf.namelist())
+        record = json.loads(zf.read(RECORD_PATH))
+        metadata = zf.read(f"vllm-0.26.0+xpu.{inputs.label}.dist-info/METADATA").decode()
+        for item in inputs.overlay:
+            if item.relpath.startswith("vllm/"):
+                assert hashlib.sha256(zf.read(item.relpath)).hexdigest() == item.sha256
+    assert f"Version: 0.26.0+xpu.{inputs.label}\n" in metadata
+    # the XPU build: only the two small CMake extensions, nothing CUDA, no Rust
+    extensions = sorted(n for n in names if n.endswith(".so"))
+    assert extensions == ["vllm/fs_io_C.abi3.so", "vllm/spinloop.abi3.so"], extensions
+    # the provenance record: pins, every patch with its sha256, overlay hashes, tool revision
+    assert record["version"] == f"0.26.0+xpu.{inputs.label}"
+    assert record["pins"]["vllm"]["sdist_sha256"] == inputs.pins.vllm.sdist_sha256
+    assert [(p["name"], p["sha256"]) for p in record["patches"]] == \
+        [(p.name, hashlib.sha256(p.path.read_bytes()).hexdigest()) for p in inputs.patches]
+    assert {o["path"] for o in record["overlay"]} == {o.relpath for o in inputs.overlay}
+    assert re.fullmatch(r"[0-9a-f]{40}", record["tool"]["revision"])
+    assert record["worktree_head"] == vxl_real.head
+
+
+def test_real_verify_passes_and_a_tampered_copy_fails(vxl_real: Built, tmp_path: Path) -> None:
+    verify(str(vxl_real.wheel), vxl_real.layout)
+    inputs = load_inputs(vxl_real.layout)
+    shipped = [o.relpath for o in inputs.overlay if o.relpath.startswith("vllm/")]
+    assert shipped, "no overlay file ships in the wheel"
+    tampered = tmp_path / vxl_real.wheel.name
+    with zipfile.ZipFile(vxl_real.wheel) as src, zipfile.ZipFile(tampered, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename == shipped[0]:
+                data += b"\n# tampered\n"
+            dst.writestr(info, data)
+    message = tool_error(verify, str(tampered), vxl_real.layout)
+    assert f"overlay file {shipped[0]} differs" in message
+
+
+def test_real_total_time(vxl_real: Built) -> None:
+    total = vxl_real.timings["apply"] + vxl_real.timings["build"]
+    assert total < 180, f"apply + build took {total:.0f}s: {vxl_real.timings}"
