@@ -43,9 +43,7 @@ from scripts.index import list_files, pip_index_urls
 from scripts.log import detail, info, step
 from scripts.overlay import OverlayFile, check_against_tree, list_overlay, read_replaces
 from scripts.pins import Pins, load_pins, parse_pins
-from scripts.series import parse_fields
-from scripts.source import cache_root, cached_sdist, commit_of_version_file, fetch_git, fetch_sdist, sdist_name, \
-    sha256_file
+from scripts.source import cache_root, commit_of_version_file, fetch_git, fetch_sdist, sdist_name, sha256_file
 from scripts.worktree import OVERLAY_SUBJECT, Layout, State, apply, build_tree, lay_overlay, load_inputs, \
     pristine_repo, read_state, write_state
 
@@ -235,7 +233,7 @@ def compare_hunks(old: dict[str, list[Json]], new: dict[str, list[Json]]) -> Jso
                 edits_differ.append(path)
             regrouped.append({"file": path, "old": [h["header"] for h in a], "new": [h["header"] for h in b]})
             continue
-        for number, (ha, hb) in enumerate(zip(a, b), 1):
+        for number, (ha, hb) in enumerate(zip(a, b, strict=True), 1):
             offset = hb["source_start"] - ha["source_start"]
             if offset:
                 moved.append({"file": path, "hunk": number, "old": ha["header"], "new": hb["header"], "offset": offset})
@@ -341,9 +339,8 @@ def _moved_candidates(tree: Path, new_base: str, patch_hunks: list[Json], limit:
             if rest.endswith(":" + probe):
                 found.setdefault(rest[:-len(probe) - 1], set()).add(probe)
                 break
-    hits = sorted(({"file": path, "matching_lines": len(hit)} for path, hit in found.items()),
-                  key=lambda h: (-h["matching_lines"], h["file"]))
-    return [dict(h, probes=len(probes)) for h in hits[:limit]]
+    ranked = sorted(found.items(), key=lambda item: (-len(item[1]), item[0]))
+    return [{"file": path, "matching_lines": len(hit), "probes": len(probes)} for path, hit in ranked[:limit]]
 
 
 def _reverse_applies(tree: Path, commit: str, base: str) -> bool:
@@ -911,8 +908,8 @@ def _start(layout: Layout, onto_version: str | None, onto_commit: str | None, so
             wt_source = state.source
         build_tree(scratch, inputs, tree, source=wt_source, offline=offline)
     else:
-        state = apply(layout, source=read_state(layout.worktree).source if read_state(layout.worktree) else "sdist",
-                      offline=offline)
+        previous = read_state(layout.worktree) if layout.worktree.exists() else None
+        apply(layout, source=previous.source if previous else "sdist", offline=offline)
         tree = layout.worktree
         problems = status_porcelain(tree)
         if problems:
@@ -925,7 +922,7 @@ def _start(layout: Layout, onto_version: str | None, onto_commit: str | None, so
     if len(commits) != len(inputs.patches):
         raise ToolError(f"{tree} has {len(commits)} patch commit(s) but patches/series lists {len(inputs.patches)}; "
                         "run nox -s apply (or export) first")
-    for commit, patch in zip(commits, inputs.patches):
+    for commit, patch in zip(commits, inputs.patches, strict=True):
         subject = git(tree, "log", "-1", "--format=%s", commit)
         if subject != patch.subject:
             raise ToolError(f"{tree}: commit {commit[:12]} ({subject!r}) does not match {patch.name}; run nox -s apply")
@@ -954,7 +951,7 @@ def _start(layout: Layout, onto_version: str | None, onto_commit: str | None, so
         "patches": [],
         "current": 0,
     }
-    for commit, patch in zip(commits, inputs.patches):
+    for commit, patch in zip(commits, inputs.patches, strict=True):
         d["patches"].append({
             "name": patch.name, "subject": patch.subject, "status": "pending", "commit_old": commit,
             "files": _files_of(tree, commit), "effect_check": patch.fields.get("Effect-Check"),

@@ -18,7 +18,7 @@ from synthetic import Change, SyntheticProject, make_sdist, sha256, upstream_fil
 from scripts.errors import ToolError
 from scripts.pins import load_pins, parse_pins
 from scripts.rebase import REPORT_SCHEMA, compare_hunks, parse_xpu_requirements, rebase, rewrite_pins
-from scripts.worktree import apply, read_state
+from scripts.worktree import apply
 
 NEW = "10.0.0"
 NEW_COMMIT = "def5678aa"
@@ -94,7 +94,8 @@ def statuses(report: dict) -> list[str]:
 def conflicting_envs() -> str:
     """Upstream rewrote the two lines around the patch's insertion point."""
     envs = synthetic.envs_py()
-    envs = envs.replace('"VLLM_TOY_10", "10"', '"VLLM_TOY_10", "ten"').replace('"VLLM_TOY_11", "11"', '"VLLM_TOY_11", "eleven"')
+    envs = envs.replace('"VLLM_TOY_10", "10"', '"VLLM_TOY_10", "ten"')
+    envs = envs.replace('"VLLM_TOY_11", "11"', '"VLLM_TOY_11", "eleven"')
     return envs
 
 
@@ -196,7 +197,8 @@ def test_abort_restores_everything(vxl_project: SyntheticProject) -> None:
     before_inputs = inputs_snapshot(project)
     before_tree = tree_state(project)
     # upstream inserted its own line exactly where the patch inserts: both sides only added lines
-    upstream_envs = synthetic.envs_py().replace('    "VLLM_TOY_11"', '    "VLLM_TOY_NEW": lambda: 1,\n    "VLLM_TOY_11"')
+    upstream_envs = synthetic.envs_py().replace('    "VLLM_TOY_11"',
+                                                '    "VLLM_TOY_NEW": lambda: 1,\n    "VLLM_TOY_11"')
     release(project, new_files(**{"vllm/envs.py": upstream_envs}))
     layout = project.layout()
     run_stopped(onto_version=NEW, layout=layout)
