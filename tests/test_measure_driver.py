@@ -60,7 +60,14 @@ def words(text: str) -> int:
 
 def test_prompts_are_unique_and_sized() -> None:
     prompts = build_prompts(
-        13, "tag", 7, words, prompt_tokens=20, long_prompt_tokens=300, rollover_at=100, max_tokens=64
+        13,
+        "tag",
+        7,
+        words,
+        prompt_tokens=20,
+        long_prompt_tokens=300,
+        rollover_at=100,
+        max_tokens=64,
     )
     assert len({p.text for p in prompts}) == 13
     assert len({p.sha256 for p in prompts}) == 13
@@ -70,11 +77,20 @@ def test_prompts_are_unique_and_sized() -> None:
         expected = {"long": 300, "rollover": 100 - 32, "normal": 20}[prompt.kind]
         assert words(prompt.text) == expected  # the counter decides the size exactly
     again = build_prompts(
-        13, "tag", 7, words, prompt_tokens=20, long_prompt_tokens=300, rollover_at=100, max_tokens=64
+        13,
+        "tag",
+        7,
+        words,
+        prompt_tokens=20,
+        long_prompt_tokens=300,
+        rollover_at=100,
+        max_tokens=64,
     )
     assert [p.text for p in again] == [p.text for p in prompts]  # seeded
     with pytest.raises(ToolError, match="rollover"):
-        build_prompts(3, "t", 1, words, prompt_tokens=5, long_prompt_tokens=9, rollover_at=20, max_tokens=64)
+        build_prompts(
+            3, "t", 1, words, prompt_tokens=5, long_prompt_tokens=9, rollover_at=20, max_tokens=64
+        )
 
 
 METRICS = """\
@@ -99,7 +115,9 @@ def test_metrics_snapshot() -> None:
 
 
 def test_speculative_config_and_serve_argv(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    args = argparse.Namespace(speculative_config=None, draft=str(tmp_path), num_speculative_tokens=7)
+    args = argparse.Namespace(
+        speculative_config=None, draft=str(tmp_path), num_speculative_tokens=7
+    )
     assert speculative_config(args) == {
         "method": "dflash",
         "model": str(tmp_path.resolve()),
@@ -119,7 +137,14 @@ def test_speculative_config_and_serve_argv(tmp_path) -> None:  # type: ignore[no
 
 def test_prompt_suffix_is_kept_and_counted() -> None:
     prompts = build_prompts(
-        3, "t", 1, words, prompt_tokens=12, long_prompt_tokens=40, rollover_at=30, max_tokens=8,
+        3,
+        "t",
+        1,
+        words,
+        prompt_tokens=12,
+        long_prompt_tokens=40,
+        rollover_at=30,
+        max_tokens=8,
         suffix=" repeat lagoon lagoon",
     )
     for prompt in prompts:

@@ -16,7 +16,7 @@ from scripts.measure.artifacts import RECORD_FILE, finish_run, write_rows
 from scripts.measure.cli import verify_record as verify_cli
 from scripts.measure.gates import load_gates
 from scripts.measure.record import Prior, RecordMeta
-from scripts.measure.schema import SCHEMA_VERSION, load_rows, dump_rows, sha256_file
+from scripts.measure.schema import SCHEMA_VERSION, dump_rows, load_rows, sha256_file
 from scripts.measure.verify_record import verify
 
 FIXTURES = Path(__file__).parent / "fixtures" / "records"
@@ -75,7 +75,9 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def tokens(path: str) -> list[str | int]:
-    return [int(p[1:-1]) if p.startswith("[") else p for p in re.findall(r"[^.\[\]]+|\[\d+\]", path)]
+    return [
+        int(p[1:-1]) if p.startswith("[") else p for p in re.findall(r"[^.\[\]]+|\[\d+\]", path)
+    ]
 
 
 def get(data: Any, path: str) -> Any:
@@ -137,9 +139,7 @@ def _mutations(value: Any) -> list[Any]:
 CASES = [(path, field) for path, fields in DERIVABLE.items() for field in fields]
 
 
-@pytest.mark.parametrize(
-    ("path", "field"), CASES, ids=[f"{p.stem[18:]}:{f}" for p, f in CASES]
-)
+@pytest.mark.parametrize(("path", "field"), CASES, ids=[f"{p.stem[18:]}:{f}" for p, f in CASES])
 def test_each_altered_derivable_number_is_rejected_by_name(path: Path, field: str) -> None:
     original = load(path)
     mutations = _mutations(get(original, field))

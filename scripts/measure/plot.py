@@ -70,7 +70,11 @@ def write_plot(analysis: dict[str, Any], path: Path) -> None:
             ),
         )
     right.axhline(0.0, color="black", linewidth=0.8)
-    extreme = max(abs(d) for cand, ctrl in PAIRS for d in analysis["pairs"][pair_name(cand, ctrl)]["paired_delta_pct"])
+    extreme = max(
+        abs(d)
+        for cand, ctrl in PAIRS
+        for d in analysis["pairs"][pair_name(cand, ctrl)]["paired_delta_pct"]
+    )
     if extreme > 200:
         right.set_yscale("symlog", linthresh=10)
     right.set_xticks(list(rows))

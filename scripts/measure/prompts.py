@@ -128,7 +128,9 @@ def tokenizer_counter(model_dir: str, python: str | None = None) -> Counter:
         from transformers import AutoTokenizer
     except ImportError:
         if python is None or python == sys.executable:
-            raise ToolError("transformers is needed to size prompts (pass --python of the vLLM runtime)") from None
+            raise ToolError(
+                "transformers is needed to size prompts (pass --python of the vLLM runtime)"
+            ) from None
         return _remote_counter(python, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return lambda text: len(tokenizer(text)["input_ids"])

@@ -13,7 +13,11 @@ from scripts.measure.record import build_record, meta_from_record
 from scripts.measure.schema import LEG_ORDER, AnalysisConfig, Row, load_rows, sha256_file
 
 MANIFEST = "manifest"
-ANALYSIS_FILES = {"full_analysis": None, "all_vs_teacher": "all_vs_teacher", "cross_leg": "cross_leg"}
+ANALYSIS_FILES = {
+    "full_analysis": None,
+    "all_vs_teacher": "all_vs_teacher",
+    "cross_leg": "cross_leg",
+}
 DERIVED_SECTIONS = (
     "metric",
     "metric_conventional",
@@ -40,7 +44,9 @@ def analysis_documents(analysis: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def load_run(root: Path, artifacts: dict[str, str]) -> tuple[dict[str, list[Row]], list[Row] | None, dict[str, Any]]:
+def load_run(
+    root: Path, artifacts: dict[str, str]
+) -> tuple[dict[str, list[Row]], list[Row] | None, dict[str, Any]]:
     manifest_rel = artifacts.get(MANIFEST)
     if manifest_rel is None:
         raise ToolError("record lists no manifest artifact")
@@ -94,12 +100,12 @@ def raw_checks(record: dict[str, Any], root: Path, report: Any) -> None:
     hashes = record.get("sha256") or {}
     intact = True
     for name, rel in artifacts.items():
-        path = root / str(rel)
-        if not path.is_file():
-            fail((f"artifacts.{name}",), f"raw artifact {path} is missing")
+        file_path = root / str(rel)
+        if not file_path.is_file():
+            fail((f"artifacts.{name}",), f"raw artifact {file_path} is missing")
             intact = False
-        elif sha256_file(path) != hashes.get(name):
-            fail((f"sha256.{name}",), f"{path} hashes to {sha256_file(path)}")
+        elif sha256_file(file_path) != hashes.get(name):
+            fail((f"sha256.{name}",), f"{file_path} hashes to {sha256_file(file_path)}")
             intact = False
     if not intact:
         return

@@ -62,7 +62,13 @@ V2_KEYS = V1_KEYS + (
     "gates",
     "artifacts",
 )
-QUALITY_COUNTS = ("teacher_exact", "cross_leg_exact", "cached_tokens_zero", "long_then_next", "rollover")
+QUALITY_COUNTS = (
+    "teacher_exact",
+    "cross_leg_exact",
+    "cached_tokens_zero",
+    "long_then_next",
+    "rollover",
+)
 QUALITY_FLAGS = (
     "fresh_unique_prompts",
     "single_active_generation",
@@ -256,7 +262,9 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
             return
         inputs = (cand, prior_path)
         checker.derived("record.delta_tok_s", c - prior, "candidate - prior", inputs)
-        checker.derived("record.delta_pct", (c / prior - 1) * 100, "(candidate/prior - 1)*100", inputs)
+        checker.derived(
+            "record.delta_pct", (c / prior - 1) * 100, "(candidate/prior - 1)*100", inputs
+        )
         checker.derived("record.multiple", c / prior, "candidate / prior", inputs)
         floor = gates.practical_floor(prior)
         if record["record"].get("strict_practical_floor_tok_s") is not None:
@@ -290,7 +298,9 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
                 path = f"pairs.{name}.headline_delta_pct"
                 b, a = checker.number(start[cand]), checker.number(start[ctrl])
                 headline = pct_change(b, a)
-                checker.derived(path, headline, f"({cand} - {ctrl})/{ctrl}*100", (start[cand], start[ctrl]))
+                checker.derived(
+                    path, headline, f"({cand} - {ctrl})/{ctrl}*100", (start[cand], start[ctrl])
+                )
                 headline = checker.number(path)
             median_path = f"pairs.{name}.median_paired_delta_pct"
             median = checker.number(median_path)
@@ -309,7 +319,9 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
                 f"median paired delta {median!r}, headline {headline!r})",
             )
             if claims_record:
-                checker.constraint(bool(passed), (passed_path,), f"a failed pair in a {status} record")
+                checker.constraint(
+                    bool(passed), (passed_path,), f"a failed pair in a {status} record"
+                )
         counts = set(rows.values())
         checker.constraint(
             len(counts) == 1,
@@ -334,7 +346,9 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
                     n == legs * n_rows, (path, *wins), f"n={n} != {legs} legs x {n_rows} rows"
                 )
             elif key == "cross_leg_exact":
-                allowed = {(legs - 1) * n_rows} if version > 1 else {(legs - 1) * n_rows, legs * n_rows}
+                allowed = (
+                    {(legs - 1) * n_rows} if version > 1 else {(legs - 1) * n_rows, legs * n_rows}
+                )
                 checker.constraint(
                     n in allowed, (path, *wins), f"n={n} not in {sorted(allowed)} for {n_rows} rows"
                 )
@@ -392,6 +406,7 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
             return
         drafted = checker.number(f"{key}.draft_tokens", integer=True)
         accepted = checker.number(f"{key}.accepted_draft_tokens", integer=True)
+        per_cycle: int | None
         if version == 1:
             per_cycle, fixed = gates.legacy_num_speculative_tokens, True
         else:
@@ -403,7 +418,9 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
             if version > 1:
                 inputs += ("speculative.num_speculative_tokens",)
             if fixed:
-                checker.derived(f"{key}.draft_tokens", per_cycle * cycles, f"{per_cycle} x draft_cycles", inputs)
+                checker.derived(
+                    f"{key}.draft_tokens", per_cycle * cycles, f"{per_cycle} x draft_cycles", inputs
+                )
             else:
                 checker.constraint(
                     drafted <= per_cycle * cycles,
@@ -428,14 +445,22 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
         if not isinstance(graph, dict):
             checker.fail("graph", "expected an object")
             return
-        if graph.get("graphs_per_rank") is not None or graph.get("eager_breaks_per_rank") is not None:
+        if (
+            graph.get("graphs_per_rank") is not None
+            or graph.get("eager_breaks_per_rank") is not None
+        ):
             breaks = checker.number("graph.eager_breaks_per_rank", integer=True)
             checker.derived(
-                "graph.graphs_per_rank", breaks + 1, "eager_breaks_per_rank + 1", ("graph.eager_breaks_per_rank",)
+                "graph.graphs_per_rank",
+                breaks + 1,
+                "eager_breaks_per_rank + 1",
+                ("graph.eager_breaks_per_rank",),
             )
         sizes = graph.get("capture_sizes")
         if sizes:
-            values = [checker.number(f"graph.capture_sizes[{i}]", integer=True) for i in range(len(sizes))]
+            values = [
+                checker.number(f"graph.capture_sizes[{i}]", integer=True) for i in range(len(sizes))
+            ]
             checker.derived(
                 "graph.max_capture_size",
                 max(values),
@@ -468,7 +493,12 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
             return
         for leg in LEG_ORDER:
             path = f"starts_conventional.{keys[leg]}"
-            checker.derived(path, checker.number(start[leg]) * factor, f"starts x {window - 1}/{window}", (start[leg],))
+            checker.derived(
+                path,
+                checker.number(start[leg]) * factor,
+                f"starts x {window - 1}/{window}",
+                (start[leg],),
+            )
 
     def _legs() -> None:
         if version == 1:
@@ -476,7 +506,10 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
         n_rows = next(iter(rows.values()), None)
         for leg in LEG_ORDER:
             base = f"legs.{leg}"
-            for unit, source in (("tok_s_legacy", start[leg]), ("tok_s_conventional", f"starts_conventional.{keys[leg]}")):
+            for unit, source in (
+                ("tok_s_legacy", start[leg]),
+                ("tok_s_conventional", f"starts_conventional.{keys[leg]}"),
+            ):
                 checker.derived(f"{base}.{unit}.median", checker.number(source), source, (source,))
                 p10 = checker.number(f"{base}.{unit}.p10")
                 median = checker.number(f"{base}.{unit}.median")
@@ -490,7 +523,8 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
             if drafted:
                 checker.derived(
                     f"{base}.draft_acceptance_rate",
-                    checker.number(f"{base}.accepted_draft_tokens", integer=True) / checker.number(f"{base}.draft_tokens", integer=True),
+                    checker.number(f"{base}.accepted_draft_tokens", integer=True)
+                    / checker.number(f"{base}.draft_tokens", integer=True),
                     "accepted_draft_tokens / draft_tokens",
                     (f"{base}.accepted_draft_tokens", f"{base}.draft_tokens"),
                 )
@@ -527,7 +561,12 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
                 ):
                     value = checker.get(f"legs.{leg}.{source}")
                     if value is not None:
-                        checker.derived(f"{key}.{field_name}", value, f"legs.{leg}.{source}", (f"legs.{leg}.{source}",))
+                        checker.derived(
+                            f"{key}.{field_name}",
+                            value,
+                            f"legs.{leg}.{source}",
+                            (f"legs.{leg}.{source}",),
+                        )
 
     def _sha256() -> None:
         hashes = checker.get("sha256")
@@ -540,7 +579,9 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
         if version > 1:
             artifacts = record["artifacts"]
             if not isinstance(artifacts, dict) or sorted(artifacts) != sorted(hashes):
-                checker.fail(("artifacts", "sha256"), "artifacts and sha256 must name the same files")
+                checker.fail(
+                    ("artifacts", "sha256"), "artifacts and sha256 must name the same files"
+                )
 
     def _disposition() -> None:
         if version == 1:
@@ -614,7 +655,19 @@ def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> Non
                 "submitted before the run date",
             )
 
-    for check in (_starts, _record, _pairs, _quality, _summary, _graph, _conventional, _legs, _sha256, _disposition, _identity):
+    for check in (
+        _starts,
+        _record,
+        _pairs,
+        _quality,
+        _summary,
+        _graph,
+        _conventional,
+        _legs,
+        _sha256,
+        _disposition,
+        _identity,
+    ):
         checker.run(check)
 
 
@@ -632,10 +685,11 @@ def prior_checks(record: dict[str, Any], prior: dict[str, Any], report: Report) 
         f"{value!r} != prior record's candidate_lower_start_tok_s {expected!r}",
     )
     prior_id = prior.get("localmaxxing", {}).get("id")
+    claimed = record["record"].get("prior_approved_id")
     checker.constraint(
-        record["record"].get("prior_approved_id") == prior_id,
+        claimed == prior_id,
         ("record.prior_approved_id",),
-        f"{record['record'].get('prior_approved_id')!r} != prior record's localmaxxing.id {prior_id!r}",
+        f"{claimed!r} != prior record's localmaxxing.id {prior_id!r}",
     )
 
 

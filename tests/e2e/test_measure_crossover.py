@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from scripts.measure.cli import verify_record
 from scripts.tiny_laguna import TinyModels
 
@@ -29,29 +27,44 @@ def test_crossover_end_to_end(tiny_models: TinyModels, tmp_path: Path) -> None:
         "-m",
         "scripts.measure",
         "crossover",
-        "--treatment", "VLLM_XPU_LAGUNA_EXACT_VERIFY=1",
-        "--control", "VLLM_XPU_LAGUNA_EXACT_VERIFY=0",
-        "--env", "HF_HUB_OFFLINE=1",
-        "--model", str(tiny_models.target),
+        "--treatment",
+        "VLLM_XPU_LAGUNA_EXACT_VERIFY=1",
+        "--control",
+        "VLLM_XPU_LAGUNA_EXACT_VERIFY=0",
+        "--env",
+        "HF_HUB_OFFLINE=1",
+        "--model",
+        str(tiny_models.target),
         "--speculative-config",
         '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, '
         '"prompt_lookup_min": 1}',
-        "--prompts", str(PROMPTS),
-        "--max-tokens", str(TOKENS),
-        "--window", str(TOKENS),
-        "--prompt-tokens", "16",
-        "--long-prompt-tokens", "200",
-        "--rollover-at", "32",  # the tiny target's sliding window
+        "--prompts",
+        str(PROMPTS),
+        "--max-tokens",
+        str(TOKENS),
+        "--window",
+        str(TOKENS),
+        "--prompt-tokens",
+        "16",
+        "--long-prompt-tokens",
+        "200",
+        "--rollover-at",
+        "32",  # the tiny target's sliding window
         "--server-args",
         "--dtype float32 --enforce-eager --kv-cache-memory-bytes 268435456 "
         "--max-model-len 1024 --max-num-seqs 1",
-        "--prior-tok-s", "1.0",
-        "--out", str(out),
+        "--prior-tok-s",
+        "1.0",
+        "--out",
+        str(out),
     ] + ([] if plot else ["--no-plot"])
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1700)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((out / "record.json").read_text())
-    rows = {leg: (out / f"rows-{leg}.jsonl").read_text().splitlines() for leg in ("A1", "B1", "B2", "A2", "teacher")}
+    rows = {
+        leg: (out / f"rows-{leg}.jsonl").read_text().splitlines()
+        for leg in ("A1", "B1", "B2", "A2", "teacher")
+    }
     assert all(len(lines) == PROMPTS for lines in rows.values())
     first = json.loads(rows["B1"][0])
     assert len(first["token_ids"]) == TOKENS and len(first["token_times_s"]) == TOKENS
