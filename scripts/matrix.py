@@ -294,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _drive(args: argparse.Namespace) -> int:
     device = device_kind()
+    series = _series_info()  # fail early, before any engine runs
     if args.tiny:
         from scripts.tiny_laguna import generate
 
@@ -346,7 +347,7 @@ def _drive(args: argparse.Namespace) -> int:
                 if r["prompt_tokens"] // block != (r["prompt_tokens"] + len(r["token_ids"]) - 1) // block]
     report = {
         "schema": SCHEMA, "created_unix": int(time.time()), "device": device, "versions": _versions(),
-        "series": _series_info(), "method": args.method, "width": WIDTH, "dtype": dtype,
+        "series": series, "method": args.method, "width": WIDTH, "dtype": dtype,
         "prompts": [asdict(p) for p in prompts], "block_size": block,
         "rollover_prompts": rollover, "long_then_next_prompt": 1,
         "legs": [asdict(r) for r in results], "outputs": outputs,

@@ -1,0 +1,55 @@
+"""Pure parts of the equivalence matrix: prompts, comparison, verdicts (no vLLM needed)."""
+
+from __future__ import annotations
+
+from scripts.matrix import LEGS, NOT_RUN_NO_GRAPHS, evaluate, first_difference, make_prompts, table
+
+
+def _rows(tokens: list[list[int]], cached: int = 0) -> dict:
+    return {"rows": [{"token_ids": t, "cached_tokens": cached, "seconds": 0.1, "prompt_tokens": 5} for t in tokens],
+            "draft_tokens": 70, "accepted_tokens": 7, "acceptance_rate": 0.1}
+
+
+def test_prompts_are_fresh_unique_and_have_the_required_roles() -> None:
+    first = make_prompts(13, 128, seed=1)
+    second = make_prompts(13, 128, seed=2)
+    assert len(first) == 13 and len({p.text for p in first}) == 13
+    assert not {p.text for p in first} & {p.text for p in second}
+    assert first[0].role == "long" and len(first[0].text.split()) > 100
+    assert first[1].role == "long-then-next" and first[1].max_tokens < first[0].max_tokens
+    assert all(p.max_tokens == 128 for p in first if p.role == "plain")
+
+
+def test_first_difference_reports_position_and_both_tokens() -> None:
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 9, 3]) == (1, 2, 9)
+    assert first_difference([1, 2], [1, 2, 5]) == (2, None, 5)
+
+
+def test_evaluate_passes_equal_legs_and_marks_graph_legs_not_run() -> None:
+    teacher = [[1, 2, 3], [4, 5, 6]]
+    outputs = {"teacher": _rows(teacher), "dflash-graph0-meta0": _rows(teacher), "dflash-graph0-meta1": _rows(teacher),
+               "dflash-graph1-meta0": {"status": NOT_RUN_NO_GRAPHS}, "dflash-graph1-meta1": {"status": NOT_RUN_NO_GRAPHS}}
+    results = {r.name: r for r in evaluate(outputs, LEGS, 2)}
+    assert results["dflash-graph0-meta1"].status == "passed"
+    assert results["dflash-graph0-meta1"].teacher_exact == "2/2"
+    assert results["dflash-graph0-meta1"].cross_leg_exact == "2/2"
+    assert results["dflash-graph1-meta1"].status == NOT_RUN_NO_GRAPHS  # never "passed"
+    assert "not run" in table(list(results.values()))
+
+
+def test_evaluate_fails_on_a_token_mismatch_and_names_the_position() -> None:
+    teacher = [[1, 2, 3], [4, 5, 6]]
+    outputs = {"teacher": _rows(teacher), "dflash-graph0-meta0": _rows(teacher),
+               "dflash-graph0-meta1": _rows([[1, 2, 3], [4, 7, 6]])}
+    results = {r.name: r for r in evaluate(outputs, LEGS[:3], 2)}
+    bad = results["dflash-graph0-meta1"]
+    assert bad.status == "failed" and bad.teacher_exact == "1/2" and bad.cross_leg_exact == "1/2"
+    assert "prompt 1 differs first at token 1: expected 5, got 7" in bad.mismatches[0]
+
+
+def test_evaluate_fails_when_cached_tokens_were_used() -> None:
+    teacher = [[1, 2, 3]]
+    outputs = {"teacher": _rows(teacher), "dflash-graph0-meta0": _rows(teacher, cached=16)}
+    result = evaluate(outputs, LEGS[:2], 1)[1]
+    assert result.status == "failed" and result.cached_tokens_zero == "0/1"
