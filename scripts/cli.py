@@ -41,7 +41,7 @@ def _verify(args: argparse.Namespace) -> None:
 
 
 def _bench(args: argparse.Namespace) -> None:
-    from scripts.bench import main as bench_main
+    from scripts.bench.tooling import main as bench_main
 
     bench_main(rounds=args.rounds)
 
