@@ -11,6 +11,7 @@ import hashlib
 import html
 import http.server
 import io
+import json
 import os
 import shutil
 import socketserver
@@ -137,6 +138,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         index = self.server.index  # type: ignore[attr-defined]
         index.requests.append(self.path)
         if self.path in ("/simple/vllm/", "/simple/vllm"):
+            if index.page_status != 200:
+                self._send(index.page_status, b"index trouble", "text/plain")
+                return
+            if index.json_api and "application/vnd.pypi.simple.v1+json" in (self.headers.get("Accept") or ""):
+                files = [{"filename": name, "url": f"../../files/{name}", "size": len(item.body),
+                          "hashes": {"sha256": item.listed_sha256} if item.listed_sha256 else {}}
+                         for name, item in sorted(index.files.items())]
+                body = json.dumps({"meta": {"api-version": "1.1"}, "name": "vllm", "files": files}).encode()
+                self._send(200, body, "application/vnd.pypi.simple.v1+json")
+                return
             links = []
             for name, item in sorted(index.files.items()):
                 frag = f"#sha256={item.listed_sha256}" if item.listed_sha256 else ""
@@ -182,6 +193,8 @@ class SimpleIndex:
     def __init__(self) -> None:
         self.files: dict[str, Served] = {}
         self.requests: list[str] = []
+        self.json_api = False  # answer PEP 691 JSON when the client asks for it
+        self.page_status = 200  # HTTP status of the project page
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.index = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
@@ -474,6 +487,18 @@ def new_project(base: Path, index: SimpleIndex, files: dict[str, str] | None = N
     if seed:
         project.seed_cache()
     return project
+
+
+def write_file_index(dest: Path, files: dict[str, bytes]) -> str:
+    """A PEP 503 index as a directory (``simple/vllm/index.html`` + files), as pip reads file:// URLs."""
+    project = dest / "simple" / "vllm"
+    project.mkdir(parents=True)
+    links = []
+    for name, body in sorted(files.items()):
+        (project / name).write_bytes(body)
+        links.append(f'<a href="{name}#sha256={sha256(body)}">{name}</a>')
+    (project / "index.html").write_text("<html><body>" + "".join(links) + "</body></html>\n")
+    return (dest / "simple").as_uri() + "/"
 
 
 def one_line(message: str) -> bool:
