@@ -207,7 +207,11 @@ class Harness:
 
 
 def forward_ctx(
-    vllm_config, num_tokens: int = 8, attn_metadata: Any = None, graphs: bool = True
+    vllm_config,
+    num_tokens: int = 8,
+    attn_metadata: Any = None,
+    graphs: bool = True,
+    slot_mapping: Any = None,
 ):
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor, set_forward_context
@@ -220,6 +224,7 @@ def forward_ctx(
         if graphs
         else CUDAGraphMode.NONE,
         batch_descriptor=BatchDescriptor(num_tokens=num_tokens),
+        slot_mapping=slot_mapping,
     )
 
 
@@ -392,8 +397,10 @@ def run_guard(h: Harness) -> dict[str, Any]:
     def per_layer(md):
         return {n: md for n in names}
 
-    def call(inp, meta=None):
-        with torch.no_grad(), forward_ctx(vllm_config, attn_metadata=meta):
+    def call(inp, meta=None, slots=None):
+        with torch.no_grad(), forward_ctx(
+            vllm_config, attn_metadata=meta, slot_mapping=slots
+        ):
             return wrapper(**inp)
 
     call(inputs)  # capture (no metadata, as in a PIECEWISE capture)
@@ -422,6 +429,10 @@ def run_guard(h: Harness) -> dict[str, Any]:
     res["metadata_moved"] = expect_error(
         lambda: call(inputs, per_layer(fresh))
     )
+    # The KV-cache slot mapping is read inside a graph segment: it must be
+    # the captured one (here: none at capture, one now).
+    slots = {n: torch.zeros(8, dtype=torch.int64) for n in names}
+    res["slot_mapping_moved"] = expect_error(lambda: call(inputs, meta_same, slots))
     wider = _Meta(seq[:2], table[:2], 9)
     res["metadata_reshaped"] = expect_error(
         lambda: call(inputs, per_layer(wider))

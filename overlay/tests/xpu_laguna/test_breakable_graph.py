@@ -200,6 +200,32 @@ def test_identities_cover_nested_metadata() -> None:
     assert first_difference(ids, reachable_tensor_identities(obj, "m")) is None
 
 
+def test_eager_only_metadata_fields_are_not_guarded() -> None:
+    """FlashAttention 3's AOT schedule is a fresh tensor every step and is
+    read only by the eager attention kernel: it must not trip the guard;
+    every other metadata tensor must."""
+    import dataclasses
+
+    from vllm.compilation.xpu_breakable_graph import EAGER_ONLY_METADATA_FIELDS
+
+    @dataclasses.dataclass
+    class Meta:
+        seq_lens: torch.Tensor
+        scheduler_metadata: torch.Tensor
+
+    seq = torch.zeros(4, dtype=torch.int32)
+
+    def ids(m):
+        return reachable_tensor_identities(
+            m, "md", skip_fields=EAGER_ONLY_METADATA_FIELDS
+        )
+
+    a = ids(Meta(seq[:1], torch.zeros(3)))
+    assert [i[0] for i in a] == ["md.seq_lens"]
+    assert first_difference(a, ids(Meta(seq[:1], torch.zeros(3)))) is None
+    assert first_difference(a, ids(Meta(seq[1:2], torch.zeros(3)))) is not None
+
+
 class _PlatformStandIn:
     def __init__(self, device_type: str) -> None:
         self.device_type = device_type

@@ -172,6 +172,8 @@ def test_identity_guard(observed) -> None:
     assert "kwargs['input_ids']" in r["moved_input"]["message"]
     assert r["strided_view"]["error"] == "StaticInputMismatchError"
     assert "kwargs['positions']" in r["strided_view"]["message"]
+    assert r["slot_mapping_moved"]["error"] == "StaticInputMismatchError"
+    assert "slot_mapping" in r["slot_mapping_moved"]["message"]
     assert r["metadata_moved"]["error"] == "StaticInputMismatchError"
     assert ".block_table" in r["metadata_moved"]["message"]
     assert r["metadata_reshaped"]["error"] == "StaticInputMismatchError"

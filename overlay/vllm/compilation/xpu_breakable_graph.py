@@ -258,13 +258,24 @@ def _identity(path: str, t: torch.Tensor) -> TensorIdentity:
     )
 
 
+# Metadata fields rebuilt by the builder on every step (a fresh tensor each
+# time) and read only by the attention kernel, which runs eagerly on replay
+# and takes the step's own metadata: FlashAttention 3's ahead-of-time
+# schedule (CUDA). Nothing captured in a graph segment reads them.
+EAGER_ONLY_METADATA_FIELDS = frozenset({"scheduler_metadata", "prefix_scheduler_metadata"})
+
+
 def reachable_tensor_identities(
-    obj: Any, root: str = "", max_depth: int = 8
+    obj: Any,
+    root: str = "",
+    max_depth: int = 8,
+    skip_fields: frozenset[str] = frozenset(),
 ) -> list[TensorIdentity]:
     """Identity (pointer, storage offset, shape, stride, dtype, device) of
     every tensor reachable from ``obj`` through containers, dataclasses and
     objects holding a ``tensors`` dict, in a stable order. An object reached
-    twice is reported once, at its first path."""
+    twice is reported once, at its first path. Dataclass fields named in
+    ``skip_fields`` are not followed."""
     out: list[TensorIdentity] = []
     seen: set[int] = set()
 
@@ -284,7 +295,8 @@ def reachable_tensor_identities(
                 walk(v, f"{path}[{i}]", depth + 1)
         elif dataclasses.is_dataclass(x) and not isinstance(x, type):
             for f in dataclasses.fields(x):
-                walk(getattr(x, f.name, None), f"{path}.{f.name}", depth + 1)
+                if f.name not in skip_fields:
+                    walk(getattr(x, f.name, None), f"{path}.{f.name}", depth + 1)
         elif isinstance(getattr(x, "tensors", None), dict):
             walk(x.tensors, f"{path}.tensors", depth + 1)
 
@@ -295,16 +307,25 @@ def reachable_tensor_identities(
 def static_input_identities(
     args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> list[TensorIdentity]:
-    return reachable_tensor_identities(args, "args") + reachable_tensor_identities(
+    """Model inputs and the per-layer KV-cache slot mapping (the cache write
+    is captured inside a graph segment: it must see the captured buffer)."""
+    ids = reachable_tensor_identities(args, "args") + reachable_tensor_identities(
         kwargs, "kwargs"
     )
+    if is_forward_context_available():
+        ids += reachable_tensor_identities(
+            get_forward_context().slot_mapping, "slot_mapping"
+        )
+    return ids
 
 
 def attention_metadata_identities() -> list[TensorIdentity]:
     if not is_forward_context_available():
         return []
     return reachable_tensor_identities(
-        get_forward_context().attn_metadata, "attn_metadata"
+        get_forward_context().attn_metadata,
+        "attn_metadata",
+        skip_fields=EAGER_ONLY_METADATA_FIELDS,
     )
 
 

@@ -1,0 +1,437 @@
+"""Device check of breakable graphs: tiny Laguna with graphs off and on.
+
+On a CUDA GPU (the same breakable code path, with CUDA graphs) or an Intel
+XPU, runs the tiny random Laguna target (``scripts.tiny_laguna``) once per
+leg, each leg in its own process and one engine at a time:
+
+* ``off-md0`` graphs off (eager), prebuilt exact metadata off: the reference;
+* ``on-md0``  ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1``;
+* with ``--metadata both`` also ``off-md1`` / ``on-md1``
+  (``VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA=1``).
+
+Each leg generates greedily and times every engine step. The parent prints a
+table (greedy tokens equal to the reference, median / p90 decode step
+latency, tokens per second, speed-up over the eager leg of the same
+metadata setting) and the audited capture lines of the graph legs, and exits
+0 only when every leg is token-identical to the reference and every graph
+leg captured.
+
+Without a device the legs refuse with one line (exit 3); ``--help``,
+argument validation and ``--dry-run`` (the plan: legs and their
+environments) need no torch.
+
+    python3 -m scripts.device.graph_check --dry-run
+    python3 -m scripts.device.graph_check --tokens 64 --spec dflash --metadata both
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Leg", "LegResult", "plan_legs", "validate", "main"]
+
+PROMPTS = (
+    "The lagoon is calm in the morning and",
+    "def add(a, b):\n",
+    "Speculative decoding drafts several tokens and",
+    "Numbers 0 1 2 3",
+)
+NO_DEVICE_EXIT = 3
+AUDIT_MARK = "graph captured"
+
+
+class CheckError(Exception):
+    """Expected failure; one-line message."""
+
+
+@dataclass(frozen=True)
+class Leg:
+    graphs: bool
+    metadata: bool
+
+    @property
+    def name(self) -> str:
+        return f"{'on' if self.graphs else 'off'}-md{int(self.metadata)}"
+
+    def env(self, width: int, device: str) -> dict[str, str]:
+        env = {
+            "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH": "1" if self.graphs else "0",
+            "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA": "1"
+            if self.metadata
+            else "0",
+            "VLLM_XPU_LAGUNA_VERIFY_WIDTH": str(width),
+            # In-process engine core: step timings without IPC, capture log
+            # lines on this leg's own output.
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        }
+        if device == "xpu":
+            env["VLLM_XPU_ENABLE_XPU_GRAPH"] = "1" if self.graphs else "0"
+        return env
+
+
+@dataclass
+class LegResult:
+    leg: Leg
+    device: str = ""
+    tokens: list[list[int]] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    prefill_ms: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    audit: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(max(len(t) - 1, 0) for t in self.tokens)
+
+    def median_ms(self) -> float:
+        return statistics.median(self.step_ms) if self.step_ms else float("nan")
+
+    def p90_ms(self) -> float:
+        if not self.step_ms:
+            return float("nan")
+        s = sorted(self.step_ms)
+        return s[min(len(s) - 1, int(0.9 * len(s)))]
+
+    def tok_per_s(self) -> float:
+        total = sum(self.step_ms) / 1000.0
+        return self.decode_tokens / total if total > 0 else float("nan")
+
+
+def validate(args: argparse.Namespace) -> None:
+    if not 1 <= args.tokens <= 4096:
+        raise CheckError(f"--tokens must be 1..4096, not {args.tokens}")
+    if not 1 <= args.width <= 16:
+        raise CheckError(f"--width must be 1..16, not {args.width}")
+    if args.spec != "none" and args.width < 2:
+        raise CheckError("--spec needs --width >= 2 (width = 1 + draft tokens)")
+    if not 1 <= args.prompts <= len(PROMPTS):
+        raise CheckError(f"--prompts must be 1..{len(PROMPTS)}, not {args.prompts}")
+    if args.models is not None and not (args.models / "target").is_dir():
+        raise CheckError(f"--models {args.models}: no target/ folder inside")
+    if args.spec == "dflash" and args.models is not None:
+        if not (args.models / "draft").is_dir():
+            raise CheckError(f"--models {args.models}: no draft/ folder inside")
+    if args.leg is not None and args.leg not in {lg.name for lg in plan_legs("both")}:
+        raise CheckError(f"unknown leg {args.leg!r}")
+    if args.leg is not None and args.models is None:
+        raise CheckError("a leg needs --models")
+    if args.leg_timeout < 30:
+        raise CheckError(f"--leg-timeout must be >= 30 s, not {args.leg_timeout}")
+
+
+def plan_legs(metadata: str) -> list[Leg]:
+    mds = {"off": [False], "on": [True], "both": [False, True]}[metadata]
+    return [Leg(graphs=g, metadata=m) for m in mds for g in (False, True)]
+
+
+# ---------------------------------------------------------------------------
+# Leg (child process): one engine
+# ---------------------------------------------------------------------------
+
+
+def _detect_device(wanted: str, allow_cpu: bool = False) -> str:
+    import torch
+
+    if allow_cpu:
+        return "cpu"
+
+    has = {
+        "cuda": torch.cuda.is_available(),
+        "xpu": hasattr(torch, "xpu") and torch.xpu.is_available(),
+    }
+    if wanted != "auto":
+        if not has[wanted]:
+            raise CheckError(f"no {wanted} device here: graph check not run")
+        return wanted
+    for name in ("xpu", "cuda"):
+        if has[name]:
+            return name
+    raise CheckError("no CUDA or XPU device here: graph check not run")
+
+
+def _speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    k = args.width - 1
+    if args.spec == "dflash":
+        return {
+            "method": "dflash",
+            "model": str(args.models / "draft"),
+            "num_speculative_tokens": k,
+        }
+    if args.spec == "ngram":
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2,
+        }
+    return None
+
+
+def run_leg(args: argparse.Namespace, leg: Leg) -> dict[str, Any]:
+    device = _detect_device(args.device, allow_cpu=args.cpu_plumbing)
+    if device == "cpu" and leg.graphs:
+        raise CheckError("graph legs need a CUDA or XPU device: not run")
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=str(args.models / "target"),
+        dtype=args.dtype,
+        seed=0,
+        enforce_eager=not leg.graphs,
+        max_model_len=512,
+        max_num_seqs=1,
+        kv_cache_memory_bytes=256 << 20,
+        speculative_config=_speculative_config(args),
+    )
+    try:
+        engine = llm.llm_engine
+        params = SamplingParams(
+            temperature=0.0, max_tokens=args.tokens, ignore_eos=True
+        )
+        llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4))
+        tokens: list[list[int]] = []
+        step_ms: list[float] = []
+        prefill_ms: list[float] = []
+        for i, prompt in enumerate(PROMPTS[: args.prompts]):
+            rid = f"graph-check-{i}"
+            engine.add_request(rid, prompt, params)
+            first = True
+            final: list[int] = []
+            while engine.has_unfinished_requests():
+                t0 = time.perf_counter()
+                outs = engine.step()
+                dt = (time.perf_counter() - t0) * 1000.0
+                (prefill_ms if first else step_ms).append(dt)
+                first = False
+                for out in outs:
+                    if out.request_id == rid and out.finished:
+                        final = list(out.outputs[0].token_ids)
+            tokens.append(final)
+        return {
+            "leg": leg.name,
+            "device": device,
+            "tokens": tokens,
+            "step_ms": step_ms,
+            "prefill_ms": prefill_ms,
+        }
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+
+
+# ---------------------------------------------------------------------------
+# Parent
+# ---------------------------------------------------------------------------
+
+
+def _child_argv(args: argparse.Namespace, leg: Leg) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "scripts.device.graph_check",
+        "--leg",
+        leg.name,
+        "--models",
+        str(args.models),
+        "--tokens",
+        str(args.tokens),
+        "--prompts",
+        str(args.prompts),
+        "--width",
+        str(args.width),
+        "--spec",
+        args.spec,
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+    ]
+    if args.cpu_plumbing:
+        argv.append("--cpu-plumbing")
+    return argv
+
+
+def _run_child(
+    args: argparse.Namespace, leg: Leg, root: Path, device: str
+) -> LegResult:
+    res = LegResult(leg=leg)
+    env = dict(os.environ, **leg.env(args.width, device))
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(root), env.get("PYTHONPATH", "")) if p
+    )
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            _child_argv(args, leg),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=args.leg_timeout,
+        )
+    except subprocess.TimeoutExpired:
+        res.error = f"timed out after {args.leg_timeout} s"
+        return res
+    res.wall_s = time.perf_counter() - t0
+    log = proc.stdout + proc.stderr
+    res.audit = [ln.strip() for ln in log.splitlines() if AUDIT_MARK in ln]
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        last = lines[-1] if lines else f"exit {proc.returncode}"
+        res.error = last.removeprefix("error: ")
+        if proc.returncode == NO_DEVICE_EXIT:
+            raise CheckError(res.error)
+        return res
+    payload = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"leg"')]
+    if not payload:
+        res.error = "leg printed no result"
+        return res
+    data = json.loads(payload[-1])
+    res.device = data["device"]
+    res.tokens = data["tokens"]
+    res.step_ms = data["step_ms"]
+    res.prefill_ms = data["prefill_ms"]
+    return res
+
+
+def _guess_device() -> str:
+    """Cheap guess for the XPU graph env toggle, without importing torch."""
+    return "xpu" if Path("/dev/dri").exists() and not Path("/dev/nvidia0").exists() else "cuda"
+
+
+def render_table(results: list[LegResult]) -> str:
+    ref = results[0]
+    eager = {r.leg.metadata: r for r in results if not r.leg.graphs}
+    head = (
+        f"{'leg':<8} {'graphs':<6} {'md':<3} {'tokens==ref':<11} {'steps':>5} "
+        f"{'median ms':>9} {'p90 ms':>8} {'tok/s':>8} {'speed-up':>8}"
+    )
+    rows = [head, "-" * len(head)]
+    for r in results:
+        if r.error:
+            rows.append(f"{r.leg.name:<8} error: {r.error}")
+            continue
+        same = "yes" if r.tokens == ref.tokens else "NO"
+        base = eager.get(r.leg.metadata)
+        speed = (
+            f"{r.tok_per_s() / base.tok_per_s():.2f}x"
+            if base is not None and not base.error and base.step_ms
+            else "-"
+        )
+        rows.append(
+            f"{r.leg.name:<8} {'on' if r.leg.graphs else 'off':<6} "
+            f"{int(r.leg.metadata):<3} {same:<11} {len(r.step_ms):>5} "
+            f"{r.median_ms():>9.2f} {r.p90_ms():>8.2f} {r.tok_per_s():>8.1f} "
+            f"{speed:>8}"
+        )
+    return "\n".join(rows)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python3 -m scripts.device.graph_check",
+        description="Tiny Laguna with breakable graphs off and on: greedy tokens "
+        "and per-step latency (CUDA GPU or XPU).",
+    )
+    p.add_argument("--models", type=Path, help="folder from scripts.tiny_laguna "
+                   "(target/, draft/); generated in a temp folder if absent")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per prompt")
+    p.add_argument("--prompts", type=int, default=2, help="number of prompts")
+    p.add_argument("--width", type=int, default=8,
+                   help="verify width = capture size (VLLM_XPU_LAGUNA_VERIFY_WIDTH)")
+    p.add_argument("--spec", choices=("none", "ngram", "dflash"), default="dflash",
+                   help="speculative method; draft tokens = width - 1")
+    p.add_argument("--metadata", choices=("off", "on", "both"), default="both",
+                   help="prebuilt exact attention metadata setting(s)")
+    p.add_argument("--device", choices=("auto", "cuda", "xpu"), default="auto")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   default="float32")
+    p.add_argument("--leg-timeout", type=int, default=600, help="seconds per leg")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the legs and their environments, run nothing")
+    p.add_argument("--cpu-plumbing", action="store_true",
+                   help="self-test of this script on CPU: runs only the graphs-off "
+                   "legs (graph legs are reported as not run)")
+    p.add_argument("--leg", help=argparse.SUPPRESS)
+    return p
+
+
+def _main(argv: list[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    validate(args)
+    legs = plan_legs(args.metadata)
+    if args.leg is not None:
+        (leg,) = [lg for lg in plan_legs("both") if lg.name == args.leg]
+        try:
+            data = run_leg(args, leg)
+        except CheckError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return NO_DEVICE_EXIT
+        sys.stdout.write("\n" + json.dumps(data) + "\n")
+        return 0
+    if args.dry_run:
+        device = args.device if args.device != "auto" else _guess_device()
+        print(f"graph check plan ({device}, spec={args.spec}, width={args.width}):")
+        for leg in legs:
+            env = " ".join(f"{k}={v}" for k, v in leg.env(args.width, device).items())
+            print(f"  {leg.name:<7} {env}")
+        return 0
+    root = Path(__file__).resolve().parents[2]
+    device = _detect_device(args.device, allow_cpu=args.cpu_plumbing)
+    if args.cpu_plumbing:
+        legs = [lg for lg in legs if not lg.graphs]
+    with tempfile.TemporaryDirectory(prefix="graph-check-") as tmp:
+        if args.models is None:
+            from scripts.tiny_laguna import generate
+
+            args.models = generate(Path(tmp) / "models").target.parent
+        results = [_run_child(args, leg, root, device) for leg in legs]
+    print(render_table(results))
+    for r in results:
+        for line in r.audit:
+            print(f"[{r.leg.name}] {line}")
+    if args.json is not None:
+        args.json.write_text(json.dumps([
+            {
+                "leg": r.leg.name, "device": r.device, "error": r.error,
+                "tokens": r.tokens, "step_ms": r.step_ms, "prefill_ms": r.prefill_ms,
+                "median_ms": r.median_ms(), "p90_ms": r.p90_ms(),
+                "tok_per_s": r.tok_per_s(), "audit": r.audit,
+            }
+            for r in results
+        ], indent=1))
+    ref = results[0]
+    bad = [r.leg.name for r in results if r.error or r.tokens != ref.tokens]
+    uncaptured = [r.leg.name for r in results if r.leg.graphs and not r.audit]
+    if args.cpu_plumbing and not bad:
+        print("CPU plumbing self-test passed; graph legs NOT run (no device)")
+        return NO_DEVICE_EXIT
+    if bad or uncaptured:
+        print(f"FAIL: differing/failed legs {bad}, graph legs without a capture "
+              f"{uncaptured}", file=sys.stderr)
+        return 1
+    print("OK: all legs token-identical; graph legs captured")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except CheckError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return NO_DEVICE_EXIT if "not run" in str(exc) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
