@@ -429,6 +429,8 @@ class Rebase:
         for index in range(start, len(d["patches"])):
             entry = d["patches"][index]
             d["current"] = index
+            entry["head_before"] = git(self.tree, "rev-parse", "HEAD")
+            self.save()  # an interrupted pick resumes from here (see _continue)
             self._pick(entry)
             detail(f"[{index + 1}/{len(d['patches'])}] {entry['name']}: {entry['status']}")
             if entry["status"] == "conflict":
@@ -994,6 +996,12 @@ def _continue(layout: Layout, report_path: Path) -> Json:
     rb = Rebase(layout, d, tree, False, report_path)
     if _current_branch(tree) != BRANCH:
         raise ToolError(f"{tree} is not on branch {BRANCH} (the rebase works there); check it out, then --continue")
+    if d["stage"] == "replay" and d["patches"][d["current"]]["status"] == "pending":
+        entry = d["patches"][d["current"]]  # the previous run was interrupted while picking this patch
+        with step(f"redo the interrupted replay of {entry['name']}"):
+            git(tree, "reset", "-q", "--hard", entry["head_before"])
+            git(tree, "clean", "-fdq")
+        return _run_to_end(rb, d["current"])
     if d["stage"] == "replay":
         with step(f"continue after {d['patches'][d['current']]['name']}"):
             rb.resume_conflict()

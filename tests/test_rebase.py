@@ -339,6 +339,13 @@ def test_dry_run_writes_nothing(vxl_project: SyntheticProject, tmp_path: Path,
     run_stopped(onto_version=NEW, dry_run=True, layout=project.layout())
     assert json.loads(capsys.readouterr().out)["outcome"] == "conflict"
     assert everything() == before
+    # the new sdist is cached by its sha256 now: --offline needs no index at all
+    seen = len(project.index.requests)
+    offline = tmp_path / "offline.json"
+    run_stopped(onto_version=NEW, dry_run=True, offline=True, report=offline, layout=project.layout())
+    assert len(project.index.requests) == seen
+    assert statuses(json.loads(offline.read_text())) == ["conflict", "clean"]
+    assert everything() == before
 
 
 def test_cli_dry_run_and_one_line_errors(vxl_project: SyntheticProject) -> None:
@@ -436,3 +443,35 @@ def test_git_source_onto_commit_names_upstream_commits(vxl_project: SyntheticPro
     assert [line.split(" ", 1)[1] for line in upstream["upstream_commits"]] == ["envs: rename the toy defaults"]
     rebase(abort=True, layout=project.layout())
     assert tree_state(project) == before
+
+
+def test_continue_redoes_an_interrupted_pick(vxl_project: SyntheticProject) -> None:
+    """A run killed between commit and state save must not replay a patch twice."""
+    project = vxl_project
+    prepare(project)
+    release(project, new_files(**{"vllm/envs.py": synthetic.envs_py(extra_top="# upstream header")}))
+    layout = project.layout()
+    state_path = project.build / "rebase-state.json"
+    # simulate: first patch picked and committed, then the process died before saving its result
+    from scripts import rebase as rebase_module
+
+    real_pick = rebase_module.Rebase._pick
+    calls: list[str] = []
+
+    def dying_pick(self: rebase_module.Rebase, entry: dict) -> None:
+        real_pick(self, entry)
+        calls.append(entry["name"])
+        raise KeyboardInterrupt
+
+    rebase_module.Rebase._pick = dying_pick  # type: ignore[method-assign]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            rebase(onto_version=NEW, layout=layout)
+    finally:
+        rebase_module.Rebase._pick = real_pick  # type: ignore[method-assign]
+    assert calls == ["0001-envs-declare-the-toy-XPU-toggle.patch"]
+    assert json.loads(state_path.read_text())["patches"][0]["status"] == "pending"
+    rebase(cont=True, layout=layout)
+    report = report_of(project)
+    assert report["outcome"] == "success" and statuses(report) == ["merged", "clean"]
+    assert len(project.series_names()) == 2
