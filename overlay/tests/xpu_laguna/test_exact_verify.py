@@ -1,0 +1,258 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Exact speculative verify on the FlashAttention backend (reference kernels).
+
+Drives the real metadata builder and impl: a q-row verify step of one request
+must produce, row for row, bitwise the output of the q single-token decodes
+of those tokens; every other step shape must be the upstream path unchanged.
+"""
+
+import dataclasses
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import laguna_attn_testlib as lib  # noqa: E402
+
+from vllm.v1.attention.backends import xpu_laguna_exact  # noqa: E402
+from vllm.v1.attention.ops import xpu_laguna_reference as ref  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    xpu_laguna_exact.kernel_seam_name() != "reference"
+    or not xpu_laguna_exact.exact_path_available(),
+    reason="these tests run the backend on the pure-torch reference kernels",
+)
+
+
+def _verify_vs_decodes(monkeypatch, q, window, num_heads, seq_len, kv_dtype="auto"):
+    lib.set_toggles(monkeypatch, exact=True, width=8)
+    builder = lib.make_builder(window, num_heads)
+    impl = lib.make_impl(num_heads, window, kv_cache_dtype=kv_dtype)
+    fp8 = kv_dtype.startswith("fp8")
+    layer = lib.ScaleLayer(0.05, 0.04) if fp8 else lib.ScaleLayer()
+    kv_cache = lib.make_kv_cache(torch.uint8 if fp8 else torch.bfloat16)
+    blocks = [7, 3, 30, 11, 2, 19, 5, 40, 1, 22, 9, 13]  # scattered on purpose
+    req = lib.random_request(seq_len, num_heads, blocks, seed=q * 1000 + seq_len)
+    lib.fill_cache(impl, layer, kv_cache, req, seq_len)
+    table = lib.block_table_for([blocks])
+
+    verify_cm = lib.common_metadata([q], [seq_len], table)
+    verify_out, md = lib.forward(
+        builder, impl, layer, kv_cache, verify_cm, req.q[seq_len - q : seq_len]
+    )
+    assert md.laguna_exact is not None and md.laguna_exact.width == q
+    assert not torch.isnan(verify_out).any()
+    for j in range(q):
+        tok = seq_len - q + j  # token position; a decode of it sees tok+1 keys
+        decode_cm = lib.common_metadata([1], [tok + 1], table)
+        decode_out, dmd = lib.forward(
+            builder, impl, layer, kv_cache, decode_cm, req.q[tok : tok + 1]
+        )
+        assert dmd.laguna_exact is None  # q=1 is the plain upstream decode
+        assert torch.equal(verify_out[j], decode_out[0]), (
+            f"row {j} of the q={q} verify differs from its single-token decode"
+        )
+    return verify_out
+
+
+# Sequence lengths whose verify rows straddle a KV block boundary (block 64),
+# and, for the windowed cases, exceed the 512 window.
+@pytest.mark.parametrize("q", range(2, 9))
+@pytest.mark.parametrize("window", [None, lib.WINDOW])
+@pytest.mark.parametrize("num_heads", [18, 12], ids=["gqa18:2", "gqa12:2"])
+def test_decomposed_verify_equals_single_token_decodes(
+    monkeypatch, q, window, num_heads
+):
+    seq_len = 9 * lib.BLOCK_SIZE + q // 2  # 576 + q//2: boundary inside the rows
+    _verify_vs_decodes(monkeypatch, q, window, num_heads, seq_len)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e4m3"])
+def test_decomposed_verify_fp8_kv(monkeypatch, kv_dtype):
+    _verify_vs_decodes(monkeypatch, 8, lib.WINDOW, 12, 3 * lib.BLOCK_SIZE + 3, kv_dtype)
+
+
+def test_decomposed_verify_matches_causal_reference(monkeypatch):
+    """The exact path is the right attention, not just self-consistent."""
+    q, seq_len, heads = 8, 2 * lib.BLOCK_SIZE + 5, 12
+    lib.set_toggles(monkeypatch, exact=True)
+    builder = lib.make_builder(lib.WINDOW, heads)
+    impl = lib.make_impl(heads, lib.WINDOW)
+    layer, kv_cache = lib.ScaleLayer(), lib.make_kv_cache()
+    req = lib.random_request(seq_len, heads, [4, 8, 15, 16], seed=5)
+    lib.fill_cache(impl, layer, kv_cache, req, seq_len)
+    table = lib.block_table_for([req.blocks])
+    cm = lib.common_metadata([q], [seq_len], table)
+    out, _ = lib.forward(builder, impl, layer, kv_cache, cm, req.q[seq_len - q :])
+    # Dense causal attention over the token history, float32.
+    k = req.k.float().repeat_interleave(heads // lib.NUM_KV_HEADS, dim=1)
+    v = req.v.float().repeat_interleave(heads // lib.NUM_KV_HEADS, dim=1)
+    for j in range(q):
+        tok = seq_len - q + j
+        lo = max(0, tok - (lib.WINDOW - 1))
+        s = torch.einsum("hd,khd->hk", req.q[tok].float(), k[lo : tok + 1])
+        p = torch.softmax(s * lib.HEAD_SIZE**-0.5, dim=-1)
+        want = torch.einsum("hk,khd->hd", p, v[lo : tok + 1])
+        torch.testing.assert_close(out[j].float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_wrong_kv_lengths_are_detected(monkeypatch):
+    """The bitwise check can fail: an off-by-one KV length breaks it."""
+    lib.set_toggles(monkeypatch, exact=True)
+    real = xpu_laguna_exact.build_inline
+
+    def off_by_one(seq_lens, block_table, q):
+        cu, lens, table = real(seq_lens, block_table, q)
+        return cu, lens - 1, table
+
+    monkeypatch.setattr(xpu_laguna_exact, "build_inline", off_by_one)
+    with pytest.raises(AssertionError, match="differs from its single-token"):
+        _verify_vs_decodes(monkeypatch, 4, None, 12, 2 * lib.BLOCK_SIZE + 1)
+
+
+# ---------------------------------------------------------------- eligibility
+def _metadata_fields_equal(a, b) -> bool:
+    for f in dataclasses.fields(a):
+        if f.name == "laguna_exact":
+            continue
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not (
+                isinstance(x, torch.Tensor)
+                and isinstance(y, torch.Tensor)
+                and x.dtype == y.dtype
+                and torch.equal(x, y)
+            ):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+ELIGIBILITY_CASES = {
+    # name: (query_lens, seq_lens, width, causal, expected exact width)
+    "verify_q2": ([2], [300], 8, True, 2),
+    "verify_q8": ([8], [300], 8, True, 8),
+    "verify_q5_width5": ([5], [300], 5, True, 5),
+    "decode_q1": ([1], [300], 8, True, 0),
+    "too_wide_q9": ([9], [300], 8, True, 0),
+    "too_wide_for_width4": ([5], [300], 4, True, 0),
+    "width1_disables": ([2], [300], 1, True, 0),
+    "prefill": ([200], [200], 8, True, 0),
+    "short_prefill_two_requests": ([4, 4], [4, 300], 8, True, 0),
+    "two_verifies": ([8, 8], [300, 200], 8, True, 0),
+    "mixed_decode_prefill": ([1, 50], [300, 50], 8, True, 0),
+    "non_causal": ([8], [300], 8, False, 0),
+}
+
+
+@pytest.mark.parametrize("case", ELIGIBILITY_CASES)
+def test_eligibility(monkeypatch, case):
+    query_lens, seq_lens, width, causal, want = ELIGIBILITY_CASES[case]
+    heads = 12
+    rows = [[5, 6, 7, 8, 9], [20, 21, 22, 23, 24]][: len(query_lens)]
+    table = lib.block_table_for(rows)
+    impl = lib.make_impl(heads, lib.WINDOW)
+    layer, kv_cache = lib.ScaleLayer(), lib.make_kv_cache()
+    for i, (s, row) in enumerate(zip(seq_lens, rows)):
+        req = lib.random_request(s, heads, row, seed=i)
+        lib.fill_cache(impl, layer, kv_cache, req, s)
+    query = torch.randn(sum(query_lens), heads, lib.HEAD_SIZE).to(torch.bfloat16)
+
+    outs, mds = {}, {}
+    for on in (True, False):
+        lib.set_toggles(monkeypatch, exact=on, width=width)
+        builder = lib.make_builder(lib.WINDOW, heads)
+        cm = lib.common_metadata(query_lens, seq_lens, table, causal=causal)
+        mds[on] = builder.build(common_prefix_len=0, common_attn_metadata=cm)
+        if causal:  # the reference upstream path runs either way
+            outs[on], _ = lib.forward(
+                builder, impl, layer, kv_cache, cm, query, mds[on]
+            )
+
+    exact = mds[True].laguna_exact
+    assert (exact.width if exact is not None else 0) == want
+    assert mds[False].laguna_exact is None
+    # Apart from the exact-verify field the metadata is the upstream metadata.
+    assert _metadata_fields_equal(mds[True], mds[False])
+    if causal and want == 0:
+        assert torch.equal(outs[True], outs[False])  # byte-for-byte upstream
+
+
+def test_cascade_and_dcp_are_not_eligible(monkeypatch):
+    lib.set_toggles(monkeypatch, exact=True)
+    cm = lib.common_metadata([8], [300], lib.block_table_for([[1, 2, 3, 4, 5]]))
+    assert xpu_laguna_exact.plan_step(cm, False, 1) is not None
+    assert xpu_laguna_exact.plan_step(cm, True, 1) is None  # cascade
+    assert xpu_laguna_exact.plan_step(cm, False, 2) is None  # DCP
+
+
+def test_padded_step_is_not_eligible(monkeypatch):
+    lib.set_toggles(monkeypatch, exact=True)
+    cm = lib.common_metadata([4], [300], lib.block_table_for([[1, 2, 3, 4, 5]]))
+    cm.num_actual_tokens = 8  # padded rows beyond the request's 4
+    assert xpu_laguna_exact.plan_step(cm, False, 1) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"alibi_slopes": [0.5] * 12},
+        {"logits_soft_cap": 30.0},
+    ],
+    ids=["alibi", "softcap"],
+)
+def test_layers_the_exact_path_does_not_cover(kwargs):
+    impl = lib.make_impl(12, None, **kwargs)
+    assert not xpu_laguna_exact.impl_supports_exact(impl)
+    assert xpu_laguna_exact.impl_supports_exact(lib.make_impl(12, None))
+
+
+# ------------------------------------------------------------ BF16 cache write
+def test_cache_write_dtype_mapping():
+    for native in ("bfloat16", "float16", "auto"):
+        assert xpu_laguna_exact.cache_write_dtype(native) == "auto"
+    for fp8 in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        assert xpu_laguna_exact.cache_write_dtype(fp8) == fp8
+
+
+def test_bf16_kv_cache_write_through_the_impl():
+    """``--kv-cache-dtype bfloat16``: the impl's cache write stores the values."""
+    heads = 12
+    impl = lib.make_impl(heads, None, kv_cache_dtype="bfloat16")
+    layer, kv_cache = lib.ScaleLayer(), lib.make_kv_cache(torch.bfloat16)
+    req = lib.random_request(70, heads, [9, 2], seed=3)
+    lib.fill_cache(impl, layer, kv_cache, req, 70)
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(lib.HEAD_SIZE, dim=-1)
+    for pos in (0, 63, 64, 69):
+        blk, off = req.blocks[pos // lib.BLOCK_SIZE], pos % lib.BLOCK_SIZE
+        assert torch.equal(key_cache[blk, off], req.k[pos])
+        assert torch.equal(value_cache[blk, off], req.v[pos])
+    # The kernel contract the mapping exists for: the dtype name is rejected.
+    with pytest.raises(ValueError, match="Unsupported kv_cache_dtype"):
+        ref.reshape_and_cache_flash(
+            req.k[:1],
+            req.v[:1],
+            key_cache,
+            value_cache,
+            torch.tensor([0]),
+            "bfloat16",
+            layer._k_scale,
+            layer._v_scale,
+        )
+
+
+def test_fp8_kv_cache_write_through_the_impl():
+    heads = 12
+    impl = lib.make_impl(heads, None, kv_cache_dtype="fp8")
+    layer, kv_cache = lib.ScaleLayer(0.05, 0.04), lib.make_kv_cache(torch.uint8)
+    req = lib.random_request(10, heads, [3], seed=4)
+    lib.fill_cache(impl, layer, kv_cache, req, 10)
+    key_cache, _ = kv_cache.transpose(1, 2).split(lib.HEAD_SIZE, dim=-1)
+    stored = key_cache[3, :10].view(torch.float8_e4m3fn).float() * 0.05
+    torch.testing.assert_close(stored, req.k[:10].float(), atol=0.1, rtol=0.1)
+    assert not torch.equal(stored, req.k[:10].float())  # really quantised

@@ -1,0 +1,303 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Pure-torch reference kernels for the FlashAttention backend on XPU.
+
+These functions mirror the two kernel entry points that
+``vllm/v1/attention/backends/flash_attn.py`` uses on XPU:
+
+* :func:`flash_attn_varlen_func` has the keyword signature of
+  ``vllm._xpu_ops.xpu_ops.flash_attn_varlen_func`` (varlen queries, paged KV
+  cache with block tables or contiguous KV with ``cu_seqlens_k``, sliding
+  window, GQA, causal and non-causal, optional FP8 KV dequantisation);
+* :func:`reshape_and_cache_flash` has the signature of
+  ``vllm._custom_ops.reshape_and_cache_flash`` and, like the XPU kernel,
+  accepts only ``"auto"`` (native cache dtype) or an FP8 dtype string.
+
+They serve two purposes: the FlashAttention backend's code (including the
+XPU Laguna exact-verify path) runs and is tested on machines without an XPU,
+and they are the oracle against which the XPU kernels are checked
+(``scripts/device/xpu_attention_check.py``).
+
+Numerics: every sequence is computed on its own, scores and softmax in
+float32, the result cast to the output dtype. Two calls that present the
+same query row with the same KV length therefore produce bitwise equal
+results, whatever else is in the batch.
+"""
+
+import torch
+
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+_FP8_CACHE_DTYPES: dict[str, torch.dtype] = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+_FP8_TORCH_DTYPES = (
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+)
+
+
+def _scalar(x: torch.Tensor | float | None) -> float | torch.Tensor | None:
+    """A (possibly expanded) per-tensor scale as a 0-d float32 tensor."""
+    if x is None or isinstance(x, float):
+        return x
+    return x.reshape(-1)[0].to(torch.float32)
+
+
+def _attend_one(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+) -> torch.Tensor:
+    """Attention of ``q`` (ql, H, D) over ``k``/``v`` (L, Hk, D) in float32.
+
+    Query row ``i`` sits at absolute position ``L - ql + i`` (bottom-right
+    alignment, as in FlashAttention). Returns (ql, H, D) float32.
+    """
+    ql, num_heads, head_size = q.shape
+    kv_len, num_kv_heads, _ = k.shape
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
+        )
+    group = num_heads // num_kv_heads
+    # (Hk, group, ql, D) x (Hk, 1, D, L) -> (Hk, group, ql, L)
+    qg = q.reshape(ql, num_kv_heads, group, head_size).permute(1, 2, 0, 3)
+    kg = k.permute(1, 2, 0).unsqueeze(1)
+    scores = torch.matmul(qg, kg) * scale
+
+    pos = torch.arange(kv_len - ql, kv_len, device=q.device).unsqueeze(1)
+    key_pos = torch.arange(kv_len, device=q.device).unsqueeze(0)
+    allowed = torch.ones(ql, kv_len, dtype=torch.bool, device=q.device)
+    if causal:
+        allowed &= key_pos <= pos
+    if window_left >= 0:
+        allowed &= key_pos >= pos - window_left
+    if window_right >= 0:
+        allowed &= key_pos <= pos + window_right
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    # Rows with no visible key (cannot happen for valid inputs) give 0.
+    probs = torch.nan_to_num(probs, nan=0.0)
+    vg = v.permute(1, 0, 2).unsqueeze(1)  # (Hk, 1, L, D)
+    out = torch.matmul(probs, vg)  # (Hk, group, ql, D)
+    return out.permute(2, 0, 1, 3).reshape(ql, num_heads, v.shape[-1])
+
+
+def _dequant(
+    x: torch.Tensor, descale: torch.Tensor | float | None
+) -> torch.Tensor:
+    if x.dtype in _FP8_TORCH_DTYPES:
+        x = x.to(torch.float32)
+        if descale is not None:
+            x = x * descale
+        return x
+    return x.to(torch.float32)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    block_table: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+    window_size: tuple[int, int] | list[int] | None = None,
+    k_descale: torch.Tensor | float | None = None,
+    v_descale: torch.Tensor | float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Paged attention over a block-table KV cache.
+
+    Args:
+        q: (total_q, num_heads, head_size).
+        key_cache, value_cache: (num_blocks, block_size, num_kv_heads,
+            head_size); any strides (the backend passes NHD views of an HND
+            cache). FP8 caches are dequantised with ``k_descale``/``v_descale``.
+        cu_seqlens_q: (num_seqs + 1,) query offsets.
+        seqused_k: (num_seqs,) KV lengths.
+        block_table: (>= num_seqs, num_cols) block ids per sequence.
+        window_size: (left, right), -1 = unbounded.
+    """
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    left, right = (-1, -1) if window_size is None else tuple(window_size)
+    block_size = key_cache.shape[1]
+    cu = cu_seqlens_q.tolist()
+    kv_lens = seqused_k.tolist()
+    k_scale = _scalar(k_descale)
+    v_scale = _scalar(v_descale)
+    for i in range(len(cu) - 1):
+        start, end = cu[i], cu[i + 1]
+        if end == start:
+            continue
+        kv_len = int(kv_lens[i])
+        num_blocks = (kv_len + block_size - 1) // block_size
+        blocks = block_table[i, :num_blocks].to(torch.long)
+        k = key_cache[blocks].reshape(num_blocks * block_size, *key_cache.shape[2:])
+        v = value_cache[blocks].reshape(
+            num_blocks * block_size, *value_cache.shape[2:]
+        )
+        res = _attend_one(
+            q[start:end].to(torch.float32),
+            _dequant(k[:kv_len], k_scale),
+            _dequant(v[:kv_len], v_scale),
+            float(softmax_scale),
+            bool(causal),
+            int(left),
+            int(right),
+        )
+        out[start:end] = res.to(out.dtype)
+    return out
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    out: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    window_size: list[int] | None = None,
+    softcap: float | None = 0.0,
+    seqused_k: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    scheduler_metadata=None,
+    fa_version: int = 2,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool | None = False,
+    s_aux: torch.Tensor | None = None,
+    return_attn_probs: bool | None = False,
+    dynamic_causal: torch.Tensor | None = None,
+    mask_mod=None,
+    aux_tensors: list | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """Reference for ``xpu_ops.flash_attn_varlen_func`` (same keywords)."""
+    unsupported = {
+        "alibi_slopes": alibi_slopes is not None,
+        "softcap": bool(softcap),
+        "dropout_p": bool(dropout_p),
+        "return_softmax_lse": bool(return_softmax_lse),
+        "return_attn_probs": bool(return_attn_probs),
+        "s_aux": s_aux is not None,
+        "dynamic_causal": dynamic_causal is not None,
+        "mask_mod": mask_mod is not None,
+    }
+    bad = [name for name, used in unsupported.items() if used]
+    if bad:
+        raise NotImplementedError(
+            f"reference flash_attn_varlen_func does not support {', '.join(bad)}"
+        )
+    if (cu_seqlens_k is None) == (seqused_k is None):
+        raise ValueError("exactly one of cu_seqlens_k and seqused_k is required")
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    if q.dtype in _FP8_TORCH_DTYPES:
+        q = _dequant(q, _scalar(q_descale)).to(torch.float32)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if block_table is not None:
+        if seqused_k is None:
+            raise ValueError("block_table requires seqused_k")
+        return paged_attention(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            seqused_k,
+            block_table,
+            softmax_scale,
+            causal,
+            window_size,
+            k_descale,
+            v_descale,
+            out,
+        )
+    # Contiguous (non-paged) KV: k/v are (total_k, num_kv_heads, head_size).
+    assert cu_seqlens_k is not None
+    left, right = (-1, -1) if window_size is None else tuple(window_size)
+    cu_q = cu_seqlens_q.tolist()
+    cu_k = cu_seqlens_k.tolist()
+    for i in range(len(cu_q) - 1):
+        qs, qe, ks, ke = cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]
+        if qe == qs:
+            continue
+        res = _attend_one(
+            q[qs:qe].to(torch.float32),
+            _dequant(k[ks:ke], _scalar(k_descale)),
+            _dequant(v[ks:ke], _scalar(v_descale)),
+            float(softmax_scale),
+            bool(causal),
+            int(left),
+            int(right),
+        )
+        out[qs:qe] = res.to(out.dtype)
+    return out
+
+
+def reshape_and_cache_flash(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
+    """Scatter ``key``/``value`` rows into the paged cache by slot.
+
+    ``key_cache``/``value_cache`` are (num_blocks, block_size, num_kv_heads,
+    head_size) views. The number of rows written is ``slot_mapping``'s
+    length; negative slots are padding and skipped. Like the XPU kernel,
+    only ``"auto"`` (store in the cache's own dtype) and FP8 strings are
+    accepted: a native float dtype must be passed as ``"auto"``.
+    """
+    if kv_cache_dtype != "auto" and kv_cache_dtype not in _FP8_CACHE_DTYPES:
+        raise ValueError(
+            f"Unsupported kv_cache_dtype {kv_cache_dtype!r} for the cache write "
+            "(native float caches must be written with 'auto')"
+        )
+    num_tokens = slot_mapping.shape[0]
+    slots = slot_mapping.to(torch.long)
+    valid = slots >= 0
+    slots = slots[valid]
+    block_size = key_cache.shape[1]
+    block_idx = slots // block_size
+    block_off = slots % block_size
+    k = key[:num_tokens][valid]
+    v = value[:num_tokens][valid]
+    if kv_cache_dtype == "auto":
+        key_cache[block_idx, block_off] = k.to(key_cache.dtype)
+        value_cache[block_idx, block_off] = v.to(value_cache.dtype)
+        return
+    fp8 = _FP8_CACHE_DTYPES[kv_cache_dtype]
+    kq = (k.to(torch.float32) / _scalar(k_scale)).to(fp8)
+    vq = (v.to(torch.float32) / _scalar(v_scale)).to(fp8)
+    if key_cache.dtype != fp8:
+        kq = kq.view(key_cache.dtype)
+        vq = vq.view(value_cache.dtype)
+    key_cache[block_idx, block_off] = kq
+    value_cache[block_idx, block_off] = vq
