@@ -127,6 +127,55 @@ def _manifest_drift(p: synthetic.SyntheticProject) -> None:
     (p.root / "overlay.toml").write_text(f'[replaces]\n"vllm/utils.py" = "{"3" * 40}"\n')
 
 
+def _drift(p: synthetic.SyntheticProject) -> None:
+    original = dict(p.files)
+    p.set_upstream(dict(original, **{ENVS: synthetic.envs_py(tail="# later upstream line")}), seed=False)
+    p.set_patches(synthetic.default_changes(original), base=original)
+
+
+def _offset_only(p: synthetic.SyntheticProject) -> None:
+    path = sorted(p.patches.glob("0001-*"))[0]
+    text = path.read_text()
+    header = re.search(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@", text, re.MULTILINE)
+    assert header
+    a, b, c, d = map(int, header.groups())
+    path.write_text(text.replace(header.group(0), f"@@ -{a + 1},{b} +{c + 1},{d} @@", 1))
+
+
+def _creates_existing(p: synthetic.SyntheticProject) -> None:
+    base = p.patched_files()
+    del base["vllm/utils.py"]
+    p.add_patch(Change("add utils", {"vllm/utils.py": "x = 1\n"}), base, 3)
+
+
+def _series_duplicate(p: synthetic.SyntheticProject) -> None:
+    names = p.series_names()
+    p.write_series(names + names[:1])
+
+
+def _series_missing_file(p: synthetic.SyntheticProject) -> None:
+    sorted(p.patches.glob("0002-*"))[0].unlink()
+
+
+def _patch_without_diff(p: synthetic.SyntheticProject) -> None:
+    path = sorted(p.patches.glob("0002-*"))[0]
+    text = path.read_text()
+    path.write_text(text[:text.index("diff --git ")])
+
+
+def _archive(*extra: Member) -> Callable[[synthetic.SyntheticProject], None]:
+    def setup(p: synthetic.SyntheticProject) -> None:
+        evil = synthetic.make_sdist(extra=list(extra))
+        p.sdist = evil
+        p.write_pins()
+        p.index.serve(NAME, evil, listed_sha256=synthetic.sha256(evil))
+    return setup
+
+
+def _corrupt_cache_offline(p: synthetic.SyntheticProject) -> None:
+    p.seed_cache().write_bytes(b"corrupt")
+
+
 APPLY_ERRORS: dict[str, tuple[Callable[[synthetic.SyntheticProject], None], tuple[str, ...], str]] = {
     "pins-unknown-key": (_write_pins(lambda p: synthetic.pins_text(p.sha).replace(
         'commit = "abc1234"', 'commit = "abc1234"\ncolour = "red"')), (), "unknown key(s) colour"),
@@ -146,6 +195,17 @@ APPLY_ERRORS: dict[str, tuple[Callable[[synthetic.SyntheticProject], None], tupl
     "unsafe-patch-path": (_unsafe_patch_path, (), "unsafe path '../x'"),
     "overlay-shadowing": (_shadow, (), "shadows upstream file vllm/utils.py"),
     "overlay-manifest-drift": (_manifest_drift, (), "upstream twin changed"),
+    "drifted-blob": (_drift, (), "drifted: patch expects blob"),
+    "offset-only-patch": (_offset_only, (), "no fuzz or offset"),
+    "patch-creates-existing-file": (_creates_existing, (), "creates vllm/utils.py, which already exists"),
+    "series-duplicate": (_series_duplicate, (), "is listed twice"),
+    "series-missing-file": (_series_missing_file, (), "which does not exist"),
+    "patch-without-diff": (_patch_without_diff, (), "not a git format-patch file"),
+    "archive-dotdot": (_archive(Member("../x", b"x")), (), "unsafe archive: path escapes the tree"),
+    "archive-absolute": (_archive(Member("/tmp/vxl-evil-cli", b"x")), (), "unsafe archive: absolute path"),
+    "archive-hardlink-outside": (_archive(Member(f"vllm-{synthetic.VERSION}/h", kind="hardlink", link="/etc/passwd")),
+                                 (), "unsafe archive: link"),
+    "corrupt-cache-offline": (_corrupt_cache_offline, ("--offline",), "is not in the cache"),
 }
 
 
