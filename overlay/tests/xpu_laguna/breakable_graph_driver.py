@@ -80,7 +80,7 @@ def write_config(path: str, num_layers: int, moe_layers: tuple[int, ...]) -> Non
         num_attention_heads=8,
         num_attention_heads_per_layer=heads,
         num_key_value_heads=4,
-        head_dim=16,
+        head_dim=32,
         max_position_embeddings=256,
         sliding_window=16,
         layer_types=[
@@ -327,6 +327,94 @@ def expect_error(fn) -> dict[str, Any]:
             "capture_slot_clear": BreakableCUDAGraphCapture.current() is None,
         }
     return {"error": None}
+
+
+def real_attention(model, vllm_config, num_tokens: int):
+    """Zeroed KV caches bound to the attention layers and real CPU attention
+    metadata (one request, ``num_tokens`` prompt tokens), as the runner
+    builds them: per-layer metadata from each layer's own builder."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    bs = vllm_config.cache_config.block_size
+    qsl = torch.tensor([0, num_tokens], dtype=torch.int32)
+    slot_mapping = torch.arange(num_tokens, dtype=torch.int64)
+    common = CommonAttentionMetadata(
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl.clone(),
+        seq_lens=torch.tensor([num_tokens], dtype=torch.int32),
+        num_reqs=1,
+        num_actual_tokens=num_tokens,
+        max_query_len=num_tokens,
+        max_seq_len=num_tokens,
+        block_table_tensor=torch.zeros(1, 1, dtype=torch.int32),
+        slot_mapping=slot_mapping,
+        causal=True,
+    )
+    metadata: dict[str, Any] = {}
+    slots: dict[str, torch.Tensor] = {}
+    for layer in attention_layers(model):
+        backend = layer.get_attn_backend()
+        spec = dataclasses.replace(layer.get_kv_cache_spec(vllm_config), block_size=bs)
+        builder = backend.get_builder_cls()(
+            spec, [layer.layer_name], vllm_config, torch.device("cpu")
+        )
+        metadata[layer.layer_name] = builder.build(0, common)
+        slots[layer.layer_name] = slot_mapping
+        shape = backend.get_kv_cache_shape(1, bs, layer.num_kv_heads, layer.head_size)
+        layer.kv_cache = torch.zeros(shape, dtype=torch.float32)
+    return metadata, slots
+
+
+def run_numerics(h: Harness, num_layers: int, tp: int) -> dict[str, Any]:
+    """Eager forward vs first capture vs replay with new inputs, through the
+    real attention, with graphs that record and do not run at capture."""
+    from breakable_graph_standins import RecordingGraph, recording_capture
+
+    from vllm.compilation.xpu_breakable_graph import (
+        DeviceGraphBackend,
+        XpuBreakableGraphWrapper,
+    )
+
+    vllm_config, model = h.build(num_layers, tp)
+    metadata, slots = real_attention(model, vllm_config, 8)
+    backend = DeviceGraphBackend(
+        name="recording",
+        graph_factory=RecordingGraph,
+        capture_context=recording_capture,
+    )
+    wrapper = XpuBreakableGraphWrapper(model, vllm_config, backend=backend)
+    inputs = h.inputs()
+
+    def run(graphs: bool):
+        with torch.no_grad(), forward_ctx(
+            vllm_config, attn_metadata=metadata, graphs=graphs, slot_mapping=slots
+        ):
+            return wrapper(**inputs)
+
+    first = len(RecordingGraph.created)
+    ref = run(False).clone()
+    captured = run(True)
+    graphs = RecordingGraph.created[first:]
+    res: dict[str, Any] = {
+        "capture_equals_eager": bool(torch.equal(captured, ref)),
+        "capture_max_abs_diff": float((captured - ref).abs().max()),
+        "capture_has_nan": bool(torch.isnan(captured).any()),
+        "graphs": len(graphs),
+        "recorded_ops": sum(len(g.ops) for g in graphs),
+        "replays_at_capture": [g.replays for g in graphs],
+    }
+    captured_copy = captured.clone()
+    inputs["input_ids"].copy_(h.inputs(seed=7)["input_ids"])
+    ref2 = run(False).clone()
+    replayed = run(True)
+    res.update(
+        inputs_change_output=not bool(torch.equal(ref2, ref)),
+        replay_is_captured_output=replayed is captured,
+        replay_equals_eager=bool(torch.equal(replayed, ref2)),
+        replay_max_abs_diff=float((replayed - ref2).abs().max()),
+        replay_changed_output=not bool(torch.equal(replayed, captured_copy)),
+    )
+    return res
 
 
 def run_ceiling(h: Harness) -> dict[str, Any]:
@@ -579,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also run all-MoE variants at these TP sizes (needs the CPU MoE "
         "sigmoid-routing patch)",
     )
+    ap.add_argument("--numerics-tp", type=int, nargs="*", default=[1, 2, 4])
     args = ap.parse_args(argv)
     results: dict[str, Any] = {}
     try:
@@ -594,6 +683,12 @@ def main(argv: list[str] | None = None) -> int:
                     results[key] = run_counts(h, layers, tp, moe)
                 except Exception:  # noqa: BLE001
                     results[key] = {"crash": traceback.format_exc()}
+    for tp in args.numerics_tp:
+        key = f"numerics/L3/tp{tp}"
+        try:
+            results[key] = run_numerics(h, 3, tp)
+        except Exception:  # noqa: BLE001
+            results[key] = {"crash": traceback.format_exc()}
     for name, fn in SCENARIOS.items():
         if fn is None:
             continue

@@ -2,18 +2,18 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Unit tests of vllm/compilation/xpu_breakable_graph.py on CPU.
 
-``RecordingGraph`` stands in for a device graph with the property that
-matters: between ``capture_begin`` and ``capture_end`` kernels are recorded,
-not executed (their outputs hold garbage, here NaN), and ``replay`` runs
-them on the same tensors. The capture module is the real one.
+``RecordingGraph`` (breakable_graph_standins.py) stands in for a device
+graph with the property that matters: between ``capture_begin`` and
+``capture_end`` kernels are recorded, not executed (their outputs hold
+garbage, here NaN), and ``replay`` runs them on the same tensors. The
+capture module is the real one.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from breakable_graph_standins import RecordingGraph
 
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
 from vllm.compilation.xpu_breakable_graph import (
@@ -29,60 +29,6 @@ from vllm.compilation.xpu_breakable_graph import (
     first_difference,
     reachable_tensor_identities,
 )
-
-
-class _Recorder(TorchDispatchMode):
-    def __init__(self, graph: RecordingGraph) -> None:
-        super().__init__()
-        self.graph = graph
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        schema = func._schema
-        if func.is_view:
-            return func(*args, **kwargs)  # aliases storage: nothing to run
-        if schema.is_mutable:
-            # Recorded, not run: the written tensor keeps its old contents.
-            self.graph.ops.append((func, args, kwargs, None))
-            if len(schema.returns) == 0:
-                return None
-            assert len(schema.returns) == 1, func
-            return args[0]
-        out = func(*args, **kwargs)
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
-                t.fill_(float("nan"))  # not computed yet
-        self.graph.ops.append((func, args, kwargs, out))
-        return out
-
-
-class RecordingGraph:
-    instances: list[RecordingGraph] = []
-
-    def __init__(self) -> None:
-        self.ops: list = []
-        self.replays = 0
-        self._mode: _Recorder | None = None
-        RecordingGraph.instances.append(self)
-
-    def capture_begin(self, pool=None) -> None:
-        self._mode = _Recorder(self)
-        self._mode.__enter__()
-
-    def capture_end(self) -> None:
-        assert self._mode is not None
-        self._mode.__exit__(None, None, None)
-        self._mode = None
-
-    def replay(self) -> None:
-        self.replays += 1
-        for func, args, kwargs, out in self.ops:
-            res = func(*args, **kwargs)
-            if out is None:
-                continue
-            for dst, src in zip(tree_flatten(out)[0], tree_flatten(res)[0]):
-                if isinstance(dst, torch.Tensor):
-                    dst.copy_(src)
 
 
 BACKEND = DeviceGraphBackend(name="recording", graph_factory=RecordingGraph)
@@ -122,7 +68,7 @@ def test_materialisation_makes_first_capture_correct() -> None:
     assert cap.break_counts() == {"graph": 2, "attention": 0, "collective": 1}
     assert cap.kinds == [BreakKind.GRAPH, BreakKind.COLLECTIVE, BreakKind.GRAPH]
     # Each graph ran exactly once, at capture.
-    graphs = RecordingGraph.instances[-2:]
+    graphs = RecordingGraph.created[-2:]
     assert [g.replays for g in graphs] == [1, 1]
     # Replay after an in-place input update recomputes through the break.
     x.copy_(torch.tensor([5.0, 6.0, 7.0, 8.0]))

@@ -2,6 +2,10 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Breakable graph capture through a real tiny Laguna forward on CPU.
 
+Two stand-ins for device graphs: one that only logs capture and replay
+(counts and order), and one that records kernels without running them at
+capture and re-runs them on replay (numerics; breakable_graph_standins.py).
+
 The observations come from ``breakable_graph_driver.py``, run once in its
 own process (the toggle must be on before vLLM's attention module is
 imported, and the fake tensor-parallel size must not leak into other
@@ -143,6 +147,24 @@ def test_replay_order_and_inplace_buffers(observed, layers, tp) -> None:
     assert len(set(buffers)) == len(buffers)  # one owned buffer per call site
     attn = [e[1] for e in r["replay_events"] if e[0] == "attention"]
     assert attn == [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
+
+
+@pytest.mark.parametrize("tp", TP_SIZES)
+def test_capture_and_replay_match_eager_bitwise(observed, tp: int) -> None:
+    """Real attention (CPU kernels, per-layer metadata, KV cache), graphs
+    that record and do not run during capture (breakable_graph_standins):
+    the first capture's output equals the eager forward only because every
+    segment is materialised, and a replay after new inputs were copied into
+    the same buffers equals the eager forward on those inputs."""
+    r = _ok(observed[f"numerics/L3/tp{tp}"])
+    assert r["graphs"] == (3 + 7 + 1 if tp > 1 else 3 + 1)
+    assert r["replays_at_capture"] == [1] * r["graphs"]
+    assert r["capture_has_nan"] is False
+    assert r["capture_equals_eager"] is True, r["capture_max_abs_diff"]
+    assert r["inputs_change_output"] is True
+    assert r["replay_is_captured_output"] is True
+    assert r["replay_changed_output"] is True
+    assert r["replay_equals_eager"] is True, r["replay_max_abs_diff"]
 
 
 def test_eager_mode_has_no_breaks(observed) -> None:
