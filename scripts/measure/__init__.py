@@ -1,13 +1,27 @@
 """Measurement harness: A/B crossover runs, an analyzer over raw rows, audited record files.
 
-Pure parts (importable without vLLM, torch or matplotlib): :mod:`.metrics`, :mod:`.analyze`,
-:mod:`.gates`, :mod:`.record`, :mod:`.verify_record`, :mod:`.schema`. The driver
-(:mod:`.crossover`) talks to ``vllm serve`` over loopback HTTP with the standard library only;
-:mod:`.plot` needs matplotlib.
+Commands (``python -m scripts.measure ...``; nox sessions call :func:`cli.crossover` and
+:func:`cli.verify_record` with ``session.posargs``):
 
-Entry points for ``noxfile.py``: :func:`scripts.measure.cli.crossover` and
-:func:`scripts.measure.cli.verify_record`, each taking the argument list (``session.posargs``)
-and returning an exit status.
+``crossover --treatment ENV=VALUE [--control ENV=VALUE] --model DIR [--draft DIR] ...``
+    legs A1 (control), B1, B2 (candidate), A2 (control), then a non-speculative teacher; each a
+    fresh OpenAI-compatible vLLM server on 127.0.0.1 (free port) with a clean environment in
+    which only the treatment differs. Writes a run directory: ``rows-<leg>.jsonl`` (raw rows),
+    ``server-<leg>.log``, ``prompts.json``, ``run.json`` (manifest), ``full-analysis.json``,
+    ``all-vs-teacher.json``, ``cross-leg.json``, ``crossover.png`` and ``record.json`` (with the
+    sha256 of every other file). ``--python PY`` runs the servers with another interpreter
+    (an installed XPU build); the driver itself needs only the standard library (+ matplotlib
+    for the plot).
+``verify-record FILE [--prior FILE]``
+    re-derives every number from the raw artifacts when they are next to the record (or at its
+    ``run_root``), else checks the record's internal consistency; exit 1 naming each field.
+``analyze RUN_DIR``
+    rebuilds analysis, plot and record of a run directory from its raw rows.
+
+Pure parts (importable without vLLM, torch or matplotlib): :mod:`.metrics`, :mod:`.analyze`,
+:mod:`.gates` (thresholds in ``gates.toml``), :mod:`.record`, :mod:`.verify_record`,
+:mod:`.rederive`, :mod:`.schema`, :mod:`.prompts`. Loopback I/O: :mod:`.client`, :mod:`.server`,
+:mod:`.crossover`. Plot: :mod:`.plot`.
 """
 
 from __future__ import annotations
