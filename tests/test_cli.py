@@ -333,3 +333,34 @@ def test_git_source_via_cli(vxl_cli, tmp_path: Path) -> None:
     project.write_pins(commit=first[:10], git_url=f"file://{bare}")
     _ok(project.cli("apply", "--source", "git"))
     assert re.search(rf"commit {first}", project.tree_git("log", "--format=%B", "-1", f"{project.head()}~3"))
+
+
+def _replaces_not_a_table(p: synthetic.SyntheticProject) -> None:
+    (p.root / "overlay.toml").write_text('replaces = "vllm/utils.py"\n')
+
+
+def _series_not_utf8(p: synthetic.SyntheticProject) -> None:
+    (p.patches / "series").write_bytes(b"# caf\xe9\n" + (p.patches / "series").read_bytes())
+
+
+def _patch_is_a_directory(p: synthetic.SyntheticProject) -> None:
+    (p.patches / "0009-x.patch").mkdir()
+    p.write_series(p.series_names() + ["0009-x.patch"])
+
+
+MALFORMED_INPUTS = {
+    "overlay-replaces-not-a-table": (_replaces_not_a_table, "overlay.toml",
+                                     "BUG: overlay.read_replaces calls .items() on a non-table [replaces]: AttributeError traceback"),
+    "series-not-utf8": (_series_not_utf8, "series",
+                        "BUG: series.read_series decodes without handling UnicodeDecodeError: traceback"),
+    "patch-is-a-directory": (_patch_is_a_directory, "0009-x.patch",
+                             "BUG: series.load_series checks exists(), not is_file(): IsADirectoryError traceback"),
+}
+
+
+@pytest.mark.parametrize("case", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason))
+                                  for name, (_setup, _expect, reason) in sorted(MALFORMED_INPUTS.items())])
+def test_malformed_inputs_are_one_line_errors(case: str, vxl_cli) -> None:
+    setup, expect, _reason = MALFORMED_INPUTS[case]
+    setup(vxl_cli)
+    _error(vxl_cli.cli("apply"), expect)
