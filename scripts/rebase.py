@@ -454,6 +454,10 @@ class Rebase:
         orig = entry["commit_old"]
         if d.get("skipped"):
             entry["after_skipping"] = list(d["skipped"])
+            mine = set(entry["files"])
+            shared = [p["name"] for p in d["patches"] if p["name"] in d["skipped"] and mine & set(p["files"])]
+            if shared:  # its outcome may be an artefact of replaying without those
+                entry["shares_files_with_skipped"] = shared
         proc = run_git(tree, "-c", "merge.conflictStyle=diff3", "-c", "rerere.enabled=false", "cherry-pick",
                        "--no-commit", orig, check=False)
         unmerged = sorted(set(git(tree, "diff", "--name-only", "--diff-filter=U").splitlines()))
@@ -465,7 +469,7 @@ class Rebase:
         if unmerged:
             entry["status"] = "conflict"
             entry["conflict"] = {"files": [self._conflict_file(path, old_hunks.get(path, [])) for path in unmerged],
-                                 "patch_reverse_applies_to_new_base": _reverse_applies(tree, orig, d["onto"]["pristine"])}
+                                 "patch_reverse_applies_to_new_base": _reverse_applies(tree, orig, "HEAD")}
             if entry["conflict"]["patch_reverse_applies_to_new_base"]:
                 entry["note"] = "the patch reverse-applies to the new upstream: it is probably already upstream"
             entry["head_at_stop"] = git(tree, "rev-parse", "HEAD")
@@ -490,7 +494,7 @@ class Rebase:
         return git(self.tree, "rev-parse", "HEAD")
 
     def _already_upstream(self, entry: Json, evidence: str) -> None:
-        d, tree = self.data, self.tree
+        tree = self.tree
         run_git(tree, "reset", "-q", "--hard", "HEAD")
         orig = entry["commit_old"]
         files = []
@@ -502,7 +506,7 @@ class Rebase:
         entry["commit_new"] = []
         entry["already_upstream"] = {
             "evidence": evidence,
-            "reverse_applies_to_new_base": _reverse_applies(tree, orig, d["onto"]["pristine"]),
+            "reverse_applies_to_new_base": _reverse_applies(tree, orig, "HEAD"),
             "files": files,
             "proposal": "retire: the rebased series omits it; review the evidence, then drop it from patches/series",
             "drop_when": entry.get("drop_when"),
@@ -611,10 +615,16 @@ class Rebase:
             shutil.copyfile(item.source, target)
 
     def _compile(self, check_tree: Path) -> list[str]:
+        """Byte-compile every Python file the series touches (in memory: nothing is written)."""
         failures = []
-        for entry in self.data["patches"]:
+        touched = git(self.tree, "diff", "--name-only", "--no-renames", self.data["onto"]["pristine"], "HEAD")
+        covered = {f for entry in self.data["patches"] for f in entry["files"]}
+        extra = sorted(f for f in touched.splitlines() if f.endswith(".py") and f not in covered)
+        if extra:  # files only commits made during the rebase touched
+            self.data["extra_commits_compile"] = {"files": extra}
+        for entry in [*self.data["patches"], None]:
+            files = extra if entry is None else [f for f in entry["files"] if f.endswith(".py")]
             errors = []
-            files = [f for f in entry["files"] if f.endswith(".py")]
             for rel in files:
                 path = check_tree / rel
                 if not path.is_file():
@@ -624,7 +634,14 @@ class Rebase:
                 except (SyntaxError, ValueError) as exc:
                     line = getattr(exc, "lineno", None)
                     errors.append(f"{rel}:{line}: {exc.__class__.__name__}: {getattr(exc, 'msg', exc)}")
-            entry["compile"] = {"checked": files, "errors": errors, "ok": not errors}
+            result = {"checked": files, "errors": errors, "ok": not errors}
+            if entry is None:
+                if extra:
+                    self.data["extra_commits_compile"] = result
+                    if errors:
+                        failures.append(f"commits added during the rebase do not compile ({errors[0]})")
+                continue
+            entry["compile"] = result
             if errors:
                 failures.append(f"{entry['name']}: does not compile ({errors[0]})")
         return failures
@@ -782,6 +799,8 @@ def _summary(report: Json) -> None:
             extra += f" | COMPILE ERROR {p['compile']['errors'][0]}"
         if p.get("dry_run_skipped"):
             extra += " | skipped for the rest of the dry run"
+        if p.get("shares_files_with_skipped"):
+            extra += " | replayed without " + ", ".join(n[:4] for n in p["shares_files_with_skipped"]) + " (same files)"
         detail(f"{p['name']:<64} {status:<17} {extra.strip()}")
     for o in report.get("overlay", []):
         if o["status"] != "ok" or o.get("problem"):
