@@ -315,3 +315,12 @@ def test_status_must_follow_the_disposition(tmp_path: Path) -> None:
     # claiming a record also requires complete quality and passing pairs
     assert "quality.teacher_exact" in fields
     assert "pairs.B2_vs_A2.passed" in fields
+
+
+def test_cli_notes_gates_that_differ_from_today(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    write_run(tmp_path, clean_legs(), prior=Prior(20.0, "p"))
+    record = load(tmp_path / RECORD_FILE)
+    record["gates"]["min_row_win_fraction"] = 0.5
+    (tmp_path / RECORD_FILE).write_text(json.dumps(record))
+    assert verify_cli([str(tmp_path / RECORD_FILE), "--internal-only"]) == 0
+    assert "differ from today's in: min_row_win_fraction" in capsys.readouterr().out

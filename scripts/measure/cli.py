@@ -54,6 +54,14 @@ def verify_record(argv: Sequence[str]) -> int:
         print(f"verify-record: error: {exc}", file=sys.stderr)
         return exc.exit_code
     where = f"raw artifacts in {root}" if root is not None else "no raw artifacts: internal only"
+    stored = record.get("gates")
+    current = load_gates(args.gates or GATES_PATH).to_json()
+    if isinstance(stored, dict) and stored != current:
+        changed = sorted(k for k in set(stored) | set(current) if stored.get(k) != current.get(k))
+        print(
+            f"verify-record: note: judged with its own gates, which differ from today's in: "
+            f"{', '.join(changed)}"
+        )
     for failure in report.failures:
         print(f"verify-record: FAIL {failure}", file=sys.stderr)
     derived = [p for p in report.numeric if p in report.derived]
