@@ -15,8 +15,8 @@ from pathlib import Path
 from scripts.errors import ToolError
 from scripts.git import git, run_git
 from scripts.log import detail, info
-from scripts.series import read_series
-from scripts.worktree import OVERLAY_SUBJECT, Layout, read_state, write_state
+from scripts.series import load_series, read_series
+from scripts.worktree import OVERLAY_SUBJECT, Layout, State, read_state, write_state
 
 FORMAT_PATCH_FLAGS = ("--zero-commit", "--full-index", "--no-signature", "--no-stat", "--keep-subject",
                       "--no-numbered", "--no-renames", "--diff-algorithm=myers", "--abbrev=40")
@@ -32,6 +32,20 @@ def _series_header(series: Path) -> list[str]:
             else:
                 break
     return header
+
+
+def _known_numbers(layout: Layout, tree: Path, state: State) -> dict[str, int]:
+    """Numbers of the patches in patches/series, keyed by applied commit id and by subject."""
+    known: dict[str, int] = {}
+    try:
+        patches = load_series(layout.patches)
+    except ToolError:
+        return known
+    for patch, sha in zip(patches, state.patch_commits):
+        number = int(patch.name[:4])
+        known.setdefault(patch.subject, number)
+        known.setdefault(sha, number)
+    return known
 
 
 def export(layout: Layout | None = None, check: bool = False) -> bool:
@@ -54,6 +68,9 @@ def export(layout: Layout | None = None, check: bool = False) -> bool:
     for sha in commits:
         subject = git(tree, "log", "-1", "--format=%s", sha)
         files = set(git(tree, "diff-tree", "--no-commit-id", "--name-only", "-r", "--root", sha).splitlines())
+        if not files:
+            detail(f"skipping empty commit {sha[:12]} ({subject}): nothing to export")
+            continue
         if subject == OVERLAY_SUBJECT:
             overlay_paths |= files
             overlay_commits.append(sha)
@@ -69,7 +86,12 @@ def export(layout: Layout | None = None, check: bool = False) -> bool:
         out = Path(tmp) / "patches"
         out.mkdir()
         names = []
-        for number, sha in enumerate(patch_commits, 1):
+        known = _known_numbers(layout, tree, state)
+        number = 0
+        for sha in patch_commits:
+            # keep a patch's number (numbers may have gaps); a new patch follows the one before it
+            previous = known.get(sha) or known.get(git(tree, "log", "-1", "--format=%s", sha))
+            number = previous if previous and previous > number else number + 1
             name = git(tree, "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={number}", "-o", str(out),
                        "-1", sha)
             names.append(Path(name).name)

@@ -35,7 +35,7 @@ def check_patch(patch: Patch, blob_of: Callable[[str], str | None], read: Callab
         if pfile.is_binary_file:
             raise ToolError(f"{patch.name}: binary change to {path} is not allowed (put whole files in overlay/)")
         if match is None:
-            if pfile.is_rename or pfile.is_removed_file and not pfile:
+            if not len(pfile):  # mode-only change or pure rename: no content to check
                 continue
             raise ToolError(f"{patch.name}: {path} has no 'index' line (export with --full-index)")
         old, _new = match.groups()

@@ -233,8 +233,6 @@ def test_new_patch_after_a_gap_is_numbered_after_the_last(vxl_project) -> None:
                                       "0007-utils-return-six.patch"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: export writes a diff-less 0003-empty.patch for an empty commit, "
-                   "then fails reading it back, leaving patches/ unappliable")
 def test_empty_commit_does_not_corrupt_patches(vxl_project) -> None:
     project = vxl_project
     apply(project.layout())
@@ -251,8 +249,6 @@ def test_empty_commit_does_not_corrupt_patches(vxl_project) -> None:
     _rebuild(project)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a mode-only commit exports as a patch without an 'index' line, "
-                   "which strict apply then rejects ('export with --full-index')")
 def test_mode_change_commit_round_trips(vxl_project) -> None:
     project = vxl_project
     apply(project.layout())
