@@ -438,16 +438,46 @@ class Rebase:
                     d["stage"] = "replay"
                     self.save()
                     return entry
-                # a dry run keeps going without this patch, to classify the rest
-                run_git(self.tree, "reset", "-q", "--hard", "HEAD")
-                run_git(self.tree, "clean", "-fdq")
-                entry["dry_run_skipped"] = True
-                d.setdefault("skipped", []).append(entry["name"])
+                # a dry run keeps going, to classify the rest: with the patch when both sides only
+                # inserted lines (keep both), else without it
+                if self._union_inserts(entry):
+                    entry["dry_run_resolution"] = "kept both insertions (upstream's first) to go on"
+                    entry["commit_new"] = [self._commit_like(entry["commit_old"])]
+                else:
+                    run_git(self.tree, "reset", "-q", "--hard", "HEAD")
+                    run_git(self.tree, "clean", "-fdq")
+                    entry["dry_run_skipped"] = True
+                    d.setdefault("skipped", []).append(entry["name"])
             self.save()
         d["current"] = len(d["patches"])
         d["stage"] = "checks"
         self.save()
         return None
+
+    def _union_inserts(self, entry: Json) -> bool:
+        """Resolve a conflict whose every block is 'both sides only inserted lines' by keeping both."""
+        files = entry["conflict"]["files"]
+        if not files or any(not f["markers"] or any(m.get("kind") != "both-inserted" for m in f["markers"])
+                            for f in files):
+            return False
+        for f in files:
+            path = self.tree / f["file"]
+            out, mode = [], None
+            for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+                bare = line.rstrip("\r\n")
+                if bare.startswith("<<<<<<< "):
+                    mode = "upstream"
+                elif mode and bare.startswith("||||||| "):
+                    mode = "base"
+                elif mode and bare == "=======":
+                    mode = "patch"
+                elif mode and bare.startswith(">>>>>>> "):
+                    mode = None
+                elif mode != "base":
+                    out.append(line)
+            path.write_text("".join(out), encoding="utf-8")
+            git(self.tree, "add", "--", f["file"])
+        return True
 
     def _pick(self, entry: Json) -> None:
         tree, d = self.tree, self.data
@@ -671,6 +701,8 @@ class Rebase:
             if entry.get("dry_run_skipped"):
                 entry["effect"]["note"] = "the patch was skipped (conflict) in this dry run"
                 continue
+            if entry.get("dry_run_resolution"):
+                entry["effect"]["note"] = "measured with the dry run's keep-both resolution of the conflict"
             if not ok:
                 failures.append(f"{entry['name']}: Effect-Check failed (exit {rc}): {command}")
         return failures
@@ -799,6 +831,8 @@ def _summary(report: Json) -> None:
             extra += f" | COMPILE ERROR {p['compile']['errors'][0]}"
         if p.get("dry_run_skipped"):
             extra += " | skipped for the rest of the dry run"
+        if p.get("dry_run_resolution"):
+            extra += " | dry run kept both insertions to go on"
         if p.get("shares_files_with_skipped"):
             extra += " | replayed without " + ", ".join(n[:4] for n in p["shares_files_with_skipped"]) + " (same files)"
         detail(f"{p['name']:<64} {status:<17} {extra.strip()}")
@@ -843,11 +877,11 @@ def _run_to_end(rb: Rebase, start: int) -> Json:
                            "`nox -s rebase -- --continue`; or `nox -s rebase -- --abort`", EXIT_STOPPED)
     with step("check the rebased tree: overlay twins, compile, Effect-Check commands"):
         failures = rb.checks()
-    skipped = d.get("skipped", [])
+    conflicts = [p["name"] for p in d["patches"] if p["status"] == "conflict"]
     if rb.dry_run:
-        problems = [f"{name}: conflict" for name in skipped] + failures
+        problems = [f"{name}: conflict" for name in conflicts] + failures
         if problems:
-            return _finish(rb, "conflict" if skipped else "checks-failed",
+            return _finish(rb, "conflict" if conflicts else "checks-failed",
                            f"dry run: {len(problems)} problem(s), first: {problems[0]}", None, EXIT_STOPPED)
         return _finish(rb, "success", "dry run: the whole series replays cleanly and every check passes", None)
     if failures:

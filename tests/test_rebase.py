@@ -339,6 +339,16 @@ def test_dry_run_writes_nothing(vxl_project: SyntheticProject, tmp_path: Path,
     run_stopped(onto_version=NEW, dry_run=True, layout=project.layout())
     assert json.loads(capsys.readouterr().out)["outcome"] == "conflict"
     assert everything() == before
+    # both sides only inserted lines: the dry run keeps both and goes on with the patch in place
+    both = synthetic.envs_py().replace('    "VLLM_TOY_11"', '    "VLLM_TOY_NEW": lambda: 1,\n    "VLLM_TOY_11"')
+    release(project, new_files(**{"vllm/envs.py": both}), version="10.0.1")
+    inserted = tmp_path / "inserted.json"
+    run_stopped(onto_version="10.0.1", dry_run=True, report=inserted, layout=project.layout())
+    first, second = json.loads(inserted.read_text())["patches"]
+    assert first["status"] == "conflict" and first["dry_run_resolution"].startswith("kept both")
+    assert "dry_run_skipped" not in first and first["compile"]["ok"] and first["effect"]["ok"]
+    assert second["status"] == "clean" and "after_skipping" not in second
+    assert everything() == before
     # the new sdist is cached by its sha256 now: --offline needs no index at all
     seen = len(project.index.requests)
     offline = tmp_path / "offline.json"
