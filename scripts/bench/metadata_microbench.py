@@ -63,7 +63,10 @@ def _vllm_config(max_len: int) -> Any:
     ).save_pretrained(path)
     return VllmConfig(
         model_config=ModelConfig(
-            model=path, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=max_len
+            model=path,
+            skip_tokenizer_init=True,
+            dtype="bfloat16",
+            max_model_len=max_len,
         ),
         cache_config=CacheConfig(block_size=BLOCK),
         parallel_config=ParallelConfig(tensor_parallel_size=1),
@@ -72,7 +75,7 @@ def _vllm_config(max_len: int) -> Any:
 
 def _builders(config: Any, prebuilt: bool) -> list[Any]:
     import torch
-    import vllm.envs as envs
+    from vllm import envs
     from vllm.config import set_current_vllm_config
     from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
@@ -80,8 +83,12 @@ def _builders(config: Any, prebuilt: bool) -> list[Any]:
     envs.VLLM_XPU_LAGUNA_EXACT_VERIFY = True  # type: ignore[attr-defined]
     envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH = WIDTH  # type: ignore[attr-defined]
     envs.VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA = prebuilt  # type: ignore[attr-defined]
-    common = dict(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
-                  dtype=torch.bfloat16)
+    common = {
+        "block_size": BLOCK,
+        "num_kv_heads": KV_HEADS,
+        "head_size": HEAD_SIZE,
+        "dtype": torch.bfloat16,
+    }
     specs = [FullAttentionSpec(**common)] + [
         SlidingWindowSpec(**common, sliding_window=WINDOW) for _ in range(3)
     ]
@@ -89,7 +96,9 @@ def _builders(config: Any, prebuilt: bool) -> list[Any]:
     with set_current_vllm_config(config):
         for gid, spec in enumerate(specs):
             names = [f"layer.{gid}.{i}" for i in range(GROUP_LAYERS)]
-            out.append(FlashAttentionMetadataBuilder(spec, names, config, torch.device("cpu")))
+            out.append(
+                FlashAttentionMetadataBuilder(spec, names, config, torch.device("cpu"))
+            )
     return out
 
 
@@ -135,13 +144,23 @@ def _exact_only(builders: list[Any], step: Step, metadata: list[Any]) -> None:
         return
     cms = step.cms
     mds = [
-        builders[0].laguna_prebuilt.refresh(WIDTH, cms[0].seq_lens, cms[0].block_table_tensor),
-        builders[1].laguna_prebuilt.refresh(WIDTH, cms[1].seq_lens, cms[1].block_table_tensor),
+        builders[0].laguna_prebuilt.refresh(
+            WIDTH, cms[0].seq_lens, cms[0].block_table_tensor
+        ),
+        builders[1].laguna_prebuilt.refresh(
+            WIDTH, cms[1].seq_lens, cms[1].block_table_tensor
+        ),
     ]
-    mds.append(builders[2].laguna_prebuilt.rebind(mds[1], cms[2].seq_lens,
-                                                  cms[2].block_table_tensor))
-    mds.append(builders[3].laguna_prebuilt.rebind(mds[1], cms[3].seq_lens,
-                                                  cms[3].block_table_tensor))
+    mds.append(
+        builders[2].laguna_prebuilt.rebind(
+            mds[1], cms[2].seq_lens, cms[2].block_table_tensor
+        )
+    )
+    mds.append(
+        builders[3].laguna_prebuilt.rebind(
+            mds[1], cms[3].seq_lens, cms[3].block_table_tensor
+        )
+    )
     for gid in range(4):
         table = cms[gid].block_table_tensor
         exact = mds[gid]
@@ -159,8 +178,12 @@ def _full_step(builders: list[Any], step: Step) -> list[Any]:
     mds = [
         md_full,
         md_slide,
-        builders[2].update_block_table(md_slide, cms[2].block_table_tensor, cms[2].slot_mapping),
-        builders[3].update_block_table(md_slide, cms[3].block_table_tensor, cms[3].slot_mapping),
+        builders[2].update_block_table(
+            md_slide, cms[2].block_table_tensor, cms[2].slot_mapping
+        ),
+        builders[3].update_block_table(
+            md_slide, cms[3].block_table_tensor, cms[3].slot_mapping
+        ),
     ]
     for gid in range(4):
         md = mds[gid]
@@ -197,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     config = _vllm_config(args.cols * BLOCK)
     modes = {"inline": _builders(config, False), "prebuilt": _builders(config, True)}
-    if modes["prebuilt"][0].laguna_prebuilt is None or modes["inline"][0].laguna_prebuilt:
+    if (
+        modes["prebuilt"][0].laguna_prebuilt is None
+        or modes["inline"][0].laguna_prebuilt
+    ):
         print("error: prebuilt toggle did not take effect", file=sys.stderr)
         return 2
     step = Step(args.cols, seq_len=args.cols * BLOCK // 2)
@@ -208,11 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for name, builders in modes.items():
             md = prepared[name]
-            exact[name] += _time_us(lambda b=builders, m=md: _exact_only(b, step, m), per)
+            exact[name] += _time_us(
+                lambda b=builders, m=md: _exact_only(b, step, m), per
+            )
             full[name] += _time_us(lambda b=builders: _full_step(b, step), per)
-    print(f"metadata preparation per {LAYERS}-layer M={WIDTH} step "
-          f"(4 KV-cache groups, {args.cols} block-table columns, "
-          f"{per * args.rounds} steps per mode, torch threads 1, device cpu)")
+    print(
+        f"metadata preparation per {LAYERS}-layer M={WIDTH} step "
+        f"(4 KV-cache groups, {args.cols} block-table columns, "
+        f"{per * args.rounds} steps per mode, torch threads 1, device cpu)"
+    )
     print(f"{'':24}{'inline':>12}{'prebuilt':>12}{'ratio':>10}")
     for label, data in (("exact metadata [us]", exact), ("step metadata [us]", full)):
         inl = statistics.median(data["inline"])
