@@ -521,10 +521,20 @@ def run_guard(h: Harness) -> dict[str, Any]:
     # the captured one (here: none at capture, one now).
     slots = {n: torch.zeros(8, dtype=torch.int64) for n in names}
     res["slot_mapping_moved"] = expect_error(lambda: call(inputs, meta_same, slots))
+    # Another layout (e.g. another verify width): its own reference...
     wider = _Meta(seq[:2], table[:2], 9)
-    res["metadata_reshaped"] = expect_error(
-        lambda: call(inputs, per_layer(wider))
+    res["metadata_new_layout"] = expect_error(lambda: call(inputs, per_layer(wider)))
+    # ...checked from then on, while the first layout still replays.
+    res["metadata_first_layout_again"] = expect_error(
+        lambda: call(inputs, meta_same)
     )
+    wider_moved = _Meta(seq[:2], table[:2].clone(), 9)
+    res["metadata_new_layout_moved"] = expect_error(
+        lambda: call(inputs, per_layer(wider_moved))
+    )
+    # Same pointer, other storage offset: refused.
+    shifted = _Meta(seq[1:2], table[:1], 9)
+    res["metadata_offset"] = expect_error(lambda: call(inputs, per_layer(shifted)))
     return res
 
 

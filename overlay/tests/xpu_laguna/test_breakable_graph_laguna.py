@@ -198,8 +198,12 @@ def test_identity_guard(observed) -> None:
     assert "slot_mapping" in r["slot_mapping_moved"]["message"]
     assert r["metadata_moved"]["error"] == "StaticInputMismatchError"
     assert ".block_table" in r["metadata_moved"]["message"]
-    assert r["metadata_reshaped"]["error"] == "StaticInputMismatchError"
-    assert ".seq_lens" in r["metadata_reshaped"]["message"]
+    assert r["metadata_new_layout"]["error"] is None
+    assert r["metadata_first_layout_again"]["error"] is None
+    assert r["metadata_new_layout_moved"]["error"] == "StaticInputMismatchError"
+    assert ".block_table" in r["metadata_new_layout_moved"]["message"]
+    assert r["metadata_offset"]["error"] == "StaticInputMismatchError"
+    assert ".seq_lens" in r["metadata_offset"]["message"]
 
 
 def test_out_of_place_break_is_caught(observed) -> None:

@@ -570,10 +570,28 @@ def breakable_all_reduce(input_: torch.Tensor, group: Any) -> torch.Tensor:
 # ---------------------------------------------------------------------------
 
 
+MetadataLayout = tuple[tuple[Any, ...], ...]
+MetadataAddresses = list[tuple[int, int]]
+# Distinct attention-metadata layouts one captured shape may see (verify
+# widths, decode vs verify steps, KV groups); more means buffers are rebuilt.
+MAX_METADATA_LAYOUTS = 64
+
+
+def split_metadata_identities(
+    ids: list[TensorIdentity],
+) -> tuple[MetadataLayout, MetadataAddresses]:
+    """(layout: path, shape, stride, dtype, device of each tensor;
+    addresses: pointer and storage offset of each tensor)."""
+    layout = tuple((i[0], i[3], i[4], i[5], i[6]) for i in ids)
+    return layout, [(i[1], i[2]) for i in ids]
+
+
 @dataclasses.dataclass
 class _XpuEntry(_BreakableEntry):
     input_identities: list[TensorIdentity] | None = None
-    metadata_identities: list[TensorIdentity] | None = None
+    metadata_addresses: dict[MetadataLayout, MetadataAddresses] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 _AUTO: Any = object()
@@ -645,7 +663,6 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         get_offloader().sync_prev_onload()
 
         input_ids = static_input_identities(args, kwargs)
-        metadata_ids = attention_metadata_identities()
         capture = XpuBreakableGraphCapture(
             pool=self.graph_pool,
             backend=self.backend,
@@ -663,9 +680,6 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         entry.capture = capture
         entry.output = output
         entry.input_identities = input_ids
-        # A PIECEWISE capture runs without attention metadata: the first
-        # replay then fixes the reference the later ones are checked against.
-        entry.metadata_identities = metadata_ids or None
         return output
 
     def _replay(
@@ -681,19 +695,42 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
                 f"static input moved since capture for {entry.batch_descriptor}: "
                 f"{diff}; refusing to replay"
             )
-        metadata_now = attention_metadata_identities()
-        if entry.metadata_identities is None:
-            entry.metadata_identities = metadata_now
-        else:
-            diff = first_difference(entry.metadata_identities, metadata_now)
-            if diff is not None:
-                raise StaticInputMismatchError(
-                    "attention metadata moved since the reference step for "
-                    f"{entry.batch_descriptor}: {diff}; refusing to replay"
-                )
+        self._check_metadata(entry)
         get_offloader().sync_prev_onload()
         entry.capture.replay()
         return entry.output
+
+
+    @staticmethod
+    def _check_metadata(entry: _XpuEntry) -> None:
+        """Attention metadata must not drift: the first replay step with a
+        given layout (which tensors, shapes, strides) fixes their addresses,
+        and every later step with that layout must present the same ones.
+        A PIECEWISE capture runs without metadata, and one captured shape
+        legitimately sees several layouts (decode vs verify steps, verify
+        widths), so the reference is per layout, taken at its first step."""
+        ids = attention_metadata_identities()
+        layout, addresses = split_metadata_identities(ids)
+        reference = entry.metadata_addresses.get(layout)
+        if reference is None:
+            if len(entry.metadata_addresses) >= MAX_METADATA_LAYOUTS:
+                raise StaticInputMismatchError(
+                    f"more than {MAX_METADATA_LAYOUTS} attention-metadata "
+                    f"layouts for {entry.batch_descriptor}: metadata buffers "
+                    "are being rebuilt; refusing to replay"
+                )
+            entry.metadata_addresses[layout] = addresses
+            return
+        if reference != addresses:
+            index = next(
+                i for i, (a, b) in enumerate(zip(reference, addresses)) if a != b
+            )
+            raise StaticInputMismatchError(
+                f"attention metadata moved since its reference step for "
+                f"{entry.batch_descriptor}: {layout[index][0]}: (pointer, offset) "
+                f"{reference[index]} then, {addresses[index]} now; refusing to "
+                "replay"
+            )
 
 
 def breakable_graph_wrapper_cls() -> type[BreakableCUDAGraphWrapper]:
