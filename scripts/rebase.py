@@ -907,18 +907,22 @@ def _finalize(rb: Rebase) -> None:
     parse_pins(new_text, layout.pins)  # validate before anything is written
     inputs = load_inputs(layout)
     patch_commits = git(tree, "rev-list", "--reverse", f"{d['onto']['pristine']}..HEAD").split()
+    # export keeps each patch's number by pairing patches/series with State.patch_commits: pair every old
+    # patch with its replayed commit (a retired one with its old commit, which export never meets)
+    aligned = [(p.get("commit_new") or [p["commit_old"]])[0] for p in d["patches"]]
     lay_overlay(tree, inputs)
     git(tree, "checkout", "-q", "-B", "main")
     run_git(tree, "branch", "-q", "-D", BRANCH, check=False)
     run_git(tree, "update-ref", "-d", ONTO_REF, check=False)
     state = State(input_hash="rebase-pending", source=d["source"], pristine=d["onto"]["pristine"],
-                  patch_commits=patch_commits, head=git(tree, "rev-parse", "HEAD"))
+                  patch_commits=aligned, head=git(tree, "rev-parse", "HEAD"))
     write_state(tree, state)
     export(layout)
     layout.pins.write_text(new_text, encoding="utf-8")
     final = read_state(tree)
     if final is None:
         raise ToolError(f"{tree}: work-tree state vanished during export")
+    final.patch_commits = patch_commits  # now in step with the exported series
     final.input_hash = load_inputs(layout).input_hash
     write_state(tree, final)
     _state_path(layout).unlink(missing_ok=True)

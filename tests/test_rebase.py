@@ -229,8 +229,10 @@ def test_already_upstream_is_retired_with_evidence(vxl_project: SyntheticProject
     assert evidence["files"] == [{"file": "vllm/envs.py", "patch_result_blob": synthetic.blob_id(absorbed),
                                   "new_tree_blob": synthetic.blob_id(absorbed), "identical": True}]
     assert report["retire_proposals"] == ["0001-envs-declare-the-toy-XPU-toggle.patch"]
-    assert project.series_names() == ["0001-init-import-the-overlay-module.patch"]
-    assert sorted(p.name for p in project.patches.glob("*.patch")) == ["0001-init-import-the-overlay-module.patch"]
+    # the survivor keeps its number (patch numbers are identities, gaps are fine)
+    assert project.series_names() == ["0002-init-import-the-overlay-module.patch"]
+    assert sorted(p.name for p in project.patches.glob("*.patch")) == ["0002-init-import-the-overlay-module.patch"]
+    assert apply(project.layout()).head == project.head()
 
 
 def test_overlay_drift_blocks_until_declared(vxl_project: SyntheticProject) -> None:
