@@ -199,3 +199,64 @@ def test_verify_installed_without_vllm_is_an_error(vxl_project, tmp_path: Path, 
     message = tool_error(verify, "installed", vxl_project.layout(), python=sys.executable)
     # this interpreter may have some other vllm installed: then it is one not built by the series
     assert "no installed vllm" in message or "not built by this series" in message
+
+
+# --------------------------------------------------------------------------- a real (toy) wheel build
+
+TOY_SETUP = '''import os
+from setuptools import setup
+
+assert os.environ["VLLM_TARGET_DEVICE"] == "xpu", "not an XPU build"
+{fail}setup(name="vllm", version=os.environ["VLLM_VERSION_OVERRIDE"], packages=["vllm"],
+      package_data={{"vllm": ["*.json"]}})
+'''
+TOY_PYPROJECT = "[build-system]\nrequires = ['setuptools']\nbuild-backend = 'setuptools.build_meta'\n"
+
+
+def _buildable(project: synthetic.SyntheticProject, fail: bool = False) -> None:
+    files = dict(project.files, **{"setup.py": TOY_SETUP.format(fail="raise SystemExit('toy build broke')\n" if fail else ""),
+                                   "pyproject.toml": TOY_PYPROJECT})
+    project.set_upstream(files)
+    project.set_patches(synthetic.default_changes(files), base=files)
+
+
+def test_build_makes_a_verifiable_wheel(vxl_project, tmp_path: Path) -> None:
+    from scripts.build import build
+    from scripts.worktree import apply
+
+    project = vxl_project
+    _buildable(project)
+    state = apply(project.layout())
+    wheel = build(project.layout(), dist=tmp_path / "dist")
+    inputs = load_inputs(project.layout())
+    assert wheel.parent == tmp_path / "dist"
+    assert re.fullmatch(rf"vllm-9\.9\.9\+xpu\.{inputs.label}-.+\.whl", wheel.name), wheel.name
+    with zipfile.ZipFile(wheel) as zf:
+        record = json.loads(zf.read(RECORD_PATH))
+        assert zf.read(TOY) == synthetic.OVERLAY_FILES[TOY].encode()
+    assert record["worktree_head"] == state.head
+    assert [p["name"] for p in record["patches"]] == project.series_names()
+    verify(str(wheel), project.layout())
+    # a copy with one shipped overlay file altered is rejected
+    tampered = tmp_path / wheel.name
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            dst.writestr(info, data + b"# x\n" if info.filename == TOY else data)
+    assert f"overlay file {TOY} differs" in tool_error(verify, str(tampered), project.layout())
+    # the work tree is untouched by the build
+    assert synthetic.git(project.tree, "status", "--porcelain", "--untracked-files=all") == ""
+    assert project.head() == state.head
+
+
+def test_failed_build_is_a_one_line_error(vxl_project, tmp_path: Path) -> None:
+    from scripts.build import build
+    from scripts.worktree import apply
+
+    project = vxl_project
+    _buildable(project, fail=True)
+    apply(project.layout())
+    message = tool_error(build, project.layout(), dist=tmp_path / "dist")
+    assert "pip wheel failed" in message and "wheel-build.log" in message
+    assert "toy build broke" in (project.build / "wheel-build.log").read_text()
+    assert list((tmp_path / "dist").glob("*.whl")) == []
