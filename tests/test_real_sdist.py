@@ -165,3 +165,21 @@ def test_real_verify_passes_and_a_tampered_copy_fails(vxl_real: Built, tmp_path:
 def test_real_total_time(vxl_real: Built) -> None:
     total = vxl_real.timings["apply"] + vxl_real.timings["build"]
     assert total < 180, f"apply + build took {total:.0f}s: {vxl_real.timings}"
+
+
+def test_real_verify_installed(vxl_real: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip installs the wheel (no deps) into a target dir; verify checks that installed copy."""
+    import subprocess
+    import sys
+
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                           "--target", str(target), str(vxl_real.wheel)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    monkeypatch.setenv("PYTHONPATH", str(target))
+    verify("installed", vxl_real.layout, python=sys.executable)
+    inputs = load_inputs(vxl_real.layout)
+    shipped = next(o.relpath for o in inputs.overlay if o.relpath.startswith("vllm/"))
+    with open(target / shipped, "a") as fh:
+        fh.write("# edited after install\n")
+    assert f"overlay file {shipped} differs" in tool_error(verify, "installed", vxl_real.layout, python=sys.executable)
