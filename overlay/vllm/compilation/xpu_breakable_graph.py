@@ -20,9 +20,16 @@ needs, all switched on by ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH``:
 * first-capture materialisation: kernels recorded into a graph do not run
   during capture, so each closed segment is replayed once before the next
   eager break consumes its output, and the last one before returning;
-* a static-input identity guard before replay and a check that every eager
-  break returns the same addresses it returned during capture (an
-  out-of-place break would otherwise feed stale memory to the next segment).
+* a static-input identity guard before replay: the model inputs and the
+  KV-cache slot mapping (read inside graph segments) must be the captured
+  tensors (pointer, storage offset, shape, stride, dtype, device); the
+  attention metadata must not drift: per metadata layout (the metadata is
+  read by the eager attention, and one captured shape sees several layouts:
+  verify widths, decode steps) its tensors keep the addresses of the first
+  step with that layout;
+* a check on replay that every eager break returns the same addresses it
+  returned during capture (an out-of-place break would otherwise feed stale
+  memory to the next segment).
 """
 
 from __future__ import annotations
@@ -243,7 +250,9 @@ def expected_topology_for(
 # Static identity of tensors
 # ---------------------------------------------------------------------------
 
-TensorIdentity = tuple[str, int, int, tuple[int, ...], tuple[int, ...], str, str]
+TensorIdentity = tuple[
+    str, int, int, tuple[int, ...], tuple[int, ...], torch.dtype, torch.device
+]
 
 
 def _identity(path: str, t: torch.Tensor) -> TensorIdentity:
@@ -252,9 +261,9 @@ def _identity(path: str, t: torch.Tensor) -> TensorIdentity:
         t.data_ptr(),
         t.storage_offset(),
         tuple(t.shape),
-        tuple(t.stride()),
-        str(t.dtype),
-        str(t.device),
+        t.stride(),
+        t.dtype,
+        t.device,
     )
 
 
@@ -456,6 +465,8 @@ class XpuBreakableGraphCapture(BreakableCUDAGraphCapture):
             if seg.result is None:
                 continue
             num_breaks += 1
+            if result is seg.keep_alive:
+                continue  # the same object (or None): in place by construction
             now = _result_pointers(result)
             if now != seg.result:
                 diff = first_difference(seg.result, now)
