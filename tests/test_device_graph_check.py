@@ -1,0 +1,91 @@
+"""``scripts.device.graph_check``: the parts that run without a device (argument
+validation, the leg plan, the result table and the no-device refusal)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.device import graph_check as gc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.device.graph_check", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_help() -> None:
+    proc = _run("--help")
+    assert proc.returncode == 0
+    assert "--metadata" in proc.stdout and "--spec" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--width", "0"], "--width must be 1..16"),
+        (["--width", "17"], "--width must be 1..16"),
+        (["--width", "1", "--spec", "ngram"], "--spec needs --width >= 2"),
+        (["--tokens", "0"], "--tokens must be 1..4096"),
+        (["--prompts", "9"], "--prompts must be 1..4"),
+        (["--models", "/nonexistent"], "no target/ folder"),
+        (["--leg-timeout", "5"], "--leg-timeout must be >= 30"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(argv: list[str], message: str) -> None:
+    proc = _run(*argv)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_dry_run_plan() -> None:
+    proc = _run("--dry-run", "--device", "xpu", "--width", "4")
+    assert proc.returncode == 0
+    legs = [ln.split()[0] for ln in proc.stdout.splitlines()[1:]]
+    assert legs == ["off-md0", "on-md0", "off-md1", "on-md1"]
+    on = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith("on-md1"))
+    assert "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1" in on
+    assert "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA=1" in on
+    assert "VLLM_XPU_LAGUNA_VERIFY_WIDTH=4" in on
+    assert "VLLM_XPU_ENABLE_XPU_GRAPH=1" in on
+    off = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith("off-md0"))
+    assert "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=0" in off
+
+
+def test_table_marks_token_mismatch_and_speedup() -> None:
+    def result(graphs: bool, tokens: list[list[int]], step_ms: float) -> gc.LegResult:
+        return gc.LegResult(
+            leg=gc.Leg(graphs=graphs, metadata=False),
+            tokens=tokens,
+            step_ms=[step_ms] * 10,
+        )
+
+    table = gc.render_table(
+        [result(False, [[1, 2, 3]], 30.0), result(True, [[1, 2, 4]], 10.0)]
+    )
+    rows = table.splitlines()
+    assert rows[2].split()[3] == "yes"  # the reference itself
+    assert rows[3].split()[3] == "NO"
+    assert rows[3].split()[-1] == "3.00x"
+
+
+def test_no_device_is_reported_as_not_run(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        pytest.skip("a device is present: this checks the refusal without one")
+    (tmp_path / "target").mkdir()
+    (tmp_path / "draft").mkdir()
+    proc = _run("--models", str(tmp_path), "--tokens", "2")
+    assert proc.returncode == gc.NO_DEVICE_EXIT
+    assert "graph check not run" in proc.stderr
