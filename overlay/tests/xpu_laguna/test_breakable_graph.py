@@ -194,3 +194,23 @@ def test_device_graph_choice() -> None:
     assert cuda.name == "cuda" and cuda.graph_factory is torch.cuda.CUDAGraph
     with pytest.raises(BreakableGraphConfigError, match="XPU or CUDA"):
         device_graph_backend(_PlatformStandIn("cpu"))
+
+
+def test_runner_wrapper_choice_follows_the_toggle(monkeypatch) -> None:
+    import vllm.envs as envs
+    from vllm.compilation.breakable_cudagraph import (
+        BreakableCUDAGraphWrapper,
+        is_breakable_cudagraph_enabled,
+    )
+    from vllm.compilation.xpu_breakable_graph import (
+        XpuBreakableGraphWrapper,
+        breakable_graph_wrapper_cls,
+    )
+
+    monkeypatch.setattr(envs, "VLLM_USE_BREAKABLE_CUDAGRAPH", False, raising=False)
+    monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", False, raising=False)
+    assert breakable_graph_wrapper_cls() is BreakableCUDAGraphWrapper
+    assert not is_breakable_cudagraph_enabled()
+    monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", True, raising=False)
+    assert breakable_graph_wrapper_cls() is XpuBreakableGraphWrapper
+    assert is_breakable_cudagraph_enabled()  # arms the upstream decorator too
