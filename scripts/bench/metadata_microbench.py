@@ -211,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2000, help="steps per mode")
     parser.add_argument("--cols", type=int, default=2048, help="block-table columns")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument(
+        "--full-guards",
+        action="store_true",
+        help="fingerprint every view of every width on each refresh",
+    )
     args = parser.parse_args(argv)
     try:
         import torch
@@ -218,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: needs torch and the patched vLLM tree", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
+    from vllm.v1.attention.backends.xpu_laguna_prebuilt import PrebuiltExactMetadata
+
+    PrebuiltExactMetadata.full_guard_every_call = args.full_guards
     config = _vllm_config(args.cols * BLOCK)
     modes = {"inline": _builders(config, False), "prebuilt": _builders(config, True)}
     if (
@@ -241,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"metadata preparation per {LAYERS}-layer M={WIDTH} step "
         f"(4 KV-cache groups, {args.cols} block-table columns, "
-        f"{per * args.rounds} steps per mode, torch threads 1, device cpu)"
+        f"{per * args.rounds} steps per mode, torch threads 1, device cpu, "
+        f"drift guards: {'all views' if args.full_guards else 'tiered'})"
     )
     print(f"{'':24}{'inline':>12}{'prebuilt':>12}{'ratio':>10}")
     for label, data in (("exact metadata [us]", exact), ("step metadata [us]", full)):

@@ -24,12 +24,15 @@ stream (KV lengths from the device ``seq_lens``, never from a host upper
 bound) and returns the same object, so every layer reads the same addresses
 step after step.
 
-Drift guards run on every refresh: pointer, storage offset, shape, stride,
-dtype and device of every buffer and view, identity of every per-width
-object and of the views it holds, and agreement of the incoming tensors'
-dtype, device and column count with the buffers. Any drift raises
+Drift guards run on every refresh: identity of every per-width object and
+of every view it holds; pointer, storage offset, shape, stride, dtype and
+device of every buffer and of the views being refreshed and handed out (of
+all widths' views at the first use and whenever the width changes, so no
+view is ever handed out unchecked); agreement of the incoming tensors' dtype,
+device and column count with the buffers. Any drift raises
 :class:`PrebuiltMetadataDriftError`; nothing is ever reallocated after the
-first use.
+first use. (Fingerprinting all views of all widths on every call roughly
+doubles the refresh cost; set ``full_guard_every_call`` to do it anyway.)
 
 KV-cache groups: the V1 runner builds metadata once per (spec, builder type)
 and hands it to the other groups through ``update_block_table``. Laguna has
@@ -76,6 +79,10 @@ _FP_NAMES = ("pointer", "storage offset", "shape", "stride", "dtype", "device")
 
 class PrebuiltExactMetadata:
     """Fixed-address exact-verify metadata owned by one metadata builder."""
+
+    # Fingerprint every view of every width on each refresh (not only the
+    # refreshed width's); for debugging and for the microbenchmark.
+    full_guard_every_call: bool = False
 
     def __init__(self, max_width: int, device: torch.device | str) -> None:
         if not 2 <= max_width <= 16:
@@ -286,7 +293,8 @@ class PrebuiltExactMetadata:
         self._check_incoming(seq_lens, block_table)
         # Full check whenever the width changes (and at first use), else the
         # views of this width; see verify().
-        self.verify(None if q != self._last_width else q)
+        full = self.full_guard_every_call or q != self._last_width
+        self.verify(None if full else q)
         self._last_width = q
         obj = self.by_width[q]
         assert obj.seq_lens is not None and obj.block_table is not None
