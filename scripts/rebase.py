@@ -53,6 +53,7 @@ BRANCH = "vxl-rebase"
 ONTO_REF = "refs/vxl/rebase/onto"
 EFFECT_TIMEOUT_S = 120
 UPSTREAM_DIFF_MAX_LINES = 400
+UPSTREAM_HUNK_MAX_LINES = 150  # each upstream hunk under a patch hunk is kept whole up to this
 EXIT_STOPPED = 2  # conflict or failed check: the report says what to do next
 
 Json = dict[str, Any]
@@ -296,9 +297,12 @@ def _upstream_change(tree: Path, old_base: str, new_base: str, path: str, patch_
             for uh in ufile:
                 for ph in patch_hunks:
                     if _overlaps(uh.source_start, uh.source_length, ph["source_start"], ph["source_length"]):
+                        lines = str(uh).splitlines()
                         under.append({"upstream": f"@@ -{uh.source_start},{uh.source_length} "
                                                   f"+{uh.target_start},{uh.target_length} @@",
-                                      "patch": ph["header"]})
+                                      "patch": ph["header"],
+                                      "upstream_hunk": "\n".join(lines[:UPSTREAM_HUNK_MAX_LINES]),
+                                      "upstream_hunk_truncated": len(lines) > UPSTREAM_HUNK_MAX_LINES})
         out["upstream_hunks_under_patch_hunks"] = under
     if new_blob is None and old_blob is not None:
         out["possibly_moved_to"] = _moved_candidates(tree, new_base, patch_hunks)

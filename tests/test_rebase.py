@@ -170,7 +170,8 @@ def test_conflict_stops_then_continue_finishes(vxl_project: SyntheticProject) ->
     assert marker["kind"] == "overlapping-edit" and marker["patch_lines"] >= 1
     assert conflict["upstream"]["state"] == "modified"
     assert '"VLLM_TOY_10", "ten"' in conflict["upstream"]["diff"]
-    assert conflict["upstream"]["upstream_hunks_under_patch_hunks"]
+    under = conflict["upstream"]["upstream_hunks_under_patch_hunks"]
+    assert under and '+    "VLLM_TOY_10": lambda: os.getenv("VLLM_TOY_10", "ten"),' in under[0]["upstream_hunk"]
     assert conflict["patch_hunks"] == ["@@ -12,6 +12,7 @@"]
     assert inputs_snapshot(project) == before  # nothing written before the series is through
     assert (project.build / "rebase-state.json").exists()
