@@ -1016,7 +1016,8 @@ def _start(layout: Layout, onto_version: str | None, onto_commit: str | None, so
     }
     for commit, patch in zip(commits, inputs.patches, strict=True):
         d["patches"].append({
-            "name": patch.name, "subject": patch.subject, "status": "pending", "commit_old": commit,
+            "name": patch.name, "subject": patch.subject, "sha256": patch.sha256, "status": "pending",
+            "commit_old": commit,
             "files": _files_of(tree, commit), "effect_check": patch.fields.get("Effect-Check"),
             "drop_when": patch.fields.get("Drop-When"), "upstream_status": patch.fields.get("Upstream-Status"),
         })
