@@ -89,7 +89,7 @@ def filter_requirements(
     from packaging.markers import default_environment
     from packaging.requirements import InvalidRequirement, Requirement
 
-    env: dict[str, str] = dict(default_environment())
+    env: dict[str, str] = {k: str(v) for k, v in default_environment().items()}
     if environment:
         env.update(environment)
     env.setdefault("extra", "")
@@ -258,7 +258,7 @@ def installed_vllm_dir() -> Path:
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         raise ToolError(f"no vllm package installed for {sys.executable} (run install first)")
-    return Path(list(spec.submodule_search_locations)[0]).resolve()
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
 def _read_marker(package: Path) -> dict[str, object]:

@@ -40,7 +40,7 @@ from scripts.errors import ToolError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TinyModels", "generate", "main", "REPEAT_WORD", "MASK_TOKEN"]
+__all__ = ["MASK_TOKEN", "REPEAT_WORD", "TinyModels", "generate", "main"]
 
 REPEAT_WORD = " lagoon"
 MASK_TOKEN = "<|mask|>"
@@ -201,7 +201,7 @@ def _build_target(
         pad_token_id=special["<|pad|>"],
     )
     torch.manual_seed(seed)
-    model = LagunaForCausalLM(config).to(torch.float32).eval()
+    model = LagunaForCausalLM(config).float().eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         # Re-draw every parameter from our own generator: the result then does

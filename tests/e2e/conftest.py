@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from scripts.tiny_laguna import REPEAT_WORD, TinyModels, generate  # noqa: E402
+from scripts.tiny_laguna import REPEAT_WORD, TinyModels, generate
 
 SEED = 0
 KV_CACHE_BYTES = 256 << 20
@@ -36,8 +36,10 @@ MAX_MODEL_LEN = 512
 PARITY_PROMPTS = (
     "The lagoon is calm in the morning",
     "def add(a, b):\n    return",
-    "Numbers 0 1 2 3 4 5 6 7 8 9 and symbols + - * / = ( ) [ ] { }. "
-    "Sliding window attention looks back a fixed number of tokens.",
+    (
+        "Numbers 0 1 2 3 4 5 6 7 8 9 and symbols + - * / = ( ) [ ] { }. "
+        "Sliding window attention looks back a fixed number of tokens."
+    ),
     "Experts are routed with a sigmoid score",
 )
 # Ends in the repeat word: the target enters its absorbing state, the drafter

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from scripts.tiny_laguna import TinyModels
 
 LOGPROB_TOL = 1e-4
@@ -60,7 +61,8 @@ def test_checkpoint_has_nonzero_routing_bias(tiny_models: TinyModels) -> None:
     from safetensors import safe_open
 
     with safe_open(str(tiny_models.target / "model.safetensors"), "pt") as f:
-        names = [k for k in f.keys() if k.endswith("mlp.experts.e_score_correction_bias")]
+        keys: list[str] = list(f.keys())
+        names = [k for k in keys if k.endswith("mlp.experts.e_score_correction_bias")]
         assert names, "tiny checkpoint has no routing correction bias"
         for name in names:
             assert float(f.get_tensor(name).abs().min()) > 0.0, name
