@@ -121,6 +121,7 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
     if leg.graph:
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "PIECEWISE",
                                         "cudagraph_capture_sizes": [WIDTH]}
+    counts = _route_and_count(config.get("cpu_flash_attn", False))
     llm = LLM(**kwargs)
     rows = []
     try:
@@ -150,7 +151,39 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         del llm
         gc.collect()
     return {"rows": rows, "draft_tokens": drafts, "accepted_tokens": accepted,
-            "acceptance_rate": (accepted / drafts) if drafts else None, "block_size": block_size}
+            "acceptance_rate": (accepted / drafts) if drafts else None, "block_size": block_size,
+            "attention": counts}
+
+
+def _route_and_count(cpu_flash_attn: bool) -> dict[str, Any]:
+    """Count exact-verify calls (by width) and prebuilt-metadata uses in this process.
+
+    With ``cpu_flash_attn`` the FlashAttention backend, the path Laguna takes on XPU, is
+    registered under ``CPU_ATTN`` so that the CPU engine (in-process, see the leg's
+    environment) runs the real builder and impl on the reference kernels.
+    """
+    from vllm.v1.attention.backends import xpu_laguna_exact
+
+    counts: dict[str, Any] = {"backend": "default", "kernel_seam": xpu_laguna_exact.kernel_seam_name(),
+                              "exact_calls_by_width": {}, "prebuilt_calls": 0}
+    if cpu_flash_attn:
+        from vllm.v1.attention import selector
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+        register_backend(AttentionBackendEnum.CPU_ATTN, "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend")
+        selector._cached_get_attn_backend.cache_clear()
+        counts["backend"] = "FLASH_ATTN on CPU (reference kernels)"
+    real = xpu_laguna_exact.run_exact_verify
+
+    def counting(impl: Any, layer: Any, *args: Any) -> bool:
+        exact = args[-1].laguna_exact
+        by_width = counts["exact_calls_by_width"]
+        by_width[str(exact.width)] = by_width.get(str(exact.width), 0) + 1
+        counts["prebuilt_calls"] += exact.owner is not None
+        return real(impl, layer, *args)
+
+    xpu_laguna_exact.run_exact_verify = counting
+    return counts
 
 
 # ---------------------------------------------------------------- comparison (pure)
@@ -168,6 +201,7 @@ class LegResult:
     cached_tokens_zero: str = ""
     mismatches: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    attention: dict[str, Any] = field(default_factory=dict)
 
 
 def first_difference(a: list[int], b: list[int]) -> tuple[int, int | None, int | None] | None:
@@ -225,6 +259,7 @@ def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompt
         result.draft_tokens = data.get("draft_tokens", 0)
         result.accepted_tokens = data.get("accepted_tokens", 0)
         result.seconds = sum(r["seconds"] for r in data["rows"])
+        result.attention = data.get("attention", {})
         result.status = "failed" if result.mismatches else "passed"
         results.append(result)
     return results
@@ -237,6 +272,9 @@ def table(results: list[LegResult]) -> str:
         rate = f"{r.acceptance_rate:.3f}" if r.acceptance_rate is not None else "-"
         lines.append(f"{r.name:<22} {r.status[:28]:<28} {r.teacher_exact or '-':>8} {r.cross_leg_exact or '-':>16} "
                      f"{r.cached_tokens_zero or '-':>8} {rate:>7}")
+        if r.attention.get("exact_calls_by_width"):
+            lines.append(f"    exact verify calls by width {r.attention['exact_calls_by_width']}, "
+                         f"prebuilt {r.attention.get('prebuilt_calls', 0)}")
         lines += [f"    {m}" for m in r.mismatches[:5]]
     return "\n".join(lines)
 
@@ -324,11 +362,14 @@ def _drive(args: argparse.Namespace) -> int:
         config = {"leg": asdict(leg), "target": target, "draft": draft, "method": args.method, "dtype": dtype,
                   "tp": args.tp, "max_model_len": args.max_model_len,
                   "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
+                  "cpu_flash_attn": device == "cpu",
                   "prompts": [asdict(p) for p in prompts]}
         with tempfile.TemporaryDirectory(prefix="vxl-leg-") as tmp:
             cfg, out = Path(tmp) / "config.json", Path(tmp) / "out.json"
             cfg.write_text(json.dumps(config))
             env = {**os.environ, **leg.env()}
+            if device == "cpu":
+                env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: the backend override applies
             print(f"==> [{number}/{len(legs)}] {leg.name}: fresh engine, {len(prompts)} prompts, "
                   f"{' '.join(f'{k}={v}' for k, v in leg.env().items())}", file=sys.stderr, flush=True)
             t0 = time.monotonic()
