@@ -488,3 +488,33 @@ def test_continue_redoes_an_interrupted_pick(vxl_project: SyntheticProject) -> N
     report = report_of(project)
     assert report["outcome"] == "success" and statuses(report) == ["merged", "clean"]
     assert len(project.series_names()) == 2
+
+
+def test_continue_accepts_a_committed_resolution(vxl_project: SyntheticProject) -> None:
+    project = vxl_project
+    prepare(project)
+    upstream_envs = conflicting_envs()
+    release(project, new_files(**{"vllm/envs.py": upstream_envs}))
+    layout = project.layout()
+    run_stopped(onto_version=NEW, layout=layout)
+    state = json.loads((project.build / "rebase-state.json").read_text())
+    original = state["patches"][0]["commit_old"]
+    resolved = upstream_envs.replace('    "VLLM_TOY_11"', synthetic.TOGGLE_LINE + '\n    "VLLM_TOY_11"')
+    (project.tree / "vllm/envs.py").write_text(resolved)
+    project.tree_git("add", "vllm/envs.py")
+    # on another branch, --continue refuses (the rebase works on its own branch)
+    project.tree_git("checkout", "-q", "-b", "elsewhere")
+    assert "not on branch vxl-rebase" in synthetic.tool_error(rebase, cont=True, layout=layout)
+    project.tree_git("checkout", "-q", "vxl-rebase")
+    # the user commits the resolution with the original message (and authorship) themselves
+    project.tree_git("commit", "-q", "-C", original)
+    (project.tree / "stray.txt").write_text("x\n")
+    assert "uncommitted change" in synthetic.tool_error(rebase, cont=True, layout=layout)
+    (project.tree / "stray.txt").unlink()
+    rebase(cont=True, layout=layout)
+    report = report_of(project)
+    assert report["outcome"] == "success" and statuses(report) == ["resolved", "clean"]
+    assert report["patches"][0]["commit_new"] == [project.tree_git("rev-parse", "HEAD~2")]
+    patch1 = sorted(project.patches.glob("0001-*.patch"))[0].read_text()
+    assert f"From: {synthetic.PATCH_AUTHOR_NAME} <{synthetic.PATCH_AUTHOR_EMAIL}>" in patch1
+    assert synthetic.TOGGLE_LINE in patch1
