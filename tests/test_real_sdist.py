@@ -183,3 +183,11 @@ def test_real_verify_installed(vxl_real: Built, tmp_path: Path, monkeypatch: pyt
     with open(target / shipped, "a") as fh:
         fh.write("# edited after install\n")
     assert f"overlay file {shipped} differs" in tool_error(verify, "installed", vxl_real.layout, python=sys.executable)
+
+
+def test_real_series_lints_clean(vxl_real: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Headers, paths, overlay manifest and strict application on a scratch tree, offline."""
+    from scripts.lint import lint
+
+    monkeypatch.delenv("VXL_CACHE_DIR", raising=False)
+    lint(vxl_real.layout, offline=True)

@@ -366,6 +366,15 @@ def test_git_source_fetch_returns_the_full_commit(tmp_path: Path, vxl_project) -
     assert fetch_git(_pin(vxl_project), tmp_path / "src2", offline=True) == first
 
 
+def test_git_source_offline_with_mirror_but_missing_commit_is_an_error(tmp_path: Path, vxl_project) -> None:
+    first, _second, bare = _bare_upstream(vxl_project, tmp_path)
+    vxl_project.write_pins(commit=first[:9], git_url=f"file://{bare}")
+    fetch_git(_pin(vxl_project), tmp_path / "src")  # the mirror is cached now
+    vxl_project.write_pins(commit="fedcba98", git_url=f"file://{bare}")
+    message = _tool_error(fetch_git, _pin(vxl_project), tmp_path / "src2", offline=True)
+    assert "--offline: commit fedcba98 is not in the cached mirror" in message
+
+
 def test_git_source_wrong_commit_prefix_is_an_error(tmp_path: Path, vxl_project) -> None:
     project = vxl_project
     _first, _second, bare = _bare_upstream(project, tmp_path)
