@@ -186,8 +186,9 @@ def test_per_group_block_tables_through_update_block_table(prebuilt_on):
     # Each group's layers attend over their own blocks: same as building B.
     query = reqs["b"].q[seq_len - q :]
     out_b, _ = lib.forward(group_b, impl, layer, caches["b"], cm_b, query, md_b)
-    ref_b, _ = lib.forward(lib.make_builder(lib.WINDOW, heads), impl, layer,
-                           caches["b"], cm_b, query)
+    ref_b, _ = lib.forward(
+        lib.make_builder(lib.WINDOW, heads), impl, layer, caches["b"], cm_b, query
+    )
     assert torch.equal(out_b, ref_b)
     # Group A is still intact after B's refresh.
     query_a = reqs["a"].q[seq_len - q :]

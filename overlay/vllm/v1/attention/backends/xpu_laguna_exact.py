@@ -177,9 +177,7 @@ def build_inline(
     """
     device = seq_lens.device
     cu_seqlens_q = torch.arange(q + 1, dtype=torch.int32, device=device)
-    kv_lens = seq_lens[:1] + torch.arange(
-        1 - q, 1, dtype=seq_lens.dtype, device=device
-    )
+    kv_lens = seq_lens[:1] + torch.arange(1 - q, 1, dtype=seq_lens.dtype, device=device)
     table = block_table[:1].repeat(q, 1)
     return cu_seqlens_q, kv_lens, table
 

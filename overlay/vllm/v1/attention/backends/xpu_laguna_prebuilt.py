@@ -158,7 +158,9 @@ class PrebuiltExactMetadata:
         ]
         # Fingerprint sets: everything (None), or the buffers + one width.
         buffers = [t for _, t, _ in self._expected_buffers]
-        self._tracked_for = {None: (self._tracked, [_fingerprint(t) for t in self._tracked])}
+        self._tracked_for = {
+            None: (self._tracked, [_fingerprint(t) for t in self._tracked])
+        }
         for q in self.by_width:
             mine = buffers + [v for w, _, v, _ in self._expected_views if w == q]
             self._tracked_for[q] = (mine, [_fingerprint(t) for t in mine])
@@ -205,7 +207,14 @@ class PrebuiltExactMetadata:
         if ok:
             tracked, expected = self._tracked_for[width]
             ok = [
-                (t.data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device)
+                (
+                    t.data_ptr(),
+                    t.storage_offset(),
+                    t.shape,
+                    t.stride(),
+                    t.dtype,
+                    t.device,
+                )
                 for t in tracked
             ] == expected
         if not ok:

@@ -94,9 +94,7 @@ def _attend_one(
     return out.permute(2, 0, 1, 3).reshape(ql, num_heads, v.shape[-1])
 
 
-def _dequant(
-    x: torch.Tensor, descale: torch.Tensor | float | None
-) -> torch.Tensor:
+def _dequant(x: torch.Tensor, descale: torch.Tensor | float | None) -> torch.Tensor:
     if x.dtype in _FP8_TORCH_DTYPES:
         x = x.to(torch.float32)
         if descale is not None:
@@ -147,9 +145,7 @@ def paged_attention(
         num_blocks = (kv_len + block_size - 1) // block_size
         blocks = block_table[i, :num_blocks].to(torch.long)
         k = key_cache[blocks].reshape(num_blocks * block_size, *key_cache.shape[2:])
-        v = value_cache[blocks].reshape(
-            num_blocks * block_size, *value_cache.shape[2:]
-        )
+        v = value_cache[blocks].reshape(num_blocks * block_size, *value_cache.shape[2:])
         res = _attend_one(
             q[start:end].to(torch.float32),
             _dequant(k[:kv_len], k_scale),
