@@ -90,6 +90,16 @@ def test_real_sdist_is_cached_with_the_pinned_sha_and_commit() -> None:
     assert re.search(r"__commit_id__ = commit_id = 'gf2654939e", text), text
 
 
+def test_xpu_runtime_pins_match_the_sdist_requirements() -> None:
+    """[xpu_runtime] is read from the pinned sdist's requirements/xpu.txt."""
+    pins = load_pins()
+    with tarfile.open(fetch_sdist(pins.vllm), "r:gz") as tar:
+        text = tar.extractfile(f"vllm-{pins.vllm.version}/requirements/xpu.txt").read().decode()  # type: ignore[union-attr]
+    compact = text.replace(" ", "")
+    assert f"torch=={pins.xpu_runtime.torch}" in compact, text
+    assert pins.xpu_runtime.vllm_xpu_kernels in text, text
+
+
 def test_real_apply_makes_the_documented_commits(vxl_real: Built) -> None:
     tree = vxl_real.layout.worktree
     inputs = load_inputs(vxl_real.layout)
