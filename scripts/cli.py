@@ -53,7 +53,7 @@ def _rebase(args: argparse.Namespace) -> None:
 
     rebase(onto_version=args.onto, onto_commit=args.onto_commit, dry_run=args.dry_run, cont=args.cont,
            abort=args.abort, source=args.source, offline=args.offline,
-           report=Path(args.report) if args.report else None)
+           report=Path(args.report) if args.report else None, keep_both_inserts=args.keep_both_inserts)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -88,13 +88,16 @@ def parser() -> argparse.ArgumentParser:
               "(clean, merged, conflict, already upstream), overlay drift and Effect-Check results.")
     where = cmd.add_mutually_exclusive_group(required=True)
     where.add_argument("--onto", metavar="VERSION", help="a release: its sdist from pip's configured index")
-    where.add_argument("--onto-commit", metavar="SHA", help="a git commit of pins.toml's git_url (implies --source git)")
+    where.add_argument("--onto-commit", metavar="SHA",
+                       help="a git commit of pins.toml's git_url (implies --source git)")
     where.add_argument("--continue", dest="cont", action="store_true", help="resume after resolving a conflict")
     where.add_argument("--abort", action="store_true", help="restore the work tree as it was before the rebase")
     cmd.add_argument("--dry-run", action="store_true", help="replay in a scratch tree; write nothing but the report")
     cmd.add_argument("--source", choices=("sdist", "git"), default=None,
                      help="where the new upstream comes from (default: sdist for --onto, git for --onto-commit)")
     cmd.add_argument("--offline", action="store_true", help="use only the download cache")
+    cmd.add_argument("--keep-both-inserts", action="store_true",
+                     help="resolve conflicts where both sides only inserted lines by keeping both (upstream first)")
     cmd.add_argument("--report", metavar="PATH", help="JSON report path (default build/rebase-report.json; "
                      "a dry run prints it on stdout unless given)")
     return top

@@ -436,6 +436,8 @@ class Rebase:
             entry["head_before"] = git(self.tree, "rev-parse", "HEAD")
             self.save()  # an interrupted pick resumes from here (see _continue)
             self._pick(entry)
+            if entry["status"] == "conflict" and d.get("keep_both_inserts") and self._union_inserts(entry):
+                self._auto_resolved(entry)
             detail(f"[{index + 1}/{len(d['patches'])}] {entry['name']}: {entry['status']}")
             if entry["status"] == "conflict":
                 if not self.dry_run:
@@ -457,6 +459,16 @@ class Rebase:
         d["stage"] = "checks"
         self.save()
         return None
+
+    def _auto_resolved(self, entry: Json) -> None:
+        """--keep-both-inserts: an insert/insert conflict kept both sides; record it as a merge."""
+        orig = entry["commit_old"]
+        new = self._commit_like(orig)
+        entry["commit_new"] = [new]
+        entry["status"] = "merged"
+        entry["auto_resolved"] = ("insert/insert conflict resolved by keeping both insertions, upstream's first "
+                                  "(--keep-both-inserts); the conflict details are kept under 'conflict'")
+        entry.update(compare_hunks(_hunks(self.tree, f"{orig}^", orig), _hunks(self.tree, f"{new}^", new)))
 
     def _union_inserts(self, entry: Json) -> bool:
         """Resolve a conflict whose every block is 'both sides only inserted lines' by keeping both."""
@@ -835,6 +847,8 @@ def _summary(report: Json) -> None:
             extra += f" | COMPILE ERROR {p['compile']['errors'][0]}"
         if p.get("dry_run_skipped"):
             extra += " | skipped for the rest of the dry run"
+        if p.get("auto_resolved"):
+            extra += " | insert/insert conflict: kept both (--keep-both-inserts)"
         if p.get("dry_run_resolution"):
             extra += " | dry run kept both insertions to go on"
         if p.get("shares_files_with_skipped"):
@@ -942,7 +956,8 @@ def _pins_from(d: Json) -> Pins:
 
 
 def _start(layout: Layout, onto_version: str | None, onto_commit: str | None, source: str | None,
-           offline: bool, dry_run: bool, report_path: Path | None, tmp: Path | None) -> Json:
+           offline: bool, dry_run: bool, report_path: Path | None, tmp: Path | None,
+           keep_both_inserts: bool = False) -> Json:
     if _state_path(layout).exists() and not dry_run:
         raise ToolError(f"a rebase is in progress ({_state_path(layout)}); use --continue or --abort")
     if onto_version and onto_commit is None and source is None:
@@ -999,6 +1014,7 @@ def _start(layout: Layout, onto_version: str | None, onto_commit: str | None, so
         "schema": STATE_SCHEMA,
         "stage": "replay",
         "dry_run": dry_run,
+        "keep_both_inserts": keep_both_inserts,
         "source": source,
         "pins_path": str(layout.pins),
         "git_mirror": str(_git_mirror(pins.vllm.git_url)) if source == "git" else None,
@@ -1107,8 +1123,12 @@ def _abort(layout: Layout, report_path: Path) -> Json:
 
 def rebase(onto_version: str | None = None, onto_commit: str | None = None, dry_run: bool = False,
            cont: bool = False, abort: bool = False, source: str | None = None, offline: bool = False,
-           report: Path | None = None, layout: Layout | None = None) -> Json:
-    """Entry point: start (``onto_version``/``onto_commit``), ``cont``inue or ``abort`` a rebase."""
+           report: Path | None = None, layout: Layout | None = None, keep_both_inserts: bool = False) -> Json:
+    """Entry point: start (``onto_version``/``onto_commit``), ``cont``inue or ``abort`` a rebase.
+
+    ``keep_both_inserts``: resolve a conflict whose every block is "both sides only inserted lines
+    here" by keeping both (upstream's lines first); it is reported as ``merged`` with the details.
+    """
     layout = layout or Layout()
     modes = sum(bool(x) for x in (onto_version or onto_commit, cont, abort))
     if modes != 1:
@@ -1130,8 +1150,9 @@ def rebase(onto_version: str | None = None, onto_commit: str | None = None, dry_
         commit = onto_commit.lower() if onto_commit else None
         if dry_run:
             with tempfile.TemporaryDirectory(prefix="vxl-rebase-dry-") as tmp:
-                return _start(layout, onto_version, commit, source, offline, True, report_path, Path(tmp))
-        return _start(layout, onto_version, commit, source, offline, False, report_path, None)
+                return _start(layout, onto_version, commit, source, offline, True, report_path, Path(tmp),
+                              keep_both_inserts)
+        return _start(layout, onto_version, commit, source, offline, False, report_path, None, keep_both_inserts)
     except ToolError as exc:
         if exc.exit_code != EXIT_STOPPED:  # a stop has already written its full report
             error = {"schema": REPORT_SCHEMA, "outcome": "error", "message": str(exc), "dry_run": dry_run,

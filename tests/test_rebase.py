@@ -518,3 +518,25 @@ def test_continue_accepts_a_committed_resolution(vxl_project: SyntheticProject) 
     patch1 = sorted(project.patches.glob("0001-*.patch"))[0].read_text()
     assert f"From: {synthetic.PATCH_AUTHOR_NAME} <{synthetic.PATCH_AUTHOR_EMAIL}>" in patch1
     assert synthetic.TOGGLE_LINE in patch1
+
+
+def test_keep_both_inserts_resolves_insert_insert_conflicts(vxl_project: SyntheticProject) -> None:
+    project = vxl_project
+    prepare(project)
+    upstream_envs = synthetic.envs_py().replace('    "VLLM_TOY_11"',
+                                                '    "VLLM_TOY_NEW": lambda: 1,\n    "VLLM_TOY_11"')
+    release(project, new_files(**{"vllm/envs.py": upstream_envs}))
+    rebase(onto_version=NEW, layout=project.layout(), keep_both_inserts=True)
+    report = report_of(project)
+    assert report["outcome"] == "success" and statuses(report) == ["merged", "clean"]
+    first = report["patches"][0]
+    assert "keeping both" in first["auto_resolved"]
+    assert [m["kind"] for m in first["conflict"]["files"][0]["markers"]] == ["both-inserted"]
+    envs = (project.tree / "vllm/envs.py").read_text()
+    assert envs.index('"VLLM_TOY_NEW"') < envs.index('"VLLM_TOY_XPU"') < envs.index('"VLLM_TOY_11"')
+    # an overlapping edit is still a conflict with the option
+    project2_envs = conflicting_envs()
+    release(project, new_files(**{"vllm/envs.py": project2_envs}), version="10.0.1")
+    run_stopped(onto_version="10.0.1", layout=project.layout(), keep_both_inserts=True)
+    assert statuses(report_of(project))[0] == "conflict"
+    rebase(abort=True, layout=project.layout())
