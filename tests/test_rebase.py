@@ -456,6 +456,10 @@ def test_git_source_onto_commit_names_upstream_commits(vxl_project: SyntheticPro
     assert [line.split(" ", 1)[1] for line in upstream["upstream_commits"]] == ["envs: rename the toy defaults"]
     rebase(abort=True, layout=project.layout())
     assert tree_state(project) == before
+    # a release from git: --onto VERSION --source git finds its v-tag
+    out = project.work / "tag.json"
+    run_stopped(onto_version=NEW, source="git", dry_run=True, report=out, layout=project.layout())
+    assert json.loads(out.read_text())["onto"]["git_commit"] == second
 
 
 def test_continue_redoes_an_interrupted_pick(vxl_project: SyntheticProject) -> None:
