@@ -114,6 +114,39 @@ def test_wrong_kv_lengths_are_detected(monkeypatch):
         _verify_vs_decodes(monkeypatch, 4, None, 12, 2 * lib.BLOCK_SIZE + 1)
 
 
+def test_upstream_verify_rows_are_not_bitwise_decodes(monkeypatch):
+    """Why the path exists, reproduced on the reference kernel: one q-row
+    causal call (the upstream verify) computes rows with a different
+    reduction shape than q=1 decode, so some rows differ in the last bits.
+    The exact path (above) removes every such difference."""
+    lib.set_toggles(monkeypatch, exact=False)
+    differing, rows = 0, 0
+    for heads, window in ((18, lib.WINDOW), (12, None)):
+        builder = lib.make_builder(window, heads)
+        impl = lib.make_impl(heads, window)
+        layer, kv_cache = lib.ScaleLayer(), lib.make_kv_cache()
+        table_rows = [2, 9, 4, 11, 6, 13, 8, 15, 10, 17, 12, 19]
+        for seq_len in (70, 129, 600, 700):
+            req = lib.random_request(seq_len, heads, table_rows, seed=seq_len)
+            lib.fill_cache(impl, layer, kv_cache, req, seq_len)
+            table = lib.block_table_for([table_rows])
+            cm = lib.common_metadata([8], [seq_len], table)
+            out, md = lib.forward(
+                builder, impl, layer, kv_cache, cm, req.q[seq_len - 8 : seq_len]
+            )
+            assert md.laguna_exact is None
+            for j in range(8):
+                tok = seq_len - 8 + j
+                dcm = lib.common_metadata([1], [tok + 1], table)
+                dec, _ = lib.forward(
+                    builder, impl, layer, kv_cache, dcm, req.q[tok : tok + 1]
+                )
+                torch.testing.assert_close(out[j], dec[0], atol=1e-2, rtol=1e-2)
+                differing += not torch.equal(out[j], dec[0])
+                rows += 1
+    assert differing > 0, f"all {rows} upstream verify rows matched bitwise"
+
+
 # ---------------------------------------------------------------- eligibility
 def _metadata_fields_equal(a, b) -> bool:
     for f in dataclasses.fields(a):
