@@ -82,6 +82,12 @@ def _normalize(name: str) -> str:
 def list_files(index_url: str, project: str) -> list[IndexFile]:
     """Files of ``project`` on one simple index; an empty list when the index lacks it."""
     page = index_url.rstrip("/") + "/" + _normalize(project) + "/"
+    if page.startswith("file:"):
+        # a local mirror (as pip reads it): a directory per project holding index.html
+        local = Path(urllib.request.url2pathname(urllib.parse.urlparse(page).path)) / "index.html"
+        if not local.is_file():
+            return []
+        page = local.as_uri()
     request = urllib.request.Request(page, headers={"Accept": f"{_JSON}, text/html;q=0.1"})
     try:
         with urllib.request.urlopen(request, timeout=60) as resp:
@@ -124,7 +130,7 @@ def download(item: IndexFile, dest: Path, expected_sha256: str) -> None:
     if item.sha256 and item.sha256 != expected_sha256:
         raise ToolError(f"{item.filename}: the index lists sha256 {item.sha256}, the pin says {expected_sha256}")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(dest.name + ".part")
+    partial = dest.with_name(f"{dest.name}.{os.getpid()}.part")  # concurrent downloads never share it
     digest = hashlib.sha256()
     got = 0
     started = time.monotonic()

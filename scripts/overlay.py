@@ -59,6 +59,8 @@ def read_replaces(manifest: Path) -> dict[str, str]:
     if unknown:
         raise ToolError(f"{manifest.name}: unknown table(s) {', '.join(unknown)}")
     replaces = data.get("replaces", {})
+    if not isinstance(replaces, dict):
+        raise ToolError(f"{manifest.name}: [replaces] must be a table of path = blob id")
     out: dict[str, str] = {}
     for path, blob in replaces.items():
         safe_relpath(path, manifest.name)

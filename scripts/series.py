@@ -46,7 +46,11 @@ def read_series(patches_dir: Path) -> list[str]:
     if not series.exists():
         raise ToolError(f"{series}: missing series file")
     names: list[str] = []
-    for number, line in enumerate(series.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = series.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ToolError(f"{series}: not UTF-8 text") from None
+    for number, line in enumerate(text.splitlines(), 1):
         entry = line.split("#", 1)[0].strip()
         if not entry:
             continue
@@ -99,6 +103,8 @@ def load_series(patches_dir: Path) -> list[Patch]:
         path = patches_dir / name
         if not path.exists():
             raise ToolError(f"{patches_dir / 'series'}: lists {name}, which does not exist")
+        if not path.is_file():
+            raise ToolError(f"{patches_dir / 'series'}: lists {name}, which is not a file")
         patches.append(load_patch(path))
     return patches
 

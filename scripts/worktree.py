@@ -170,7 +170,12 @@ def pristine_repo(pins: Pins, source: str, offline: bool) -> Path:
             version_file = src / "vllm" / "_version.py"
             if version_file.exists():
                 shutil.copy2(version_file, bare / "vllm_version.py")
-            os.replace(bare, cached)
+            try:
+                os.replace(bare, cached)
+            except OSError:
+                # another process filled the cache first: use its entry when it is complete
+                if run_git(cached, "rev-parse", "--verify", "--quiet", "pristine", check=False).returncode != 0:
+                    raise ToolError(f"cache entry {cached} is incomplete; remove it and retry") from None
     return cached
 
 

@@ -199,8 +199,6 @@ def test_extra_index_is_searched_after_the_main_index(vxl_cold_project, monkeypa
         assert empty.requests == ["/simple/vllm/"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a file:// index (directory with index.html pages, which pip "
-                   "reads) is not read by scripts.index.list_files; the sdist is reported missing")
 def test_file_url_index_as_pip_reads_it(vxl_cold_project, tmp_path: Path, monkeypatch) -> None:
     project = vxl_cold_project
     url = synthetic.write_file_index(tmp_path / "mirror", {NAME: project.sdist})
