@@ -100,7 +100,7 @@ def main(rounds: int = 1) -> None:
     wheel = med["baseline pip wheel"]
     rows = [
         ("baseline prepare (tar + git apply)", prep, "1.00x"),
-        ("apply cold (extract + pristine commit + am)", med["apply cold"], f"{med['apply cold'] / prep:.2f}x of prepare"),
+        ("apply cold (check + fast-import + checkout + am)", med["apply cold"], f"{med['apply cold'] / prep:.2f}x of prepare"),
         ("apply warm (pristine repo cached)", med["apply warm"], f"{med['apply warm'] / prep:.2f}x of prepare"),
         ("apply no-op (tree up to date)", med["apply no-op"], f"{med['apply no-op'] / prep:.3f}x of prepare"),
         ("baseline pip wheel", wheel, "1.00x"),
