@@ -26,6 +26,7 @@ def write_plot(analysis: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     legs = analysis["legs"]
     labels = analysis["config"]["legs"]
@@ -49,6 +50,7 @@ def write_plot(analysis: dict[str, Any], path: Path) -> None:
     rows = range(legs["A1"]["rows"])
     left.set_xticks(list(rows))
     left.set_xlabel("row (prompt index)")
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
     left.set_ylabel(f"tok/s, tokens 1..{window} after TTFT (legacy {window}/{window - 1})")
     left.set_title("per-row throughput by leg (run order A1, B1, B2, A2)")
     left.legend(fontsize=8)
@@ -79,6 +81,7 @@ def write_plot(analysis: dict[str, Any], path: Path) -> None:
         right.set_yscale("symlog", linthresh=10)
     right.set_xticks(list(rows))
     right.set_xlabel("row (prompt index)")
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
     right.set_ylabel("paired delta, % of control row")
     right.set_title("paired per-row deltas")
     right.legend(fontsize=8)
