@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 from scripts.errors import ToolError
-from scripts.git import git, run_git
+from scripts.git import git
 from scripts.log import detail, info, step
 from scripts.provenance import RECORD_PATH, make_record, version_for
 from scripts.worktree import Layout, load_inputs, read_state, tree_problems
@@ -107,4 +107,4 @@ def build(layout: Layout | None = None, dist: Path | None = None) -> Path:
     return final
 
 
-__all__ = ["build", "BUILD_REQUIREMENTS", "run_git"]
+__all__ = ["build", "BUILD_REQUIREMENTS"]

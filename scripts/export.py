@@ -8,7 +8,6 @@ upstream files is refused (split it with git first). ``apply`` then ``export`` i
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -145,4 +144,4 @@ def export(layout: Layout | None = None, check: bool = False) -> bool:
     return bool(changes)
 
 
-__all__ = ["export", "FORMAT_PATCH_FLAGS", "shutil"]
+__all__ = ["export", "FORMAT_PATCH_FLAGS"]

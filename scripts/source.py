@@ -10,7 +10,6 @@ import subprocess
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from scripts import REPO_ROOT
 from scripts.errors import ToolError
 from scripts.index import download, find_file
 from scripts.log import detail, step
@@ -256,4 +255,4 @@ def acquire(pin: VllmPin, dest: Path, source: str = "sdist", offline: bool = Fal
     raise ToolError(f"unknown --source {source!r} (choose sdist or git)")
 
 
-__all__ = ["acquire", "cache_root", "sha256_file", "fetch_sdist", "extract_sdist", "REPO_ROOT"]
+__all__ = ["acquire", "cache_root", "sha256_file", "fetch_sdist", "extract_sdist", "import_sdist"]
