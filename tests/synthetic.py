@@ -375,20 +375,20 @@ class SyntheticProject:
 
     @property
     def patches(self) -> Path:
-        return self.root / "patches"
+        return self.layout().patches
 
     @property
     def overlay(self) -> Path:
-        return self.root / "overlay"
+        return self.layout().overlay
 
     @property
     def tree(self) -> Path:
-        return self.build / "worktree"
+        return self.layout().worktree
 
     def layout(self):  # -> scripts.worktree.Layout (imported lazily: conftest sets the env first)
         from scripts.worktree import Layout
 
-        return Layout(self.root)
+        return Layout(self.root, build_dir=self.build)
 
     # ----- inputs
     def write_pins(self, text: str | None = None, **kw: str) -> None:
