@@ -13,13 +13,12 @@ from pathlib import Path
 from scripts.errors import ToolError
 from scripts.git import git
 from scripts.log import detail, info, step
+from scripts.source import GIT_EXCLUDE
 from scripts.provenance import RECORD_PATH, make_record, version_for
 from scripts.worktree import Layout, load_inputs, read_state, tree_problems
 
-# What `pip wheel --no-build-isolation` needs in the building environment (upstream's
-# [build-system] requires, with any CPU torch standing in for the XPU one).
-BUILD_REQUIREMENTS = ["cmake>=3.26.1", "ninja", "packaging>=24.2", "setuptools>=77.0.3,<81.0.0",
-                      "setuptools-scm>=8", "setuptools-rust>=1.9.0", "wheel", "jinja2"]
+# What `pip wheel --no-build-isolation` needs in the building environment is noxfile.BUILD_DEPS
+# (the build session installs it; nox cannot import this package's third-party dependencies).
 
 
 def build_env(version: str, epoch: int) -> dict[str, str]:
@@ -40,7 +39,7 @@ def build_env(version: str, epoch: int) -> dict[str, str]:
 def build(layout: Layout | None = None, dist: Path | None = None) -> Path:
     """Build ``dist/vllm-<version>+xpu.<label>-*.whl``; the work tree must be up to date."""
     layout = layout or Layout()
-    dist = dist or layout.root / "dist"
+    dist = dist or layout.dist
     inputs = load_inputs(layout)
     tree = layout.worktree
     state = read_state(tree)
@@ -61,7 +60,7 @@ def build(layout: Layout | None = None, dist: Path | None = None) -> Path:
         git(layout.build, "clone", "-q", "--local", str(tree), str(src))
         shutil.copy2(tree / "vllm" / "_version.py", src / "vllm" / "_version.py") \
             if (tree / "vllm" / "_version.py").exists() else None
-        (src / ".git" / "info" / "exclude").write_text("/vllm/_version.py\n/vllm.egg-info/\n")
+        (src / ".git" / "info" / "exclude").write_text(GIT_EXCLUDE)
         record = make_record(inputs, worktree_head=state.head)
         (src / RECORD_PATH).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         git(src, "add", "--force", RECORD_PATH)
@@ -107,4 +106,4 @@ def build(layout: Layout | None = None, dist: Path | None = None) -> Path:
     return final
 
 
-__all__ = ["build", "BUILD_REQUIREMENTS"]
+__all__ = ["build"]

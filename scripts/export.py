@@ -9,16 +9,27 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.errors import ToolError
 from scripts.git import git, run_git
 from scripts.log import detail, info
 from scripts.series import load_series, read_series
-from scripts.worktree import OVERLAY_SUBJECT, Layout, State, read_state, write_state
+from scripts.worktree import OVERLAY_SUBJECT, Layout, State, load_inputs, read_state, write_state
 
-FORMAT_PATCH_FLAGS = ("--zero-commit", "--full-index", "--no-signature", "--no-stat", "--keep-subject",
-                      "--no-numbered", "--no-renames", "--diff-algorithm=myers", "--abbrev=40")
+FORMAT_PATCH_FLAGS = (
+    "--zero-commit",  # "From 0000..." header: the work tree's commit ids change on every apply
+    "--full-index",  # full pre-image blob ids: apply's b4-style check finds the exact upstream file
+    "--no-signature",  # no "-- \n2.x.y" trailer: the installed git version must not show in patches
+    "--no-stat",  # no diffstat: it repeats the diff and churns on every edit
+    "--keep-subject",  # no "[PATCH]" prefix: the subject is the commit subject, which apply matches
+    "--no-numbered",  # no "[PATCH n/m]": inserting a patch must not rewrite all the others
+    "--no-renames",  # delete + add instead of rename detection, whose result depends on git's heuristics
+    "--diff-algorithm=myers",  # pinned: a user's diff.algorithm config must not change the hunks
+    "--abbrev=40",  # full ids in index lines, independent of the repository's abbreviation length
+)
 
 
 def _series_header(series: Path) -> list[str]:
@@ -33,7 +44,7 @@ def _series_header(series: Path) -> list[str]:
     return header
 
 
-def _known_numbers(layout: Layout, tree: Path, state: State) -> dict[str, int]:
+def _known_numbers(layout: Layout, state: State) -> dict[str, int]:
     """Numbers of the patches in patches/series, keyed by applied commit id and by subject."""
     known: dict[str, int] = {}
     try:
@@ -45,6 +56,38 @@ def _known_numbers(layout: Layout, tree: Path, state: State) -> dict[str, int]:
         known.setdefault(patch.subject, number)
         known.setdefault(sha, number)
     return known
+
+
+@dataclass
+class SeriesCommits:
+    """The work tree's commits after the pristine one, classified."""
+
+    patches: list[str]  # become patches/NNNN-*.patch
+    overlay: list[str]  # the overlay commit and later commits touching only overlay files
+    overlay_paths: set[str]
+
+
+def series_commits(tree: Path, pristine: str, overlay_paths: Iterable[str] = ()) -> SeriesCommits:
+    """Classify the commits of ``pristine..HEAD``: every commit is a patch except the overlay commit
+    and later commits that touch only overlay files (``overlay_paths`` seeds those); empty commits are
+    skipped; a commit mixing overlay and upstream files is refused."""
+    out = SeriesCommits([], [], set(overlay_paths))
+    for sha in git(tree, "rev-list", "--reverse", f"{pristine}..HEAD").split():
+        subject = git(tree, "log", "-1", "--format=%s", sha)
+        files = set(git(tree, "diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "--root",
+                        sha).splitlines())
+        if not files:
+            detail(f"skipping empty commit {sha[:12]} ({subject}): nothing to export")
+            continue
+        if subject == OVERLAY_SUBJECT:
+            out.overlay_paths |= files
+            out.overlay.append(sha)
+            continue
+        touched = files & out.overlay_paths
+        if touched and touched != files:
+            raise ToolError(f"commit {sha[:12]} ({subject}) mixes overlay files and upstream files; split it")
+        (out.overlay if touched else out.patches).append(sha)
+    return out
 
 
 def export(layout: Layout | None = None, check: bool = False) -> bool:
@@ -60,32 +103,13 @@ def export(layout: Layout | None = None, check: bool = False) -> bool:
     dirty = [ln for ln in run_git(tree, "status", "--porcelain").stdout.splitlines() if ln.strip()]
     if dirty:
         raise ToolError(f"{tree} has {len(dirty)} uncommitted change(s) (first: {dirty[0].strip()}); commit them first")
-    commits = git(tree, "rev-list", "--reverse", f"{state.pristine}..HEAD").split()
-    overlay_paths: set[str] = set()
-    patch_commits: list[str] = []
-    overlay_commits: list[str] = []
-    for sha in commits:
-        subject = git(tree, "log", "-1", "--format=%s", sha)
-        files = set(git(tree, "diff-tree", "--no-commit-id", "--name-only", "-r", "--root", sha).splitlines())
-        if not files:
-            detail(f"skipping empty commit {sha[:12]} ({subject}): nothing to export")
-            continue
-        if subject == OVERLAY_SUBJECT:
-            overlay_paths |= files
-            overlay_commits.append(sha)
-            continue
-        touched = files & overlay_paths
-        if touched and touched != files:
-            raise ToolError(f"commit {sha[:12]} ({subject}) mixes overlay files and upstream files; split it")
-        if touched:
-            overlay_commits.append(sha)
-        else:
-            patch_commits.append(sha)
+    split = series_commits(tree, state.pristine)
+    patch_commits, overlay_paths = split.patches, split.overlay_paths
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "patches"
         out.mkdir()
         names = []
-        known = _known_numbers(layout, tree, state)
+        known = _known_numbers(layout, state)
         number = 0
         for sha in patch_commits:
             # keep a patch's number (numbers may have gaps); a new patch follows the one before it
@@ -137,11 +161,10 @@ def export(layout: Layout | None = None, check: bool = False) -> bool:
         detail(f"updated {change}")
     info(f"exported {len(names)} patch(es) and {len(new_overlay)} overlay file(s); {len(changes)} file(s) changed")
     # the tree now matches the repository again: record that so apply sees it as up to date
-    from scripts.worktree import load_inputs
     state.input_hash = load_inputs(layout).input_hash
     state.head = git(tree, "rev-parse", "HEAD")
     write_state(tree, state)
     return bool(changes)
 
 
-__all__ = ["export", "FORMAT_PATCH_FLAGS"]
+__all__ = ["export", "series_commits", "FORMAT_PATCH_FLAGS"]

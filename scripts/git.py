@@ -67,7 +67,46 @@ def blob_at(path: Path, rev: str, file: str) -> str | None:
     return proc.stdout.strip() or None
 
 
-def hash_object(data: bytes) -> str:
-    proc = subprocess.run(["git", "hash-object", "--stdin"], input=data, capture_output=True, check=True,
-                          env=git_env())
-    return proc.stdout.decode().strip()
+def blob_bytes(cwd: Path, rev: str, path: str) -> bytes | None:
+    """The content of ``rev:path``, or None when there is no such blob."""
+    proc = subprocess.run(["git", "cat-file", "blob", f"{rev}:{path}"], cwd=cwd, env=git_env(),
+                          capture_output=True, check=False)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def git_live(cwd: Path | None, *args: str) -> int:
+    """A git command whose progress goes to the terminal (long clones); returns its exit status."""
+    return subprocess.run(["git", *args], cwd=cwd, env=git_env(), check=False).returncode
+
+
+def git_popen(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A git process fed through its stdin (``fast-import``) with the fixed environment."""
+    return subprocess.Popen(["git", *args], cwd=cwd, env=git_env(env), stdin=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def resolve_commit(repo: Path, rev: str) -> str | None:
+    """The full id of the commit ``rev`` names in ``repo``, or None when there is none."""
+    proc = run_git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
+    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+def head_commit(repo: Path) -> str | None:
+    """``repo``'s HEAD commit, or None outside a git checkout (or without git)."""
+    try:
+        proc = run_git(repo, "rev-parse", "--verify", "--quiet", "HEAD", check=False)
+    except OSError:
+        return None
+    return (proc.stdout.strip() or None) if proc.returncode == 0 else None
+
+
+def archive_to(repo: Path, rev: str, dest: Path) -> None:
+    """Write the tree of ``rev`` into the existing directory ``dest`` (``git archive | tar -x``)."""
+    archive = subprocess.Popen(["git", "archive", "--format=tar", rev], cwd=repo, env=git_env(),
+                               stdout=subprocess.PIPE)
+    untar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=False)
+    if archive.stdout is not None:
+        archive.stdout.close()
+    archive.wait()
+    if archive.returncode or untar.returncode:
+        raise ToolError(f"git archive of {rev[:12]} in {repo} failed")

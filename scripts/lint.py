@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -57,10 +56,8 @@ def lint(layout: Layout | None = None, offline: bool = False, static_only: bool 
         return
     inputs = load_inputs(layout)
     with tempfile.TemporaryDirectory(prefix="vxl-lint-") as tmp:
-        scratch = Layout(layout.root, build_dir=Path(tmp))
         with step("lint: strict application on a scratch tree"):
-            build_tree(scratch, inputs, Path(tmp) / "tree", source="sdist", offline=offline)
-        shutil.rmtree(Path(tmp) / "tree", ignore_errors=True)
+            build_tree(inputs, Path(tmp) / "tree", source="sdist", offline=offline)
     info(f"lint: clean ({len(inputs.patches)} patch(es), {len(inputs.overlay)} overlay file(s))")
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from scripts import REPO_ROOT
 from scripts.errors import ToolError
+from scripts.git import head_commit, run_git
 from scripts.log import detail, info
 from scripts.worktree import Inputs, Layout, load_inputs
 
@@ -20,11 +21,10 @@ RECORD_PATH = "vllm/xpu_laguna_provenance.json"
 
 
 def tool_revision(root: Path = REPO_ROOT) -> dict[str, Any]:
-    proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=False)
-    revision = proc.stdout.strip() if proc.returncode == 0 else "unknown"
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "scripts", "patches", "overlay", "pins.toml",
-                            "overlay.toml", "noxfile.py"], cwd=root, capture_output=True, text=True, check=False)
-    return {"revision": revision, "dirty": bool(dirty.stdout.strip())}
+    revision = head_commit(root)
+    dirty = run_git(root, "status", "--porcelain", "--", "scripts", "patches", "overlay", "pins.toml",
+                    "overlay.toml", "noxfile.py", check=False)
+    return {"revision": revision or "unknown", "dirty": bool(revision and dirty.stdout.strip())}
 
 
 def version_for(inputs: Inputs) -> str:

@@ -984,7 +984,7 @@ def _start(layout: Layout, onto_version: str | None, onto_commit: str | None, so
         state = read_state(layout.worktree) if layout.worktree.exists() else None
         if state is not None:
             wt_source = state.source
-        build_tree(scratch, inputs, tree, source=wt_source, offline=offline)
+        build_tree(inputs, tree, source=wt_source, offline=offline)
     else:
         previous = read_state(layout.worktree) if layout.worktree.exists() else None
         apply(layout, source=previous.source if previous else "sdist", offline=offline)

@@ -15,54 +15,19 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from scripts import REPO_ROOT
 from scripts.errors import ToolError
 from scripts.git import FIXED_DATE, blob_at, fixed_date_env, git, git_env, is_repo, run_git, status_porcelain
+from scripts.layout import Layout
 from scripts.log import detail, info, step
 from scripts.overlay import OverlayFile, check_against_tree, list_overlay, read_replaces
 from scripts.pins import Pins, load_pins
 from scripts.series import Patch, load_series
-from scripts.source import acquire, cache_root, fetch_sdist, import_sdist
+from scripts.source import GIT_EXCLUDE, UNTRACKED, cache_root, fetch_git, fetch_sdist, import_sdist
 from scripts.strict import check_patch
 
 STATE_FILE = "vxl-state.json"
 OVERLAY_SUBJECT = "overlay: lay the series' new files"
 TOOL_FORMAT = "1"  # bump when the work-tree layout changes
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where the repository's inputs and generated state live."""
-
-    root: Path = REPO_ROOT
-    build_dir: Path | None = None  # default: $VXL_BUILD_DIR or <root>/build
-
-    @property
-    def patches(self) -> Path:
-        return self.root / "patches"
-
-    @property
-    def overlay(self) -> Path:
-        return self.root / "overlay"
-
-    @property
-    def overlay_manifest(self) -> Path:
-        return self.root / "overlay.toml"
-
-    @property
-    def pins(self) -> Path:
-        return self.root / "pins.toml"
-
-    @property
-    def build(self) -> Path:
-        if self.build_dir is not None:
-            return self.build_dir
-        env = os.environ.get("VXL_BUILD_DIR")
-        return Path(env) if env else self.root / "build"
-
-    @property
-    def worktree(self) -> Path:
-        return self.build / "worktree"
 
 
 @dataclass(frozen=True)
@@ -108,8 +73,13 @@ def load_inputs(layout: Layout) -> Inputs:
     return Inputs(pins, patches, overlay, replaces, digest.hexdigest())
 
 
+def state_path(tree: Path) -> Path:
+    """The tool's record of what a work tree was made from (kept inside its .git)."""
+    return tree / ".git" / STATE_FILE
+
+
 def read_state(tree: Path) -> State | None:
-    path = tree / ".git" / STATE_FILE
+    path = state_path(tree)
     if not path.exists():
         return None
     try:
@@ -119,7 +89,7 @@ def read_state(tree: Path) -> State | None:
 
 
 def write_state(tree: Path, state: State) -> None:
-    (tree / ".git" / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
+    state_path(tree).write_text(json.dumps(asdict(state), indent=2) + "\n")
 
 
 def tree_problems(tree: Path, state: State | None) -> str | None:
@@ -168,13 +138,16 @@ def pristine_repo(pins: Pins, source: str, offline: bool) -> Path:
                     (bare / "vllm_version.py").write_bytes(version)
             _publish(bare, cached)
             return cached
+        if source != "git":
+            raise ToolError(f"unknown --source {source!r} (choose sdist or git)")
         src = Path(tmp) / "src"
-        described = acquire(pins.vllm, src, source=source, offline=offline)
+        full = fetch_git(pins.vllm, src, offline=offline)
+        described = f"git {pins.vllm.git_url} commit {full}"
         with step(f"commit pristine vLLM {pins.vllm.version} ({sum(1 for _ in src.rglob('*'))} paths)"):
             git(src, "init", "-q", "-b", "pristine")
-            (src / ".git" / "info" / "exclude").write_text("/vllm/_version.py\n/vllm.egg-info/\n")
+            (src / ".git" / "info" / "exclude").write_text(GIT_EXCLUDE)
             git(src, "add", "--all", "--force", ".")
-            run_git(src, "rm", "-r", "-q", "--cached", "--ignore-unmatch", "vllm/_version.py", "vllm.egg-info")
+            run_git(src, "rm", "-r", "-q", "--cached", "--ignore-unmatch", *(p.rstrip("/") for p in UNTRACKED))
             git(src, "commit", "-q", "--no-verify", "-m", pristine_message(pins, described), env=fixed_date_env())
             bare = Path(tmp) / "bare.git"
             git(Path(tmp), "clone", "-q", "--bare", "--no-local", str(src), str(bare))  # packed, not loose
@@ -205,7 +178,7 @@ def _publish(bare: Path, cached: Path) -> None:
 
 def _checkout_pristine(cached: Path, dest: Path) -> str:
     git(dest.parent, "clone", "-q", "--no-checkout", "--local", "--branch", "pristine", str(cached), str(dest))
-    (dest / ".git" / "info" / "exclude").write_text("/vllm/_version.py\n/vllm.egg-info/\n")
+    (dest / ".git" / "info" / "exclude").write_text(GIT_EXCLUDE)
     # parallel checkout: writing ~7k files is the slowest step of a warm apply
     git(dest, "-c", "checkout.workers=0", "checkout", "-q", "-B", "main", "pristine")
     git(dest, "remote", "remove", "origin")
@@ -244,7 +217,7 @@ def lay_overlay(tree: Path, inputs: Inputs) -> None:
         env=fixed_date_env())
 
 
-def build_tree(layout: Layout, inputs: Inputs, dest: Path, source: str, offline: bool) -> State:
+def build_tree(inputs: Inputs, dest: Path, source: str, offline: bool) -> State:
     cached = pristine_repo(inputs.pins, source, offline)
     with step(f"check out pristine upstream into {dest}"):
         pristine = _checkout_pristine(cached, dest)
@@ -286,7 +259,7 @@ def apply(layout: Layout | None = None, force: bool = False, source: str = "sdis
     if staging.exists():
         shutil.rmtree(staging)
     try:
-        state = build_tree(layout, inputs, staging, source, offline)
+        state = build_tree(inputs, staging, source, offline)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

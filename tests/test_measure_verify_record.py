@@ -16,7 +16,8 @@ from scripts.measure.artifacts import RECORD_FILE, finish_run, write_rows
 from scripts.measure.cli import verify_record as verify_cli
 from scripts.measure.gates import load_gates
 from scripts.measure.record import Prior, RecordMeta
-from scripts.measure.schema import SCHEMA_VERSION, dump_rows, load_rows, sha256_file
+from scripts.digest import sha256_file
+from scripts.measure.schema import SCHEMA_VERSION, dump_rows, load_rows
 from scripts.measure.verify_record import verify
 
 FIXTURES = Path(__file__).parent / "fixtures" / "records"

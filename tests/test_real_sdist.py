@@ -30,7 +30,8 @@ from scripts.build import build
 from scripts.export import export
 from scripts.pins import load_pins
 from scripts.provenance import RECORD_PATH, verify
-from scripts.source import cache_root, fetch_sdist, sha256_file
+from scripts.digest import sha256_file
+from scripts.source import cache_root, fetch_sdist
 from scripts.worktree import Layout, apply, load_inputs
 
 pytestmark = pytest.mark.real

@@ -3,7 +3,6 @@ commit check, archive safety, and ``--source git``."""
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
@@ -13,7 +12,8 @@ import synthetic
 from synthetic import Member
 from scripts.errors import ToolError
 from scripts.pins import load_pins
-from scripts.source import cached_sdist, extract_sdist, fetch_git, fetch_sdist
+from scripts.git import blob_bytes, git, git_env, run_git
+from scripts.source import cached_sdist, fetch_git, fetch_sdist, import_sdist
 from scripts.worktree import apply
 
 NAME = f"vllm-{synthetic.VERSION}.tar.gz"
@@ -30,6 +30,23 @@ def _tool_error(func, *args, **kwargs) -> str:
     message = str(info.value)
     assert synthetic.one_line(message), message
     return message
+
+
+def _import(archive: Path, dest: Path, pin) -> None:
+    """Check ``archive`` and import it into a new bare repo ``dest`` (as apply does)."""
+    dest.mkdir(parents=True)
+    git(dest, "init", "-q", "--bare")
+    import_sdist(archive, dest, pin, "pristine\n", git_env())
+
+
+def _imported(dest: Path) -> dict[str, str]:
+    """path -> content of every blob of the imported ``pristine`` commit."""
+    names = git(dest, "ls-tree", "-r", "--name-only", "pristine").splitlines()
+    return {name: (blob_bytes(dest, "pristine", name) or b"").decode() for name in names}
+
+
+def _no_pristine(dest: Path) -> bool:
+    return run_git(dest, "rev-parse", "--verify", "--quiet", "pristine", check=False).returncode != 0
 
 
 def _nothing_cached(project: synthetic.SyntheticProject) -> None:
@@ -222,9 +239,9 @@ def test_wrong_commit_in_version_file_is_rejected(vxl_cold_project) -> None:
 def test_version_file_without_commit_is_rejected(tmp_path: Path, vxl_project) -> None:
     archive = tmp_path / NAME
     archive.write_bytes(synthetic.make_sdist(dict(synthetic.upstream_files(), **{"vllm/_version.py": "__version__ = '9.9.9'\n"})))
-    message = _tool_error(extract_sdist, archive, tmp_path / "out", _pin(vxl_project))
+    message = _tool_error(_import, archive, tmp_path / "out", _pin(vxl_project))
     assert "names no commit id" in message
-    assert not (tmp_path / "out").exists()
+    assert _no_pristine(tmp_path / "out")
 
 
 def test_sdist_without_version_file_is_rejected(tmp_path: Path, vxl_project) -> None:
@@ -232,15 +249,15 @@ def test_sdist_without_version_file_is_rejected(tmp_path: Path, vxl_project) -> 
     del files["vllm/_version.py"]
     archive = tmp_path / NAME
     archive.write_bytes(synthetic.make_sdist(files))
-    assert "names no commit id" in _tool_error(extract_sdist, archive, tmp_path / "out", _pin(vxl_project))
+    assert "names no commit id" in _tool_error(_import, archive, tmp_path / "out", _pin(vxl_project))
 
 
 def test_full_commit_extending_the_pin_is_accepted(tmp_path: Path, vxl_project) -> None:
     archive = tmp_path / NAME
     archive.write_bytes(synthetic.make_sdist(dict(synthetic.upstream_files(), **{
         "vllm/_version.py": synthetic.version_py("abc1234" + "5" * 33)})))
-    extract_sdist(archive, tmp_path / "out", _pin(vxl_project))
-    assert (tmp_path / "out" / "vllm" / "envs.py").read_text() == synthetic.envs_py()
+    _import(archive, tmp_path / "out", _pin(vxl_project))
+    assert _imported(tmp_path / "out")["vllm/envs.py"] == synthetic.envs_py()
 
 
 # --------------------------------------------------------------------------- archive safety
@@ -261,17 +278,17 @@ UNSAFE = {
 
 
 @pytest.mark.parametrize("case", sorted(UNSAFE))
-def test_unsafe_archive_members_are_rejected_before_extraction(case: str, tmp_path: Path, vxl_project) -> None:
+def test_unsafe_archive_members_are_rejected_before_import(case: str, tmp_path: Path, vxl_project) -> None:
     archive = tmp_path / NAME
     archive.write_bytes(synthetic.make_sdist(extra=UNSAFE[case]))
     dest = tmp_path / "a" / "b" / "out"
-    message = _tool_error(extract_sdist, archive, dest, _pin(vxl_project))
+    message = _tool_error(_import, archive, dest, _pin(vxl_project))
     assert message.startswith("unsafe archive:"), message
     kind = case.split("-")[0]
     expect = {"symlink": "points outside the tree", "hardlink": "points outside the tree", "fifo": "special file",
               "dotdot": "escapes the tree", "absolute": "absolute path", "outside": "outside the top folder"}[kind]
     assert expect in message, message
-    assert not dest.exists() and not dest.with_name("out.extracting").exists()
+    assert _no_pristine(dest)
     assert not (tmp_path / "a" / "x").exists() and not Path("/tmp/vxl-evil-absolute").exists()
 
 
@@ -292,33 +309,34 @@ def test_links_inside_the_tree_are_accepted(tmp_path: Path, vxl_project) -> None
         Member(f"{TOP}/vllm/alias.py", kind="symlink", link="utils.py"),
         Member(f"{TOP}/vllm/hard.py", kind="hardlink", link=f"{TOP}/vllm/utils.py")]))
     dest = tmp_path / "out"
-    extract_sdist(archive, dest, _pin(vxl_project))
-    assert os.readlink(dest / "vllm" / "alias.py") == "utils.py"
-    assert (dest / "vllm" / "hard.py").read_text() == synthetic.upstream_files()["vllm/utils.py"]
+    _import(archive, dest, _pin(vxl_project))
+    assert git(dest, "ls-tree", "pristine", "vllm/alias.py").split()[0] == "120000"
+    assert _imported(dest)["vllm/alias.py"] == "utils.py"
+    assert _imported(dest)["vllm/hard.py"] == synthetic.upstream_files()["vllm/utils.py"]
 
 
-def test_top_folder_is_stripped_and_files_extracted(tmp_path: Path, vxl_project) -> None:
+def test_top_folder_is_stripped_and_files_imported(tmp_path: Path, vxl_project) -> None:
     archive = tmp_path / NAME
     archive.write_bytes(vxl_project.sdist)
     dest = tmp_path / "out"
-    extract_sdist(archive, dest, _pin(vxl_project))
-    got = {p.relative_to(dest).as_posix(): p.read_text() for p in dest.rglob("*") if p.is_file()}
-    assert got == synthetic.upstream_files()
+    _import(archive, dest, _pin(vxl_project))
+    expected = {k: v for k, v in synthetic.upstream_files().items() if k != "vllm/_version.py"}
+    assert _imported(dest) == expected  # the generated _version.py is never part of the pristine commit
 
 
 @pytest.mark.parametrize("data", [b"not a tarball at all", b"", "truncated"], ids=["garbage", "empty-file", "truncated"])
 def test_unreadable_archive_is_a_one_line_error(data, tmp_path: Path, vxl_project) -> None:
     archive = tmp_path / NAME
     archive.write_bytes(vxl_project.sdist[: len(vxl_project.sdist) // 2] if data == "truncated" else data)
-    message = _tool_error(extract_sdist, archive, tmp_path / "out", _pin(vxl_project))
+    message = _tool_error(_import, archive, tmp_path / "out", _pin(vxl_project))
     assert NAME in message
-    assert not (tmp_path / "out").exists()
+    assert _no_pristine(tmp_path / "out")
 
 
 def test_empty_archive_is_an_error(tmp_path: Path, vxl_project) -> None:
     archive = tmp_path / NAME
     archive.write_bytes(synthetic.tar_gz([]))
-    assert "empty archive" in _tool_error(extract_sdist, archive, tmp_path / "out", _pin(vxl_project))
+    assert "empty archive" in _tool_error(_import, archive, tmp_path / "out", _pin(vxl_project))
 
 
 # --------------------------------------------------------------------------- --source git

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from scripts.digest import sha256_file
 from scripts.measure.analyze import analyze
 from scripts.measure.gates import Gates
 from scripts.measure.record import RecordMeta, build_record
@@ -18,7 +19,6 @@ from scripts.measure.schema import (
     Row,
     dump_json,
     dump_rows,
-    sha256_file,
 )
 
 RECORD_FILE = "record.json"

@@ -22,14 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from scripts import REPO_ROOT
+from scripts.digest import sha256_file
 from scripts.errors import ToolError
+from scripts.git import head_commit
+from scripts.layout import Layout
 from scripts.log import detail, info, step
 from scripts.measure import client
 from scripts.measure.artifacts import RECORD_FILE, finish_run, server_log_artifact, write_rows
 from scripts.measure.gates import GATES_PATH, Gates, load_gates
 from scripts.measure.prompts import Prompt, build_prompts, tokenizer_counter
 from scripts.measure.record import DEFAULT_SCHEMA_NAME, Prior, RecordMeta
-from scripts.measure.schema import LEG_ORDER, TEACHER, AnalysisConfig, Row, dump_rows, sha256_file
+from scripts.measure.schema import LEG_ORDER, TEACHER, AnalysisConfig, Row, dump_rows
 from scripts.measure.server import HOST, Server, free_port, serve_argv
 
 BASE_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR")
@@ -182,13 +185,7 @@ def _probe_runtime(python: str) -> dict[str, str | None]:
 
 
 def _git_head() -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
-        )
-        return done.stdout.strip() or None
-    except OSError:
-        return None
+    return head_commit(REPO_ROOT)
 
 
 def _model_revision(explicit: str | None, directory: str | None) -> str | None:
@@ -293,7 +290,7 @@ def main(argv: list[str]) -> int:
         require_matplotlib()
         plot = write_plot
     started = dt.datetime.now(dt.UTC)
-    out = args.out or REPO_ROOT / "build" / "crossover" / started.strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or Layout().build / "crossover" / started.strftime("%Y%m%dT%H%M%SZ")
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):

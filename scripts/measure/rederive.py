@@ -10,7 +10,8 @@ from scripts.errors import ToolError
 from scripts.measure.analyze import analyze
 from scripts.measure.gates import Gates
 from scripts.measure.record import build_record, meta_from_record
-from scripts.measure.schema import LEG_ORDER, AnalysisConfig, Row, load_rows, sha256_file
+from scripts.digest import sha256_file
+from scripts.measure.schema import LEG_ORDER, AnalysisConfig, Row, load_rows
 
 MANIFEST = "manifest"
 ANALYSIS_FILES = {
