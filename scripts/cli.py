@@ -56,6 +56,10 @@ def _rebase(args: argparse.Namespace) -> None:
            report=Path(args.report) if args.report else None, keep_both_inserts=args.keep_both_inserts)
 
 
+# Commands that write build/: each runs under the exclusive lock on build/ (scripts/lock.py).
+WRITES_BUILD = ("apply", "build", "export", "rebase")
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="python -m scripts",
@@ -100,6 +104,10 @@ def parser() -> argparse.ArgumentParser:
                      help="resolve conflicts where both sides only inserted lines by keeping both (upstream first)")
     cmd.add_argument("--report", metavar="PATH", help="JSON report path (default build/rebase-report.json; "
                      "a dry run prints it on stdout unless given)")
+    for name in WRITES_BUILD:
+        sub.choices[name].add_argument(
+            "--no-wait", action="store_true",
+            help="when another command holds build/, fail at once instead of waiting for it (default: wait)")
     return top
 
 
@@ -107,7 +115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     start = time.monotonic()
     try:
-        args.func(args)
+        if args.command in WRITES_BUILD:
+            from scripts.layout import Layout
+            from scripts.lock import build_lock
+
+            with build_lock(Layout(), args.command, wait=not args.no_wait):
+                args.func(args)
+        else:
+            args.func(args)
     except ToolError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

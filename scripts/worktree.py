@@ -7,6 +7,8 @@ clobbered without ``force``.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -234,11 +236,62 @@ def build_tree(inputs: Inputs, dest: Path, source: str, offline: bool) -> State:
     return state
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False where
+    the platform or file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EXDEV):
+        return False
+    raise OSError(code, os.strerror(code), str(a))
+
+
+def _switch_in(staging: Path, tree: Path, old: Path) -> None:
+    """Make the complete ``staging`` tree the work tree; ``tree`` is never missing for a moment where
+    the atomic exchange works, and :func:`recover_interrupted_switch` repairs the fallback's gap."""
+    if not tree.exists():
+        os.replace(staging, tree)
+    elif _exchange(staging, tree):
+        shutil.rmtree(staging)  # now the previous tree
+    else:
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(tree, old)
+        # killed here: no work tree; the next run's recover_interrupted_switch puts one back
+        os.replace(staging, tree)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_interrupted_switch(layout: Layout) -> str | None:
+    """Repair what a run killed while switching trees left; returns (and prints) what it did."""
+    tree, staging, old = layout.worktree, layout.staging, layout.build / "worktree.old"
+    message = None
+    if not tree.exists():
+        if staging.is_dir() and read_state(staging) is not None:  # built completely (state is written last)
+            os.replace(staging, tree)
+            message = f"recovered {tree}: a run was interrupted while switching in its completed rebuild; kept that"
+        elif old.is_dir() and read_state(old) is not None:
+            os.replace(old, tree)
+            message = f"recovered {tree}: a run was interrupted while switching trees; put the previous tree back"
+    if tree.exists() and old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+    if message:
+        info(message)
+    return message
+
+
 def apply(layout: Layout | None = None, force: bool = False, source: str = "sdist", offline: bool = False) -> State:
     """Make ``build/worktree`` match pins + series + overlay (a no-op when it already does)."""
     layout = layout or Layout()
     inputs = load_inputs(layout)
     tree = layout.worktree
+    recover_interrupted_switch(layout)
     info(f"series {inputs.label}: vLLM {inputs.pins.vllm.version}, {len(inputs.patches)} patch(es), "
          f"{len(inputs.overlay)} overlay file(s)")
     if tree.exists():
@@ -255,7 +308,7 @@ def apply(layout: Layout | None = None, force: bool = False, source: str = "sdis
         else:
             info(f"{tree} is stale; rebuilding")
     layout.build.mkdir(parents=True, exist_ok=True)
-    staging = layout.build / "worktree.new"
+    staging = layout.staging
     if staging.exists():
         shutil.rmtree(staging)
     try:
@@ -263,11 +316,6 @@ def apply(layout: Layout | None = None, force: bool = False, source: str = "sdis
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    if tree.exists():
-        old = layout.build / "worktree.old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(tree, old)
-        shutil.rmtree(old, ignore_errors=True)
-    os.replace(staging, tree)
+    _switch_in(staging, tree, layout.build / "worktree.old")
     info(f"{tree} ready at {state.head[:12]}")
     return state
