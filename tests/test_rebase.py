@@ -470,22 +470,23 @@ def test_continue_redoes_an_interrupted_pick(vxl_project: SyntheticProject) -> N
     layout = project.layout()
     state_path = project.build / "rebase-state.json"
     # simulate: first patch picked and committed, then the process died before saving its result
-    from scripts import rebase as rebase_module
+    from scripts.rebase.replay import Replay
+    from scripts.rebase.state import PatchEntry
 
-    real_pick = rebase_module.Rebase._pick
+    real_pick = Replay._pick
     calls: list[str] = []
 
-    def dying_pick(self: rebase_module.Rebase, entry: dict) -> None:
+    def dying_pick(self: Replay, entry: PatchEntry) -> None:
         real_pick(self, entry)
-        calls.append(entry["name"])
+        calls.append(entry.name)
         raise KeyboardInterrupt
 
-    rebase_module.Rebase._pick = dying_pick  # type: ignore[method-assign]
+    Replay._pick = dying_pick  # type: ignore[method-assign]
     try:
         with pytest.raises(KeyboardInterrupt):
             rebase(onto_version=NEW, layout=layout)
     finally:
-        rebase_module.Rebase._pick = real_pick  # type: ignore[method-assign]
+        Replay._pick = real_pick  # type: ignore[method-assign]
     assert calls == ["0001-envs-declare-the-toy-XPU-toggle.patch"]
     assert json.loads(state_path.read_text())["patches"][0]["status"] == "pending"
     rebase(cont=True, layout=layout)

@@ -1,0 +1,241 @@
+"""The resumable state of a rebase (``build/rebase-state.json``) as typed dataclasses.
+
+The JSON shape is the one the first rebase tool wrote (schema ``vxl-rebase-state/1``), so a
+state file left by it is read as is; anything else (another schema, a missing or mistyped field,
+an unknown one) is refused with one line. Fields a patch gets while it is replayed are absent
+from the JSON until they are set, exactly as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scripts.errors import ToolError
+
+STATE_SCHEMA = "vxl-rebase-state/1"
+STAGE_REPLAY = "replay"
+STAGE_CHECKS = "checks"
+
+Json = dict[str, Any]
+
+
+def write_json(path: Path, data: Json) -> None:
+    """Write ``data`` atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Shallow type check of a JSON value against a field's annotation."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    base = origin or hint
+    if base is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, base)
+
+
+def _fields_from(cls: type, data: Any, where: str, rename: dict[str, str] | None = None) -> dict[str, Any]:
+    """Constructor arguments of dataclass ``cls`` from a JSON object, every field checked."""
+    if not isinstance(data, dict):
+        raise ToolError(f"{where}: expected an object, found {type(data).__name__}")
+    rename = rename or {}
+    hints = typing.get_type_hints(cls)
+    known = {rename.get(f.name, f.name): f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ToolError(f"{where}: unknown field {unknown[0]!r}")
+    out: dict[str, Any] = {}
+    for key, spec in known.items():
+        required = spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+        if key not in data:
+            if required:
+                raise ToolError(f"{where}: missing field {key!r}")
+            continue
+        value = data[key]
+        hint = hints[spec.name]
+        if dataclasses.is_dataclass(hint):
+            value = hint.from_json(value, f"{where}.{key}")  # type: ignore[attr-defined]
+        elif typing.get_origin(hint) is list and typing.get_args(hint) and \
+                dataclasses.is_dataclass(typing.get_args(hint)[0]):
+            item_cls = typing.get_args(hint)[0]
+            if not isinstance(value, list):
+                raise ToolError(f"{where}.{key}: expected a list")
+            value = [item_cls.from_json(v, f"{where}.{key}[{i}]") for i, v in enumerate(value)]
+        elif not _matches(value, hint):
+            raise ToolError(f"{where}.{key}: {json.dumps(value)[:40]} is not a {hint}")
+        out[spec.name] = value
+    return out
+
+
+@dataclass
+class Base:
+    """One upstream release: where the series comes from, or where it goes."""
+
+    version: str
+    commit: str
+    sdist_sha256: str | None
+    pristine: str  # its pristine commit in the work repository
+    git_commit: str | None  # the full upstream commit, when known (git source)
+
+    def to_json(self) -> Json:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_json(data: Any, where: str) -> Base:
+        return Base(**_fields_from(Base, data, where))
+
+
+@dataclass
+class Restore:
+    """What ``--abort`` puts back."""
+
+    head: str
+    branch: str | None
+    version_py: str | None
+    worktree_state: str | None
+
+    def to_json(self) -> Json:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_json(data: Any, where: str) -> Restore:
+        return Restore(**_fields_from(Restore, data, where))
+
+
+@dataclass
+class PatchEntry:
+    """One patch of the series and what its replay found (the report's per-patch entry)."""
+
+    name: str
+    subject: str
+    sha256: str
+    status: str  # pending, clean, merged, conflict, already-upstream, resolved
+    commit_old: str
+    files: list[str]
+    effect_check: str | None
+    drop_when: str | None
+    upstream_status: str | None
+    # set during the replay; absent from the JSON while None
+    head_before: str | None = None
+    after_skipping: list[str] | None = None
+    shares_files_with_skipped: list[str] | None = None
+    conflict: Json | None = None
+    note: str | None = None
+    head_at_stop: str | None = None
+    commit_new: list[str] | None = None
+    moved_hunks: list[Json] | None = None
+    context_changed: list[Json] | None = None
+    regrouped: list[Json] | None = None
+    edits_differ: list[str] | None = None
+    auto_resolved: str | None = None
+    dry_run_resolution: str | None = None
+    dry_run_skipped: bool | None = None
+    already_upstream: Json | None = None
+    resolved_by_user: bool | None = None
+    compile: Json | None = None
+    effect: Json | None = None
+
+    def set_comparison(self, comparison: Json) -> None:
+        """Store :func:`scripts.rebase.hunks.compare_hunks`' result."""
+        self.moved_hunks = comparison["moved_hunks"]
+        self.context_changed = comparison["context_changed"]
+        self.regrouped = comparison["regrouped"]
+        self.edits_differ = comparison["edits_differ"]
+
+    def to_json(self) -> Json:
+        out: Json = {}
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if value is not None or spec.default is dataclasses.MISSING:
+                out[spec.name] = value
+        return out
+
+    @staticmethod
+    def from_json(data: Any, where: str) -> PatchEntry:
+        return PatchEntry(**_fields_from(PatchEntry, data, where))
+
+
+@dataclass
+class RebaseState:
+    """Everything a later ``--continue`` or ``--abort`` needs, saved after every step."""
+
+    schema: str
+    stage: str  # STAGE_REPLAY or STAGE_CHECKS
+    dry_run: bool
+    keep_both_inserts: bool
+    source: str  # sdist or git
+    pins_path: str
+    git_mirror: str | None
+    from_: Base  # "from" in the JSON
+    onto: Base
+    restore: Restore
+    patches: list[PatchEntry]
+    current: int  # index of the patch being replayed (len(patches) once all are through)
+    pins_update: Json | None = None
+    cpu_runtime: Json | None = None
+    overlay: list[Json] | None = None
+    skipped: list[str] | None = None  # dry run: patches left out after a conflict
+    extra_commits_compile: Json | None = None
+    _RENAME: typing.ClassVar[dict[str, str]] = {"from_": "from"}
+
+    @property
+    def entry(self) -> PatchEntry:
+        return self.patches[self.current]
+
+    def to_json(self) -> Json:
+        out: Json = {}
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if value is None and spec.default is not dataclasses.MISSING:
+                continue
+            if isinstance(value, (Base, Restore)):
+                value = value.to_json()
+            elif spec.name == "patches":
+                value = [p.to_json() for p in value]
+            out[self._RENAME.get(spec.name, spec.name)] = value
+        return out
+
+    @staticmethod
+    def from_json(data: Any, where: str) -> RebaseState:
+        if isinstance(data, dict) and data.get("schema") != STATE_SCHEMA:
+            raise ToolError(f"{where}: unknown state schema {data.get('schema')!r} (this tool reads "
+                            f"{STATE_SCHEMA}); finish or abort that rebase with the tool that started it, "
+                            "or delete the file")
+        state = RebaseState(**_fields_from(RebaseState, data, where, RebaseState._RENAME))
+        if state.stage not in (STAGE_REPLAY, STAGE_CHECKS):
+            raise ToolError(f"{where}: unknown stage {state.stage!r}")
+        if not 0 <= state.current <= len(state.patches):
+            raise ToolError(f"{where}: current patch {state.current} out of range")
+        return state
+
+
+def save_state(path: Path, state: RebaseState) -> None:
+    write_json(path, state.to_json())
+
+
+def load_state(path: Path) -> RebaseState:
+    if not path.exists():
+        raise ToolError("no rebase in progress (nothing to continue or abort)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        raise ToolError(f"{path}: unreadable rebase state") from None
+    return RebaseState.from_json(data, str(path))
+
+
+__all__ = ["Base", "PatchEntry", "RebaseState", "Restore", "STATE_SCHEMA", "load_state", "save_state"]
