@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from scripts.digest import sha256_file
+from scripts.errors import ToolError
 from scripts.measure.analyze import analyze
 from scripts.measure.gates import Gates
 from scripts.measure.record import RecordMeta, build_record
-from scripts.measure.rederive import MANIFEST, analysis_documents, rows_artifact
 from scripts.measure.schema import (
     LEG_ORDER,
     TEACHER,
@@ -19,14 +20,51 @@ from scripts.measure.schema import (
     Row,
     dump_json,
     dump_rows,
+    load_rows,
 )
 
+# The run directory's artifacts, by name (the record's "artifacts" and "sha256" keys)
 RECORD_FILE = "record.json"
 PLOT_FILE = "crossover.png"
+MANIFEST = "manifest"
+ANALYSIS_FILES = {
+    "full_analysis": None,
+    "all_vs_teacher": "all_vs_teacher",
+    "cross_leg": "cross_leg",
+}
 
 
 def server_log_artifact(leg: str) -> str:
     return f"{leg.lower()}_server_log"
+
+
+def rows_artifact(leg: str) -> str:
+    return f"{leg.lower()}_bench"
+
+
+def analysis_documents(analysis: dict[str, Any]) -> dict[str, Any]:
+    """The JSON documents written next to the rows, by artifact name."""
+    return {
+        name: analysis if key is None else analysis[key] for name, key in ANALYSIS_FILES.items()
+    }
+
+
+def load_run(
+    root: Path, artifacts: dict[str, str]
+) -> tuple[dict[str, list[Row]], list[Row] | None, dict[str, Any]]:
+    manifest_rel = artifacts.get(MANIFEST)
+    if manifest_rel is None:
+        raise ToolError("record lists no manifest artifact")
+    manifest = json.loads((root / manifest_rel).read_text(encoding="utf-8"))
+    legs = {}
+    for leg in LEG_ORDER:
+        rel = artifacts.get(rows_artifact(leg))
+        if rel is None:
+            raise ToolError(f"record lists no rows for leg {leg}")
+        legs[leg] = load_rows(root / rel)
+    teacher_rel = artifacts.get(rows_artifact("teacher"))
+    teacher = load_rows(root / teacher_rel) if teacher_rel is not None else None
+    return legs, teacher, manifest
 
 
 def write_rows(
@@ -55,8 +93,6 @@ def finish_run(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Analyze the rows already written under ``out`` and write manifest, analysis documents,
     the plot (when given) and ``record.json``. Returns ``(analysis, record)``."""
-    from scripts.measure.rederive import load_run
-
     artifacts = dict(raw_artifacts)
     artifacts[MANIFEST] = "run.json"
     dump_json(manifest, out / "run.json")
@@ -79,6 +115,4 @@ def finish_run(
 
 def dump_json_ordered(data: object, path: Path) -> None:
     """Records keep the reference layout's key order (not sorted)."""
-    import json
-
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

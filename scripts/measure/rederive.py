@@ -6,19 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from scripts.digest import sha256_file
 from scripts.errors import ToolError
 from scripts.measure.analyze import analyze
+from scripts.measure.artifacts import analysis_documents, load_run
+from scripts.measure.checks import Failure, Report, close, is_number
 from scripts.measure.gates import Gates
 from scripts.measure.record import build_record, meta_from_record
-from scripts.digest import sha256_file
-from scripts.measure.schema import LEG_ORDER, AnalysisConfig, Row, load_rows
+from scripts.measure.schema import AnalysisConfig
 
-MANIFEST = "manifest"
-ANALYSIS_FILES = {
-    "full_analysis": None,
-    "all_vs_teacher": "all_vs_teacher",
-    "cross_leg": "cross_leg",
-}
 DERIVED_SECTIONS = (
     "metric",
     "metric_conventional",
@@ -32,35 +28,6 @@ DERIVED_SECTIONS = (
     "gates",
     "audits",
 )
-
-
-def rows_artifact(leg: str) -> str:
-    return f"{leg.lower()}_bench"
-
-
-def analysis_documents(analysis: dict[str, Any]) -> dict[str, Any]:
-    """The JSON documents written next to the rows, by artifact name."""
-    return {
-        name: analysis if key is None else analysis[key] for name, key in ANALYSIS_FILES.items()
-    }
-
-
-def load_run(
-    root: Path, artifacts: dict[str, str]
-) -> tuple[dict[str, list[Row]], list[Row] | None, dict[str, Any]]:
-    manifest_rel = artifacts.get(MANIFEST)
-    if manifest_rel is None:
-        raise ToolError("record lists no manifest artifact")
-    manifest = json.loads((root / manifest_rel).read_text(encoding="utf-8"))
-    legs = {}
-    for leg in LEG_ORDER:
-        rel = artifacts.get(rows_artifact(leg))
-        if rel is None:
-            raise ToolError(f"record lists no rows for leg {leg}")
-        legs[leg] = load_rows(root / rel)
-    teacher_rel = artifacts.get(rows_artifact("teacher"))
-    teacher = load_rows(root / teacher_rel) if teacher_rel is not None else None
-    return legs, teacher, manifest
 
 
 def _leaves(data: Any, prefix: str) -> list[tuple[str, Any]]:
@@ -82,8 +49,6 @@ def _lookup(record: dict[str, Any], path: str) -> tuple[bool, Any]:
 
 
 def _same(a: Any, b: Any) -> bool:
-    from scripts.measure.verify_record import close, is_number
-
     if is_number(a) and is_number(b):
         return close(float(a), float(b)) and isinstance(a, int) == isinstance(b, int) or a == b
     if isinstance(a, list) and isinstance(b, list):
@@ -91,9 +56,7 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def raw_checks(record: dict[str, Any], root: Path, report: Any) -> None:
-    from scripts.measure.verify_record import Failure
-
+def raw_checks(record: dict[str, Any], root: Path, report: Report) -> None:
     def fail(fields: tuple[str, ...], message: str) -> None:
         report.failures.append(Failure(fields, message))
 
