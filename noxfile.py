@@ -20,7 +20,8 @@ TOOL_DEPS = ["unidiff>=0.7.5", "packaging>=24.2"]
 # torch: any CPU build stands in for the XPU one while building (2.13.0 is what pip has here).
 BUILD_DEPS = ["torch==2.13.0", "cmake>=3.26.1", "ninja", "packaging>=24.2", "setuptools>=77.0.3,<81.0.0",
               "setuptools-scm>=8", "setuptools-rust>=1.9.0", "wheel", "jinja2", "numpy"]
-TEST_DEPS = ["pytest>=8", "pytest-timeout"]
+RUFF = "ruff==0.14.0"  # the version vLLM 0.26.0's pre-commit runs
+TEST_DEPS = ["pytest>=8", "pytest-timeout", RUFF]
 
 
 @nox.session(reuse_venv=True)
@@ -150,3 +151,12 @@ def crossover(session: nox.Session) -> None:
     _cpu_runtime(session)
     session.install("matplotlib")
     session.run("python", "-m", "scripts.measure", "crossover", *args)
+
+
+@nox.session(reuse_venv=True, default=False)
+def style(session: nox.Session) -> None:
+    """ruff format --check + ruff check: scripts/, tests/, noxfile.py with ruff.toml; overlay/ with vLLM's own settings."""
+    session.install(*TOOL_DEPS, RUFF)
+    session.run("ruff", "format", "--check", "scripts", "tests", "noxfile.py")
+    session.run("ruff", "check", "scripts", "tests", "noxfile.py")
+    session.run("python", "-m", "scripts.style", *session.posargs)

@@ -114,12 +114,14 @@ def verify(target: str, layout: Layout | None = None, python: str | None = None)
         problems.append(f"version is {version}, the repository builds {expected['version']}")
     for key in ("label", "input_hash", "pins"):
         if record.get(key) != expected[key]:
-            problems.append(f"{key} differs (wheel {json.dumps(record.get(key))[:80]}, repository {json.dumps(expected[key])[:80]})")
+            got_text, want_text = json.dumps(record.get(key))[:80], json.dumps(expected[key])[:80]
+            problems.append(f"{key} differs (wheel {got_text}, repository {want_text})")
     got = {p["name"]: p["sha256"] for p in record.get("patches", [])}
     want = {p["name"]: p["sha256"] for p in expected["patches"]}
     for name in sorted(set(got) | set(want)):
         if got.get(name) != want.get(name):
-            problems.append(f"patch {name}: sha256 {str(got.get(name))[:12]} in the build, {str(want.get(name))[:12]} in the repository")
+            built, ours = str(got.get(name))[:12], str(want.get(name))[:12]
+            problems.append(f"patch {name}: sha256 {built} in the build, {ours} in the repository")
     if [p["name"] for p in record.get("patches", [])] != [p["name"] for p in expected["patches"]] and not any(
             p.startswith("patch ") for p in problems):
         problems.append("patch order differs from patches/series")

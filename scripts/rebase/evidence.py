@@ -9,7 +9,7 @@ from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from scripts.git import blob_at, git, run_git
-from scripts.rebase.hunks import move_probes, overlaps, parse_hunks
+from scripts.rebase.hunks import header, move_probes, overlaps, parse_hunks
 from scripts.rebase.state import Json
 
 UPSTREAM_DIFF_MAX_LINES = 400
@@ -64,8 +64,8 @@ def _hunks_under(upstream_diff: str, patch_hunks: list[Json]) -> list[Json]:
             for ph in patch_hunks:
                 if overlaps(uh.source_start, uh.source_length, ph["source_start"], ph["source_length"]):
                     lines = str(uh).splitlines()
-                    under.append({"upstream": f"@@ -{uh.source_start},{uh.source_length} "
-                                              f"+{uh.target_start},{uh.target_length} @@",
+                    under.append({"upstream": header(uh.source_start, uh.source_length, uh.target_start,
+                                                     uh.target_length),
                                   "patch": ph["header"],
                                   "upstream_hunk": "\n".join(lines[:UPSTREAM_HUNK_MAX_LINES]),
                                   "upstream_hunk_truncated": len(lines) > UPSTREAM_HUNK_MAX_LINES})

@@ -11,6 +11,10 @@ from scripts.rebase.state import Json
 COMPARISON_KEYS = ("moved_hunks", "context_changed", "regrouped", "edits_differ")
 
 
+def header(source_start: int, source_length: int, target_start: int, target_length: int) -> str:
+    return f"@@ -{source_start},{source_length} +{target_start},{target_length} @@"
+
+
 def parse_hunks(text: str, what: str) -> dict[str, list[Json]]:
     """Per file, the hunks of a unified diff: header, ranges, edit lines, context lines, section."""
     try:
@@ -22,7 +26,7 @@ def parse_hunks(text: str, what: str) -> dict[str, list[Json]]:
         hunks = []
         for hunk in pfile:
             hunks.append({
-                "header": f"@@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@",
+                "header": header(hunk.source_start, hunk.source_length, hunk.target_start, hunk.target_length),
                 "source_start": hunk.source_start, "source_length": hunk.source_length,
                 "target_start": hunk.target_start, "target_length": hunk.target_length,
                 "changes": [str(line) for line in hunk if line.is_added or line.is_removed],

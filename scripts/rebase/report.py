@@ -105,7 +105,8 @@ def conflict_line(f: Json) -> str:
         return (f"{f['file']} markers at lines " + ",".join(f"{m['start']}-{m['end']}" for m in f["markers"])
                 + f" (upstream {up['state']}"
                 + (f"; {both} block(s) where both sides only inserted lines: keep both" if both else "") + ")")
-    text = f"{f['file']}: {up['state']} upstream, no markers (modify/{'delete' if up['state'] == 'removed' else up['state']})"
+    kind = "delete" if up["state"] == "removed" else up["state"]
+    text = f"{f['file']}: {up['state']} upstream, no markers (modify/{kind})"
     if up.get("possibly_moved_to"):
         best = up["possibly_moved_to"][0]
         text += f"; its context is now in {best['file']}? ({best['matching_lines']}/{best['probes']} lines)"
