@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scripts.tokens import first_difference
+
 SCHEMA = "vllm-xpu-laguna-matrix-v1"
 WIDTH = 8  # DFlash M8: 7 drafted tokens + 1 verified
 GRAPH_ENV = "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH"
@@ -202,16 +204,6 @@ class LegResult:
     mismatches: list[str] = field(default_factory=list)
     seconds: float = 0.0
     attention: dict[str, Any] = field(default_factory=dict)
-
-
-def first_difference(a: list[int], b: list[int]) -> tuple[int, int | None, int | None] | None:
-    """(position, a_token, b_token) of the first difference, or None when equal."""
-    for pos in range(max(len(a), len(b))):
-        x = a[pos] if pos < len(a) else None
-        y = b[pos] if pos < len(b) else None
-        if x != y:
-            return pos, x, y
-    return None
 
 
 def compare(teacher: list[list[int]], leg: list[list[int]], what: str) -> tuple[int, list[str]]:

@@ -13,7 +13,7 @@ import pytest
 
 import synthetic
 from synthetic import Change, tool_error
-from scripts.worktree import OVERLAY_SUBJECT, apply, read_state
+from scripts.worktree import OVERLAY_SUBJECT, apply, read_state, state_path
 
 ENVS = "vllm/envs.py"
 
@@ -462,7 +462,7 @@ def test_foreign_directory_is_not_clobbered(vxl_project) -> None:
 def test_corrupt_state_file_is_treated_as_foreign(vxl_project) -> None:
     project = vxl_project
     _apply(project)
-    (project.tree / ".git" / "vxl-state.json").write_text("{not json")
+    state_path(project.tree).write_text("{not json")
     assert "not made by this tool" in tool_error(_apply, project)
     assert read_state(project.tree) is None
 
@@ -472,7 +472,7 @@ def test_failed_apply_leaves_the_old_tree_untouched(failure: str, vxl_project) -
     project = vxl_project
     state = _apply(project)
     before = synthetic.tree_snapshot(project.tree)
-    state_text = (project.tree / ".git" / "vxl-state.json").read_text()
+    state_text = state_path(project.tree).read_text()
     if failure == "conflicting-patch":
         base = project.patched_files()
         base[ENVS] = _replace_line(base[ENVS], '"VLLM_TOY_20", "20"', '"VLLM_TOY_20", "twenty"')
@@ -487,7 +487,7 @@ def test_failed_apply_leaves_the_old_tree_untouched(failure: str, vxl_project) -
     tool_error(_apply, project)
     assert project.head() == state.head
     assert synthetic.tree_snapshot(project.tree) == before
-    assert (project.tree / ".git" / "vxl-state.json").read_text() == state_text
+    assert state_path(project.tree).read_text() == state_text
     _no_staging(project)
 
 

@@ -74,5 +74,3 @@ def test_p10_matches_numpy_linear_definition() -> None:
 
 def test_percent_formulas() -> None:
     assert metrics.pct_change(110.0, 100.0) == pytest.approx(10.0)
-    assert metrics.pct_over(50.0, 100.0) == pytest.approx(-50.0)
-    assert metrics.legacy_factor(100) == pytest.approx(1 / 0.99)

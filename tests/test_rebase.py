@@ -18,7 +18,7 @@ from synthetic import Change, SyntheticProject, make_sdist, sha256, upstream_fil
 from scripts.errors import ToolError
 from scripts.pins import load_pins, parse_pins
 from scripts.rebase import REPORT_SCHEMA, compare_hunks, parse_xpu_requirements, rebase, rewrite_pins
-from scripts.worktree import apply
+from scripts.worktree import apply, state_path
 
 NEW = "10.0.0"
 NEW_COMMIT = "def5678aa"
@@ -68,7 +68,7 @@ def tree_state(project: SyntheticProject) -> dict[str, object]:
         "branch": project.tree_git("symbolic-ref", "--short", "HEAD"),
         "refs": project.tree_git("for-each-ref", "--format=%(refname) %(objectname)"),
         "status": project.tree_git("status", "--porcelain", "--untracked-files=all", "--ignored"),
-        "vxl_state": (tree / ".git" / "vxl-state.json").read_text(),
+        "vxl_state": state_path(tree).read_text(),
     }
 
 
@@ -468,7 +468,7 @@ def test_continue_redoes_an_interrupted_pick(vxl_project: SyntheticProject) -> N
     prepare(project)
     release(project, new_files(**{"vllm/envs.py": synthetic.envs_py(extra_top="# upstream header")}))
     layout = project.layout()
-    state_path = project.build / "rebase-state.json"
+    rebase_state = project.build / "rebase-state.json"
     # simulate: first patch picked and committed, then the process died before saving its result
     from scripts.rebase.replay import Replay
     from scripts.rebase.state import PatchEntry
@@ -488,7 +488,7 @@ def test_continue_redoes_an_interrupted_pick(vxl_project: SyntheticProject) -> N
     finally:
         Replay._pick = real_pick  # type: ignore[method-assign]
     assert calls == ["0001-envs-declare-the-toy-XPU-toggle.patch"]
-    assert json.loads(state_path.read_text())["patches"][0]["status"] == "pending"
+    assert json.loads(rebase_state.read_text())["patches"][0]["status"] == "pending"
     rebase(cont=True, layout=layout)
     report = report_of(project)
     assert report["outcome"] == "success" and statuses(report) == ["merged", "clean"]

@@ -23,6 +23,7 @@ from scripts.measure.schema import (
     fraction,
     pair_name,
 )
+from scripts.tokens import first_difference
 
 
 def _check_row(row: Row, leg: str, index: int, window: int) -> None:
@@ -117,10 +118,8 @@ def pair_stats(
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    for position, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return position
-    return None if len(a) == len(b) else min(len(a), len(b))
+    diff = first_difference(a, b)
+    return None if diff is None else diff[0]
 
 
 def quality(

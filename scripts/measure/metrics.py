@@ -40,11 +40,6 @@ def tok_s_legacy(token_times_s: Sequence[float], window: int = 100) -> float:
     return window / window_span_s(token_times_s, window)
 
 
-def legacy_factor(window: int) -> float:
-    """legacy = conventional * factor (100/99 for the 1..100 window)."""
-    return window / (window - 1)
-
-
 def tok_s_full_after_ttft(token_times_s: Sequence[float]) -> float:
     """All output tokens after TTFT, legacy convention (n events over the n-1 intervals)."""
     n = len(token_times_s)
@@ -104,7 +99,3 @@ def pct_change(new: float, old: float) -> float:
     """(new - old) / old * 100, the formula the reference records' pair deltas use."""
     return (new - old) / old * 100
 
-
-def pct_over(value: float, base: float) -> float:
-    """(value / base - 1) * 100, the formula the reference records' record.delta_pct uses."""
-    return (value / base - 1) * 100
