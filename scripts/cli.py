@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     start = time.monotonic()
     try:
-        if args.command in WRITES_BUILD:
+        if args.command in WRITES_BUILD and not getattr(args, "dry_run", False):  # a dry run writes no build/
             from scripts.layout import Layout
             from scripts.lock import build_lock
 

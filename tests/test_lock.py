@@ -181,3 +181,15 @@ def test_no_recovery_on_a_normal_rebuild(vxl_project, capfd) -> None:
     apply(project.layout())
     err = capfd.readouterr().err
     assert "is stale; rebuilding" in err and "recovered" not in err
+
+
+def test_a_dry_run_rebase_does_not_take_the_lock(vxl_project) -> None:
+    """--dry-run writes nothing under build/ (not even the lock file), so it never waits."""
+    project = vxl_project
+    project.install_cli()
+    holder = _holder(project)
+    try:
+        proc = project.cli("rebase", "--onto", "9.9.10", "--dry-run", "--no-wait")
+    finally:
+        holder.communicate("")
+    assert "in use by" not in proc.stderr and "not on the package index" in proc.stderr, proc.stderr
