@@ -199,11 +199,7 @@ def _start(layout: Layout, onto_version: str | None, onto_commit: str | None, so
     if wt_state is None:
         raise ToolError(f"{tree}: not a work tree made by this tool")
     commits = _patch_commits(tree, inputs, wt_state.pristine)
-    version_py = tree / "vllm" / "_version.py"
-    state_file = state_path(tree)
-    restore = Restore(head=git(tree, "rev-parse", "HEAD"), branch=_current_branch(tree),
-                      version_py=version_py.read_text(encoding="utf-8") if version_py.exists() else None,
-                      worktree_state=state_file.read_text(encoding="utf-8") if state_file.exists() else None)
+    restore = _restore_point(tree)
     with step(f"fetch pristine vLLM {new_pins.vllm.version} into {tree} as a second base"):
         git(tree, "fetch", "-q", "--no-tags", str(cached), f"+pristine:{ONTO_REF}")
         new_base = git(tree, "rev-parse", "--verify", "--quiet", f"{ONTO_REF}^{{commit}}")
@@ -218,23 +214,35 @@ def _start(layout: Layout, onto_version: str | None, onto_commit: str | None, so
                    git_commit=full_commit(pins.vllm.git_url, pins.vllm.commit) if is_git else None),
         onto=Base(version=new_pins.vllm.version, commit=new_pins.vllm.commit,
                   sdist_sha256=onto_sha if onto_sha.strip("0") else None, pristine=new_base, git_commit=full),
-        restore=restore,
-        patches=[PatchEntry(name=patch.name, subject=patch.subject, sha256=patch.sha256, status="pending",
-                            commit_old=commit, files=files_of(tree, commit),
-                            effect_check=patch.fields.get("Effect-Check"), drop_when=patch.fields.get("Drop-When"),
-                            upstream_status=patch.fields.get("Upstream-Status"))
-                 for commit, patch in zip(commits, inputs.patches, strict=True)],
-        current=0,
+        restore=restore, patches=_pending(tree, commits, inputs), current=0,
+        pins_update=pins_update(tree, new_base, new_pins),
+        cpu_runtime=cpu_runtime_note(pins, new_pins.vllm.version, offline),
     )
-    state.pins_update = pins_update(tree, new_base, new_pins)
-    state.cpu_runtime = cpu_runtime_note(pins, new_pins.vllm.version, offline)
     git(tree, "checkout", "-q", "-B", BRANCH, new_base)
     new_version = cached / "vllm_version.py"
     if new_version.exists():
-        shutil.copy2(new_version, version_py)
+        shutil.copy2(new_version, tree / "vllm" / "_version.py")
     session = Session(layout, state, tree, report_path)
     session.save()
     return _run_to_end(session, 0)
+
+
+def _restore_point(tree: Path) -> Restore:
+    """What --abort needs to put ``tree`` back as it is now."""
+    version_py = tree / "vllm" / "_version.py"
+    state_file = state_path(tree)
+    return Restore(head=git(tree, "rev-parse", "HEAD"), branch=_current_branch(tree),
+                   version_py=version_py.read_text(encoding="utf-8") if version_py.exists() else None,
+                   worktree_state=state_file.read_text(encoding="utf-8") if state_file.exists() else None)
+
+
+def _pending(tree: Path, commits: list[str], inputs: Inputs) -> list[PatchEntry]:
+    """One not yet replayed entry per patch, with the fields its header declares."""
+    return [PatchEntry(name=patch.name, subject=patch.subject, sha256=patch.sha256, status="pending",
+                       commit_old=commit, files=files_of(tree, commit),
+                       effect_check=patch.fields.get("Effect-Check"), drop_when=patch.fields.get("Drop-When"),
+                       upstream_status=patch.fields.get("Upstream-Status"))
+            for commit, patch in zip(commits, inputs.patches, strict=True)]
 
 
 def _current_branch(tree: Path) -> str | None:
