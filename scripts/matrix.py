@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     models = run.add_mutually_exclusive_group(required=True)
     models.add_argument("--tiny", metavar="DIR", help="generate (or reuse) the tiny random Laguna pair in DIR")
     models.add_argument("--model-dir", help="local target model (e.g. the pinned Laguna-S-2.1-INT4)")
-    run.add_argument("--draft-dir", help="local DFlash drafter (required with --model-dir)")
+    run.add_argument("--draft-dir", help="local DFlash drafter (required with --model-dir; default: none, --tiny brings its own)")
     run.add_argument("--method", default="dflash", choices=("dflash", "ngram"), help="speculative method")
     run.add_argument("--prompts", type=int, default=13, help="fresh prompts per leg")
     run.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt")
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--report", default="build/matrix-report.json", help="JSON report path")
     run.add_argument("--check-only", action="store_true",
                      help="check the options (paths, config.json, sizes) and exit; nothing is installed or run")
-    leg = sub.add_parser("leg", help="(internal) run one leg from a JSON config file")
+    leg = sub.add_parser("leg", help="(internal) run one leg from a JSON config file", formatter_class=HelpFormatter)
     leg.add_argument("config", help="leg config JSON (written by run)")
     leg.add_argument("output", help="where the leg writes its JSON result")
     args = parser.parse_args(argv)

@@ -489,13 +489,23 @@ def reanalyze_main(argv: list[str]) -> int:
         manifest = json.loads((out / "run.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ToolError(f"{out}: no readable run.json ({exc})") from None
-    record = json.loads((out / RECORD_FILE).read_text(encoding="utf-8"))
+    try:
+        record = json.loads((out / RECORD_FILE).read_text(encoding="utf-8"))
+        artifacts = record["artifacts"]
+        stored = manifest["record_meta"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ToolError(f"{out}: no readable {RECORD_FILE} with its artifact list ({exc})") from None
     raw = {
         k: v
-        for k, v in record["artifacts"].items()
+        for k, v in artifacts.items()
         if k not in ("manifest", "full_analysis", "all_vs_teacher", "cross_leg", "plot")
     }
-    stored = manifest["record_meta"]
+    missing = [f"{name} ({rel})" for name, rel in raw.items() if not (out / rel).is_file()]
+    if missing:
+        raise ToolError(
+            f"{out}: raw artifact(s) missing: {', '.join(missing)}; the record's hashes cover "
+            f"them, so the run cannot be re-analyzed without them"
+        )
     meta = RecordMeta(
         schema=stored["schema"],
         date=stored["date"],
