@@ -20,7 +20,7 @@ TOOL_DEPS = ["unidiff>=0.7.5", "packaging>=24.2"]
 # torch: any CPU build stands in for the XPU one while building (2.13.0 is what pip has here).
 BUILD_DEPS = ["torch==2.13.0", "cmake>=3.26.1", "ninja", "packaging>=24.2", "setuptools>=77.0.3,<81.0.0",
               "setuptools-scm>=8", "setuptools-rust>=1.9.0", "wheel", "jinja2", "numpy"]
-TEST_DEPS = ["pytest>=8", "pytest-timeout"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "nox"]  # nox: tests/test_readme.py runs the README's commands
 
 
 @nox.session(reuse_venv=True)
@@ -143,6 +143,14 @@ def _tiny_default(args: list[str]) -> list[str]:
     if any(a in args for a in ("--tiny", "--model-dir")) or any(a.startswith("--model-dir=") for a in args):
         return args
     return ["--tiny", "build/tiny-laguna", *args]
+
+
+@nox.session(reuse_venv=True, default=False)
+def readme(session: nox.Session) -> None:
+    """Run the README's crossover and series-editing snippets as written (the crossover starts five servers: minutes)."""
+    session.install(*TOOL_DEPS, *TEST_DEPS)
+    session.run("python", "-m", "pytest", "-q", "-ra", "tests/test_readme.py", *session.posargs,
+                env={"VXL_README_FULL": "1"})
 
 
 @nox.session(name="verify-record", reuse_venv=True, default=False)
