@@ -20,7 +20,7 @@ TOOL_DEPS = ["unidiff>=0.7.5", "packaging>=24.2"]
 # torch: any CPU build stands in for the XPU one while building (2.13.0 is what pip has here).
 BUILD_DEPS = ["torch==2.13.0", "cmake>=3.26.1", "ninja", "packaging>=24.2", "setuptools>=77.0.3,<81.0.0",
               "setuptools-scm>=8", "setuptools-rust>=1.9.0", "wheel", "jinja2", "numpy"]
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "nox"]  # nox: tests/test_readme.py runs the README's commands
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "nox", "matplotlib"]  # nox: test_readme.py; matplotlib: test_measure_plot.py
 
 
 @nox.session(reuse_venv=True)
