@@ -70,7 +70,7 @@ def test_no_traceback_for_bad_options(tmp_path: Path) -> None:
         (["scripts.matrix", "run", "--model-dir", str(REPO_ROOT)], "no config.json"),
     ]
     for argv, message in cases:
-        proc = subprocess.run([sys.executable, "-m", *argv], cwd=REPO_ROOT, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-m", *argv], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
         assert proc.returncode != 0, argv
         assert "Traceback" not in proc.stderr, proc.stderr
         assert message in proc.stderr, proc.stderr
@@ -82,17 +82,17 @@ def test_crossover_refuses_a_long_prompt_that_does_not_fit(tmp_path: Path) -> No
             "--prompts", "3", "--max-tokens", "32", "--window", "32", "--check-only"]
     # the README's old command: default --long-prompt-tokens 1024 + 32 > --max-model-len 1024
     proc = subprocess.run([*base, "--server-args", "--max-model-len 1024"], cwd=REPO_ROOT, capture_output=True,
-                          text=True)
+                          text=True, check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
         "crossover: error: the long prompt (1024 tokens, --long-prompt-tokens) + --max-tokens 32 = 1056 > 1024 "
         "(--max-model-len in --server-args); lower --long-prompt-tokens or --max-tokens, or raise the limit")
     proc = subprocess.run([*base, "--server-args", "--max-model-len 1024", "--long-prompt-tokens", "200"],
-                          cwd=REPO_ROOT, capture_output=True, text=True)
+                          cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     # without --max-model-len the model's max_position_embeddings is the limit
     proc = subprocess.run([*base, "--max-tokens", "4000", "--rollover-at", "4000"], cwd=REPO_ROOT, capture_output=True,
-                          text=True)
+                          text=True, check=False)
     assert proc.returncode == 1 and "max_position_embeddings" in proc.stderr
 
 

@@ -37,7 +37,7 @@ def snippet(name: str, text: str | None = None) -> str:
     if marker not in text:
         raise AssertionError(f"README.md has no {marker}")
     after = text.split(marker, 1)[1].lstrip("\n")
-    match = re.match(r"```(?:bash|sh)\n(.*?)\n```", after, re.S)
+    match = re.match(r"```(?:bash|sh)\n(.*?)\n```", after, re.DOTALL)
     if match is None:
         raise AssertionError(f"no ```bash block right after {marker}")
     return match.group(1)
@@ -83,7 +83,7 @@ def test_snippets_are_marked() -> None:
 
 def test_every_nox_session_and_module_the_readme_names_exists() -> None:
     text = README.read_text(encoding="utf-8")
-    blocks = re.findall(r"```(?:bash|sh)\n(.*?)\n```", text, re.S)
+    blocks = re.findall(r"```(?:bash|sh)\n(.*?)\n```", text, re.DOTALL)
     inline = re.findall(r"`([^`\n]*(?:nox -s|python3? -m) [^`\n]*)`", text)
     sessions = nox_sessions()
     seen_sessions, seen_modules = set(), set()
@@ -114,7 +114,7 @@ def _crossover_args(block: str) -> list[list[str]]:
 
 def _check_only(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "scripts.measure", "crossover", *args, "--check-only"], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "scripts.measure", "crossover", *args, "--check-only"], check=False, cwd=cwd,
                           env=env, capture_output=True, text=True)
 
 
@@ -145,7 +145,7 @@ def _shell(block: str, cwd: Path, no_venv: bool) -> subprocess.CompletedProcess[
     script = f'nox() {{ "{sys.executable}" -m nox{flags} "$@"; }}\nset -e\n{block}\n'
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("VXL_BUILD_DIR", None)
-    return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=3000)
+    return subprocess.run(["bash", "-c", script], check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=3000)
 
 
 def test_series_editing_snippet_runs_as_written(tmp_path: Path) -> None:

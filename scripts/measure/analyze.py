@@ -14,7 +14,6 @@ from typing import Any
 from scripts.errors import ToolError
 from scripts.measure import metrics
 from scripts.measure.gates import Gates
-from scripts.measure.timing import find_burst
 from scripts.measure.schema import (
     CANDIDATE_LEGS,
     LEG_ORDER,
@@ -24,6 +23,7 @@ from scripts.measure.schema import (
     fraction,
     pair_name,
 )
+from scripts.measure.timing import find_burst
 
 
 def _check_row(row: Row, leg: str, index: int, window: int) -> None:

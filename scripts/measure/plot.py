@@ -103,8 +103,8 @@ def write_plot(
         (leg, i) for leg in LEG_ORDER for i, f in flags[leg].items() if "not teacher-exact" in f
     ]
     for marks, style, text in (
-        (bursts, {"marker": "X", "s": 160, "color": "black"}, "burst row: timing is a stall "
-         "artifact (plausible_chunk_timing fails)"),
+        (bursts, {"marker": "X", "s": 160, "color": "black"},
+         "burst row: timing is a stall artifact (plausible_chunk_timing fails)"),
         (wrong, {"marker": "o", "s": 220, "facecolors": "none", "edgecolors": "purple",
                  "linewidths": 2}, "row differs from the teacher"),
     ):

@@ -82,9 +82,9 @@ def check(args: argparse.Namespace) -> None:
         raise ToolError(f"--prior-record {args.prior_record}: no such file")
     if not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
         raise ToolError(f"--python {args.python}: not an executable file")
-    if args.out is not None and Path(args.out).exists():
-        if not Path(args.out).is_dir() or any(Path(args.out).iterdir()):
-            raise ToolError(f"--out {args.out}: exists and is not an empty directory")
+    out = None if args.out is None else Path(args.out)
+    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ToolError(f"--out {args.out}: exists and is not an empty directory")
     _check_lengths(args, target)
 
 
