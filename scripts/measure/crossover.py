@@ -465,6 +465,9 @@ def _report(analysis: dict[str, Any], record: dict[str, Any], out: Path) -> None
     info(f"quality: {json.dumps(record['quality'])}")
     value = record["record"]["candidate_lower_start_tok_s"]
     info(f"record value {value:.3f} tok/s: {record['status']}")
+    for burst in analysis.get("burst_rows", []):
+        info(f"burst row (timing is a stall artifact): {burst['leg']} row {burst['index']} "
+             f"({burst['kind']}): {burst['burst']}")
     if analysis["failing_gates"]:
         info(f"failing gates: {', '.join(record['audits']['failing_gates'])}")
     info(f"record: {out / RECORD_FILE}")
