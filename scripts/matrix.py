@@ -294,32 +294,95 @@ def _series_info() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.matrix", description=__doc__.split("\n\n")[0])
+    from scripts.cli import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="python -m scripts.matrix", description=__doc__.split("\n\n")[0],
+                                     formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the matrix and write the report")
+    run = sub.add_parser("run", help="run the matrix and write the report", formatter_class=HelpFormatter,
+                         description="Run the equivalence matrix and write the report. Options are checked "
+                         "before any engine starts.")
     models = run.add_mutually_exclusive_group(required=True)
     models.add_argument("--tiny", metavar="DIR", help="generate (or reuse) the tiny random Laguna pair in DIR")
     models.add_argument("--model-dir", help="local target model (e.g. the pinned Laguna-S-2.1-INT4)")
-    run.add_argument("--draft-dir", help="local DFlash drafter (required with --model-dir)")
-    run.add_argument("--method", default="dflash", choices=("dflash", "ngram"))
-    run.add_argument("--prompts", type=int, default=13)
-    run.add_argument("--max-tokens", type=int, default=128)
+    run.add_argument("--draft-dir", help="local DFlash drafter (required with --model-dir; default: none, --tiny brings its own)")
+    run.add_argument("--method", default="dflash", choices=("dflash", "ngram"), help="speculative method")
+    run.add_argument("--prompts", type=int, default=13, help="fresh prompts per leg")
+    run.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt")
     run.add_argument("--legs", default=",".join(leg.name for leg in LEGS), help="comma-separated leg names")
-    run.add_argument("--tp", type=int, default=1)
+    run.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     run.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on devices")
-    run.add_argument("--max-model-len", type=int, default=1024)
-    run.add_argument("--kv-cache-bytes", type=int, default=512 << 20, help="CPU only")
+    run.add_argument("--max-model-len", type=int, default=1024, help="engine max_model_len (prompt + output)")
+    run.add_argument("--kv-cache-bytes", type=int, default=512 << 20, help="KV cache bytes (CPU only)")
     run.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh per run)")
-    run.add_argument("--report", default="build/matrix-report.json")
-    leg = sub.add_parser("leg", help="(internal) run one leg from a JSON config file")
-    leg.add_argument("config")
-    leg.add_argument("output")
+    run.add_argument("--report", default="build/matrix-report.json", help="JSON report path")
+    run.add_argument("--check-only", action="store_true",
+                     help="check the options (paths, config.json, sizes) and exit; nothing is installed or run")
+    leg = sub.add_parser("leg", help="(internal) run one leg from a JSON config file", formatter_class=HelpFormatter)
+    leg.add_argument("config", help="leg config JSON (written by run)")
+    leg.add_argument("output", help="where the leg writes its JSON result")
     args = parser.parse_args(argv)
     if args.command == "leg":
         config = json.loads(Path(args.config).read_text())
         Path(args.output).write_text(json.dumps(run_leg(config)))
         return 0
+    problem = validate_run(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.check_only:
+        print("matrix: options OK", file=sys.stderr)
+        return 0
     return _drive(args)
+
+
+def _model_problem(option: str, directory: str | None) -> str | None:
+    if not directory:
+        return f"{option} is required"
+    path = Path(directory)
+    if not path.is_dir():
+        return f"{option} {directory}: no such directory"
+    config = path / "config.json"
+    if not config.is_file():
+        return f"{option} {directory}: no config.json (not a model directory)"
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"{option} {directory}: config.json is not readable JSON ({exc})"
+    return None
+
+
+def validate_run(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``run``'s options, in one line (None: nothing). Runs before anything is
+    installed, generated or started; needs neither torch nor vLLM."""
+    if args.model_dir:
+        problem = _model_problem("--model-dir", args.model_dir)
+        if problem:
+            return problem
+        if args.method == "dflash":
+            problem = _model_problem("--draft-dir", args.draft_dir)
+            if problem:
+                return problem + " (the DFlash drafter, with --model-dir)"
+    elif args.draft_dir:
+        return "--draft-dir goes with --model-dir (--tiny generates its own drafter)"
+    elif Path(args.tiny).exists() and not Path(args.tiny).is_dir():
+        return f"--tiny {args.tiny}: exists and is not a directory"
+    names = [n.strip() for n in args.legs.split(",") if n.strip()]
+    known = [leg.name for leg in LEGS]
+    unknown = [n for n in names if n not in known]
+    if unknown or "teacher" not in names:
+        return f"--legs: unknown leg(s) {unknown} or no teacher leg; known: {', '.join(known)}"
+    if args.prompts < 3:
+        return f"--prompts {args.prompts}: the matrix needs at least 3 (long, long-then-next, plain)"
+    if args.tp < 1:
+        return f"--tp {args.tp}: must be >= 1"
+    if not 1 <= args.max_tokens < args.max_model_len:
+        return (f"--max-tokens {args.max_tokens} must be >= 1 and leave room for the prompt in "
+                f"--max-model-len {args.max_model_len}")
+    report = Path(args.report)
+    if report.is_dir():
+        return f"--report {args.report}: is a directory"
+    return None
 
 
 def _drive(args: argparse.Namespace) -> int:
@@ -331,17 +394,10 @@ def _drive(args: argparse.Namespace) -> int:
         models = generate(Path(args.tiny))
         target, draft = str(models.target), str(models.draft)
     else:
-        if args.method == "dflash" and not args.draft_dir:
-            print("error: --draft-dir is required with --model-dir for DFlash", file=sys.stderr)
-            return 2
         target, draft = args.model_dir, args.draft_dir
     names = [n.strip() for n in args.legs.split(",") if n.strip()]
     known = {leg.name: leg for leg in LEGS}
-    unknown = [n for n in names if n not in known]
-    if unknown or "teacher" not in names:
-        print(f"error: unknown leg(s) {unknown} or no teacher leg; known: {', '.join(known)}", file=sys.stderr)
-        return 2
-    legs = tuple(known[n] for n in names)
+    legs = tuple(known[n] for n in names)  # validate_run checked them
     prompts = make_prompts(args.prompts, args.max_tokens, args.seed)
     dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     outputs: dict[str, dict[str, Any]] = {}

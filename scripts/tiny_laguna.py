@@ -345,11 +345,14 @@ def generate(out_dir: Path, seed: int = 0) -> TinyModels:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from scripts.cli import HelpFormatter
+
     parser = argparse.ArgumentParser(
         prog="python -m scripts.tiny_laguna",
         description="Generate a tiny random Laguna target and DFlash drafter.",
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--out", type=Path, required=True, help="output folder (gets target/ and draft/)")
     parser.add_argument("--seed", type=int, default=0, help="random seed")
     args = parser.parse_args(argv)
     try:

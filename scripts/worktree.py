@@ -109,6 +109,14 @@ def tree_problems(tree: Path, state: State | None) -> str | None:
     return None
 
 
+def keep_work_advice(problem: str) -> str:
+    """What to do about ``tree_problems``' answer: steps that work, in order."""
+    if "uncommitted" in problem:
+        return ("to keep it, commit it in the work tree (git commit --fixup <patch commit>, or a new commit for a "
+                "new patch), then nox -s export; or pass --force to discard it")
+    return "to keep it, nox -s export; or pass --force to discard it"
+
+
 def pristine_message(pins: Pins, described: str) -> str:
     return (f"upstream vLLM {pins.vllm.version} ({pins.vllm.commit}) pristine\n\n"
             f"Source: {described}\n")
@@ -298,7 +306,7 @@ def apply(layout: Layout | None = None, force: bool = False, source: str = "sdis
         state = read_state(tree)
         problem = tree_problems(tree, state)
         if problem and not force:
-            raise ToolError(f"{problem}; export it (nox -s export) or pass --force to discard it")
+            raise ToolError(f"{problem}; {keep_work_advice(problem)}")
         if problem is None and state is not None and state.input_hash == inputs.input_hash \
                 and state.source == source:
             info(f"{tree} is up to date (HEAD {state.head[:12]}); nothing to do")

@@ -257,3 +257,20 @@ def test_mode_change_commit_round_trips(vxl_project) -> None:
     export(project.layout())
     _rebuild(project)
     assert os.access(project.tree / "setup.py", os.X_OK)
+
+
+def test_apply_advice_on_a_dirty_tree_is_a_step_that_works(vxl_project) -> None:
+    """apply refuses a dirty tree and says: commit, then export. Following it works; the advice
+    it gave before (export straight away) does not."""
+    project = vxl_project
+    apply(project.layout())
+    (project.tree / ENVS).write_text((project.tree / ENVS).read_text() + "# kept work\n")
+    advice = tool_error(apply, project.layout())
+    assert "commit it in the work tree" in advice and "then nox -s export" in advice
+    # negative control: exporting first (the old advice) is refused
+    assert "commit them first" in tool_error(export, project.layout())
+    _commit(project, {ENVS: (project.tree / ENVS).read_text()}, "Keep my work")
+    export(project.layout())
+    apply(project.layout())  # no longer refuses
+    assert "# kept work" in (project.tree / ENVS).read_text()
+    assert any("# kept work" in p.read_text() for p in project.patches.glob("*.patch"))

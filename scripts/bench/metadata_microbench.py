@@ -207,7 +207,13 @@ def _time_us(fn: Any, n: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from scripts.cli import HelpFormatter
+
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.bench.metadata_microbench",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument("--steps", type=int, default=2000, help="steps per mode")
     parser.add_argument("--cols", type=int, default=2048, help="block-table columns")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scripts.build import build, build_env
+from scripts.errors import ToolError
 from scripts.log import info
 from scripts.source import cached_sdist, fetch_sdist
 from scripts.worktree import Layout, apply, load_inputs
@@ -41,11 +42,20 @@ def _quiet(func: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
+def _checked(cmd: list[str], what: str, **kwargs: object) -> None:
+    """Run a baseline step quietly; when it fails, one line plus the tail of its output."""
+    proc = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          **kwargs)  # type: ignore[call-overload]
+    if proc.returncode != 0:
+        tail = "\n".join("    " + line for line in proc.stdout.splitlines()[-20:])
+        raise ToolError(f"bench: {what} failed (exit {proc.returncode}); last lines of its output:\n{tail}")
+
+
 def _baseline_prepare(layout: Layout, dest: Path) -> None:
     inputs = load_inputs(layout)
     sdist = cached_sdist(inputs.pins.vllm)
     dest.mkdir(parents=True)
-    subprocess.run(["tar", "-xzf", str(sdist), "-C", str(dest), "--strip-components=1"], check=True)
+    _checked(["tar", "-xzf", str(sdist), "-C", str(dest), "--strip-components=1"], "baseline tar -xzf")
     for patch in inputs.patches:
         subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch.path)], cwd=dest, check=True)
     for item in inputs.overlay:
@@ -57,9 +67,10 @@ def _baseline_prepare(layout: Layout, dest: Path) -> None:
 def _baseline_wheel(layout: Layout, tree: Path, out: Path) -> None:
     inputs = load_inputs(layout)
     env = build_env(f"{inputs.pins.vllm.version}+xpu.{inputs.label}", 946684800)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
-                    "-q", "-w", str(out), "--config-settings=--build-option=--py-limited-api=cp38", "."],
-                   cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _checked([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
+              "-q", "-w", str(out), "--config-settings=--build-option=--py-limited-api=cp38", "."],
+             "baseline pip wheel (needs the build deps of `nox -s bench`: cmake >= 3.26 on PATH, torch, ...)",
+             cwd=tree, env=env)
 
 
 def main(rounds: int = 1) -> None:

@@ -338,13 +338,16 @@ def render_table(results: list[LegResult]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from scripts.cli import HelpFormatter
+
     p = argparse.ArgumentParser(
         prog="python3 -m scripts.device.graph_check",
+        formatter_class=HelpFormatter,
         description="Tiny Laguna with breakable graphs off and on: greedy tokens "
         "and per-step latency (CUDA GPU or XPU).",
     )
     p.add_argument("--models", type=Path, help="folder from scripts.tiny_laguna "
-                   "(target/, draft/); generated in a temp folder if absent")
+                   "(target/, draft/); default: generated in a temp folder")
     p.add_argument("--tokens", type=int, default=64, help="tokens per prompt")
     p.add_argument("--prompts", type=int, default=2, help="number of prompts")
     p.add_argument("--width", type=int, default=8,
@@ -353,11 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="speculative method; draft tokens = width - 1")
     p.add_argument("--metadata", choices=("off", "on", "both"), default="both",
                    help="prebuilt exact attention metadata setting(s)")
-    p.add_argument("--device", choices=("auto", "cuda", "xpu"), default="auto")
+    p.add_argument("--device", choices=("auto", "cuda", "xpu"), default="auto",
+                   help="device to run on (auto: XPU if present, else CUDA)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   default="float32")
+                   default="float32", help="model dtype")
     p.add_argument("--leg-timeout", type=int, default=600, help="seconds per leg")
-    p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--json", type=Path, help="also write the results here (default: not written)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the legs and their environments, run nothing")
     p.add_argument("--cpu-plumbing", action="store_true",

@@ -212,9 +212,15 @@ def _run_case(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from scripts.cli import HelpFormatter
+
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.device.xpu_attention_check",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument(
-        "--device", default="xpu", help="xpu (default) or cpu (self-test)"
+        "--device", default="xpu", help="xpu, or cpu for the self-test"
     )
     parser.add_argument("--quick", action="store_true", help="q in {2, 8}, bf16 only")
     parser.add_argument(

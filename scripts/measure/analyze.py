@@ -24,6 +24,7 @@ from scripts.measure.schema import (
     pair_name,
 )
 from scripts.tokens import first_difference
+from scripts.measure.timing import find_burst
 
 
 def _check_row(row: Row, leg: str, index: int, window: int) -> None:
@@ -207,6 +208,38 @@ def quality(
     return counts, {"teacher_rows": len(teacher or []), "legs": vs_teacher}, {"legs": cross}
 
 
+def burst_rows(
+    legs: Mapping[str, Sequence[Row]], config: AnalysisConfig, gates: Gates
+) -> list[dict[str, Any]]:
+    """Rows of the timed legs whose chunks arrive faster than the engine can emit them
+    (:mod:`scripts.measure.timing`); empty when the gate is off."""
+    found = []
+    for leg in LEG_ORDER:
+        for row in legs[leg]:
+            burst = find_burst(
+                row.token_times_s, config.num_speculative_tokens, gates.min_engine_step_ms
+            )
+            if burst is not None:
+                found.append(
+                    {"leg": leg, "index": row.index, "kind": row.kind, "burst": burst.describe()}
+                )
+    return found
+
+
+def _with_timing(
+    counts: Mapping[str, Any], legs: Mapping[str, Sequence[Row]], bursts: Sequence[Any]
+) -> dict[str, Any]:
+    """``counts`` with ``plausible_chunk_timing`` (rows without a burst / timed rows) after
+    the other counts."""
+    total = sum(len(legs[leg]) for leg in LEG_ORDER)
+    out: dict[str, Any] = {}
+    for key, value in counts.items():
+        out[key] = value
+        if key == "rollover":
+            out["plausible_chunk_timing"] = fraction(total - len(bursts), total)
+    return out
+
+
 def quality_complete(counts: Mapping[str, Any]) -> list[str]:
     """Names of quality items that are not complete (k < n, or a false flag)."""
     failing = []
@@ -245,9 +278,16 @@ def analyze(
         pair_name(cand, ctrl): pair_stats(stats[cand], stats[ctrl], gates) for cand, ctrl in PAIRS
     }
     quality_counts, vs_teacher, cross = quality(legs, teacher, config)
+    bursts = burst_rows(legs, config, gates)
+    if gates.min_engine_step_ms > 0:
+        quality_counts = _with_timing(quality_counts, legs, bursts)
+        for burst in bursts:
+            stats[burst["leg"]]["per_row"][burst["index"]]["burst"] = burst["burst"]
     lower = min(CANDIDATE_LEGS, key=lambda leg: stats[leg]["tok_s_legacy"]["median"])
     failing = [name for name, pair in pairs.items() if not pair["passed"]]
     failing += quality_complete(quality_counts) if gates.require_complete else []
+    if bursts and "plausible_chunk_timing" not in failing:
+        failing.append("plausible_chunk_timing")  # never a record, whatever require_complete
     return {
         "config": config.to_json(),
         "gates": gates.to_json(),
@@ -260,6 +300,7 @@ def analyze(
             "tok_s": stats[lower]["tok_s_legacy"]["median"],
         },
         "failing_gates": failing,
+        "burst_rows": bursts,
         "all_vs_teacher": vs_teacher,
         "cross_leg": cross,
     }

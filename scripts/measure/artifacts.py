@@ -89,7 +89,7 @@ def finish_run(
     raw_artifacts: dict[str, str],
     meta: RecordMeta,
     gates: Gates,
-    plot: Callable[[dict[str, Any], Path], None] | None = None,
+    plot: Callable[[dict[str, Any], Path, Mapping[str, Any] | None], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Analyze the rows already written under ``out`` and write manifest, analysis documents,
     the plot (when given) and ``record.json``. Returns ``(analysis, record)``."""
@@ -104,7 +104,7 @@ def finish_run(
         dump_json(document, out / rel)
         artifacts[name] = rel
     if plot is not None:
-        plot(analysis, out / PLOT_FILE)
+        plot(analysis, out / PLOT_FILE, meta.treatment)
         artifacts["plot"] = PLOT_FILE
     hashes = {name: sha256_file(out / rel) for name, rel in sorted(artifacts.items())}
     meta = replace(meta, artifacts=dict(sorted(artifacts.items())), sha256=hashes)

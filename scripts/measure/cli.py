@@ -12,10 +12,13 @@ from scripts.errors import ToolError
 
 
 def _verify_parser() -> argparse.ArgumentParser:
+    from scripts.cli import HelpFormatter
+
     parser = argparse.ArgumentParser(
         prog="python -m scripts.measure verify-record",
         description="Re-derive every number of a record file; exit 1 naming each field that "
         "disagrees.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("record", type=Path, help="record JSON file")
     parser.add_argument(
@@ -29,9 +32,17 @@ def _verify_parser() -> argparse.ArgumentParser:
         "--internal-only", action="store_true", help="skip the raw artifacts even when present"
     )
     parser.add_argument(
-        "--prior", type=Path, default=None, help="the prior record this one claims to beat"
+        "--prior",
+        type=Path,
+        default=None,
+        help="the prior record this one claims to beat (default: none)",
     )
-    parser.add_argument("--gates", type=Path, default=None, help="gates TOML for version-1 records")
+    parser.add_argument(
+        "--gates",
+        type=Path,
+        default=None,
+        help="gates TOML for version-1 records (default: scripts/measure/gates.toml)",
+    )
     return parser
 
 
@@ -102,12 +113,20 @@ def analyze_run(argv: Sequence[str]) -> int:
 
 
 COMMANDS = {"crossover": crossover, "verify-record": verify_record, "analyze": analyze_run}
+USAGE = """usage: python -m scripts.measure COMMAND [options]   (COMMAND --help for its options)
+
+  crossover      A1/B1/B2/A2 crossover (+ teacher) against fresh vllm serve legs; record + plot
+  analyze        rebuild analysis, record and plot of a run directory from its raw rows
+  verify-record  re-derive every number of a record file
+"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0
     if not args or args[0] not in COMMANDS:
-        names = ", ".join(COMMANDS)
-        print(f"usage: python -m scripts.measure {{{names}}} ...", file=sys.stderr)
+        print(USAGE, end="", file=sys.stderr)
         return 2
     return COMMANDS[args[0]](args[1:])

@@ -27,7 +27,7 @@ from scripts.errors import ToolError
 from scripts.git import head_commit
 from scripts.layout import Layout
 from scripts.log import detail, info, step
-from scripts.measure import client
+from scripts.measure import client, preflight
 from scripts.measure.artifacts import RECORD_FILE, finish_run, server_log_artifact, write_rows
 from scripts.measure.gates import GATES_PATH, Gates, load_gates
 from scripts.measure.prompts import Prompt, build_prompts, tokenizer_counter
@@ -212,17 +212,29 @@ def _prior(args: argparse.Namespace) -> Prior | None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from scripts.cli import HelpFormatter
+
     p = argparse.ArgumentParser(
         prog="python -m scripts.measure crossover",
-        description="A1/B1/B2/A2 crossover (+ teacher) against fresh vllm serve processes.",
+        description="A1/B1/B2/A2 crossover (+ teacher) against fresh vllm serve processes. "
+        "Options are checked (paths, config.json, prompt sizes against --max-model-len) before "
+        "any server starts.",
+        formatter_class=HelpFormatter,
     )
-    p.add_argument("--treatment", action="append", default=[], metavar="ENV=VALUE", required=True)
+    p.add_argument(
+        "--treatment",
+        action="append",
+        default=[],
+        metavar="ENV=VALUE",
+        required=True,
+        help="variable set in the B legs (repeatable); the only difference between A and B",
+    )
     p.add_argument(
         "--control",
         action="append",
         default=[],
         metavar="ENV=VALUE",
-        help="value of a treated variable in the A legs (default: unset)",
+        help="value of a treated variable in the A legs (unset when not given)",
     )
     p.add_argument(
         "--env",
@@ -231,15 +243,28 @@ def parser() -> argparse.ArgumentParser:
         metavar="ENV=VALUE",
         help="variable set in every leg (the environment is otherwise clean)",
     )
-    p.add_argument("--model", required=True, help="target model directory")
-    p.add_argument("--draft", default=None, help="DFlash drafter directory")
-    p.add_argument("--num-speculative-tokens", type=int, default=7)
-    p.add_argument("--speculative-config", default=None, help="JSON (overrides --draft)")
-    p.add_argument("--prompts", type=int, default=13, help="prompts per leg (default 13)")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--window", type=int, default=100, help="throughput over tokens 1..W")
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--long-prompt-tokens", type=int, default=1024)
+    p.add_argument("--model", required=True, help="target model directory (with config.json)")
+    p.add_argument("--draft", default=None, help="DFlash drafter directory (default: no drafter)")
+    p.add_argument(
+        "--num-speculative-tokens", type=int, default=7, help="tokens the drafter proposes per step"
+    )
+    p.add_argument(
+        "--speculative-config",
+        default=None,
+        help="speculative config as JSON; overrides --draft (default: from --draft)",
+    )
+    p.add_argument("--prompts", type=int, default=13, help="prompts per leg")
+    p.add_argument("--max-tokens", type=int, default=256, help="output tokens per request")
+    p.add_argument(
+        "--window", type=int, default=100, help="throughput over output tokens 1..W after TTFT"
+    )
+    p.add_argument("--prompt-tokens", type=int, default=64, help="size of a normal prompt")
+    p.add_argument(
+        "--long-prompt-tokens",
+        type=int,
+        default=1024,
+        help="size of the long prompt; with --max-tokens it must fit the server's --max-model-len",
+    )
     p.add_argument(
         "--rollover-at",
         type=int,
@@ -248,30 +273,61 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prompt-suffix", default="", help="text ending every prompt")
     p.add_argument("--stop-at-eos", action="store_true", help="do not send ignore_eos")
-    p.add_argument("--server-args", default="", help="extra vllm serve arguments (one string)")
+    p.add_argument(
+        "--server-args", default="", help="extra vllm serve arguments (one shell-quoted string)"
+    )
     p.add_argument("--python", default=sys.executable, help="python of the vLLM runtime")
     p.add_argument(
-        "--out", type=Path, default=None, help="run directory (default build/crossover/<UTC>)"
+        "--out", type=Path, default=None, help="run directory (default: build/crossover/<UTC>)"
     )
-    p.add_argument("--no-teacher", action="store_true")
-    p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--label-control", default="control")
-    p.add_argument("--label-candidate", default="candidate")
-    p.add_argument("--schema", default=DEFAULT_SCHEMA_NAME)
-    p.add_argument("--target-revision", default=None)
-    p.add_argument("--draft-revision", default=None)
-    p.add_argument("--prior-record", default=None, help="record file of the prior approved value")
-    p.add_argument("--prior-tok-s", type=float, default=None)
-    p.add_argument("--prior-id", default=None)
-    p.add_argument("--gates", type=Path, default=GATES_PATH)
+    p.add_argument("--no-teacher", action="store_true", help="skip the non-speculative teacher leg")
+    p.add_argument("--no-plot", action="store_true", help="do not draw crossover.png")
+    p.add_argument("--label-control", default="control", help="start label of the A legs")
+    p.add_argument("--label-candidate", default="candidate", help="start label of the B legs")
+    p.add_argument("--schema", default=DEFAULT_SCHEMA_NAME, help="schema name in the record")
+    p.add_argument(
+        "--target-revision",
+        default=None,
+        help="target model revision for the record (default: sha256 of its config.json)",
+    )
+    p.add_argument(
+        "--draft-revision",
+        default=None,
+        help="drafter revision for the record (default: sha256 of its config.json)",
+    )
+    p.add_argument(
+        "--prior-record",
+        default=None,
+        help="record file of the prior approved value (default: no prior)",
+    )
+    p.add_argument(
+        "--prior-tok-s",
+        type=float,
+        default=None,
+        help="prior approved tok/s, instead of --prior-record (default: no prior)",
+    )
+    p.add_argument(
+        "--prior-id", default=None, help="id of the prior approved value (default: none)"
+    )
+    p.add_argument("--gates", type=Path, default=GATES_PATH, help="gate thresholds (TOML)")
     p.add_argument("--seed", type=int, default=None, help="prompt seed (default: random)")
-    p.add_argument("--ready-timeout", type=float, default=1200.0)
-    p.add_argument("--request-timeout", type=float, default=900.0)
+    p.add_argument(
+        "--ready-timeout", type=float, default=1200.0, help="seconds to wait for a server"
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=900.0, help="seconds one request may take"
+    )
+    p.add_argument(
+        "--check-only",
+        action="store_true",
+        help="check the options and exit; nothing is installed, sized or started",
+    )
     return p
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    preflight.check(args)
     gates = load_gates(args.gates)
     treatment = parse_assignments(args.treatment, "--treatment")
     control = parse_assignments(args.control, "--control")
@@ -279,10 +335,9 @@ def main(argv: list[str]) -> int:
     base.update(parse_assignments(args.env, "--env"))
     envs = leg_environments(base, control, treatment)
     spec = speculative_config(args)
-    if args.max_tokens < args.window:
-        raise ToolError(f"--max-tokens {args.max_tokens} < --window {args.window}")
-    if not Path(args.model, "config.json").is_file():
-        raise ToolError(f"--model {args.model}: no config.json")
+    if args.check_only:
+        info("crossover: options OK")
+        return 0
     plot = None
     if not args.no_plot:
         from scripts.measure.plot import require_matplotlib, write_plot
@@ -407,6 +462,9 @@ def _report(analysis: dict[str, Any], record: dict[str, Any], out: Path) -> None
     info(f"quality: {json.dumps(record['quality'])}")
     value = record["record"]["candidate_lower_start_tok_s"]
     info(f"record value {value:.3f} tok/s: {record['status']}")
+    for burst in analysis.get("burst_rows", []):
+        info(f"burst row (timing is a stall artifact): {burst['leg']} row {burst['index']} "
+             f"({burst['kind']}): {burst['burst']}")
     if analysis["failing_gates"]:
         info(f"failing gates: {', '.join(record['audits']['failing_gates'])}")
     info(f"record: {out / RECORD_FILE}")
@@ -414,23 +472,40 @@ def _report(analysis: dict[str, Any], record: dict[str, Any], out: Path) -> None
 
 def reanalyze_main(argv: list[str]) -> int:
     """Rebuild analysis, plot and record of an existing run directory from its raw rows."""
-    p = argparse.ArgumentParser(prog="python -m scripts.measure analyze")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--gates", type=Path, default=GATES_PATH)
-    p.add_argument("--no-plot", action="store_true")
+    from scripts.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.measure analyze",
+        description="Rebuild analysis, plot and record of a crossover run directory from its "
+        "raw rows.",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("run_dir", type=Path, help="run directory written by the crossover")
+    p.add_argument("--gates", type=Path, default=GATES_PATH, help="gate thresholds (TOML)")
+    p.add_argument("--no-plot", action="store_true", help="do not redraw crossover.png")
     args = p.parse_args(argv)
     out = args.run_dir.resolve()
     try:
         manifest = json.loads((out / "run.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ToolError(f"{out}: no readable run.json ({exc})") from None
-    record = json.loads((out / RECORD_FILE).read_text(encoding="utf-8"))
+    try:
+        record = json.loads((out / RECORD_FILE).read_text(encoding="utf-8"))
+        artifacts = record["artifacts"]
+        stored = manifest["record_meta"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ToolError(f"{out}: no readable {RECORD_FILE} with its artifact list ({exc})") from None
     raw = {
         k: v
-        for k, v in record["artifacts"].items()
+        for k, v in artifacts.items()
         if k not in ("manifest", "full_analysis", "all_vs_teacher", "cross_leg", "plot")
     }
-    stored = manifest["record_meta"]
+    missing = [f"{name} ({rel})" for name, rel in raw.items() if not (out / rel).is_file()]
+    if missing:
+        raise ToolError(
+            f"{out}: raw artifact(s) missing: {', '.join(missing)}; the record's hashes cover "
+            f"them, so the run cannot be re-analyzed without them"
+        )
     meta = RecordMeta(
         schema=stored["schema"],
         date=stored["date"],

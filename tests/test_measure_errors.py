@@ -1,0 +1,110 @@
+"""User errors of the measurement CLI are one line and a non-zero exit, never a traceback; a burst
+run is written, re-derived and verified like any other run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from _measure_synth import CONFIG, teacher
+from test_measure_burst import burst_legs
+
+from scripts import REPO_ROOT
+from scripts.measure.artifacts import RECORD_FILE, finish_run, write_rows
+from scripts.measure.cli import analyze_run
+from scripts.measure.gates import load_gates
+from scripts.measure.record import RecordMeta
+from scripts.measure.verify_record import load_record, verify
+
+TREATMENT = {"sole_difference": "X", "control_value": None, "candidate_value": "1"}
+
+
+def write_run(out: Path) -> dict:
+    raw = write_rows(out, burst_legs(), teacher())
+    for leg in ("a1", "b1", "b2", "a2", "teacher"):
+        (out / f"server-{leg}.log").write_text(f"log of {leg}\n")
+        raw[f"{leg}_server_log"] = f"server-{leg}.log"
+    meta = RecordMeta("test-record", "2026-11-30", str(out), {"vllm_commit": "f2654939e"}, TREATMENT,
+                      {"method": "dflash", "num_speculative_tokens": 3}, {}, {})
+    manifest = {"config": CONFIG.to_json(), "record_meta": {
+        "schema": meta.schema, "date": meta.date, "source": meta.source, "treatment": meta.treatment,
+        "speculative": meta.speculative, "prior": None}}
+    _, record = finish_run(out, manifest, raw, meta, load_gates())
+    return record
+
+
+def test_burst_run_is_not_a_record_and_verifies_from_raw(tmp_path: Path) -> None:
+    record = write_run(tmp_path)
+    assert record["status"] == "UNSUBMITTED_NOT_A_RECORD"
+    assert record["quality"]["plausible_chunk_timing"] == "11/12"
+    assert "plausible_chunk_timing" in record["audits"]["failing_gates"]
+    report = verify(load_record(tmp_path / RECORD_FILE), gates=load_gates(), artifacts_root=tmp_path)
+    assert report.failures == []
+    # negative control: claiming the burst row was plausible is caught from the raw rows
+    record["quality"]["plausible_chunk_timing"] = "12/12"
+    report = verify(record, gates=load_gates(), artifacts_root=tmp_path)
+    assert any("quality.plausible_chunk_timing" in str(f) for f in report.failures)
+
+
+def test_analyze_names_a_missing_artifact_in_one_line(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    write_run(tmp_path)
+    assert analyze_run([str(tmp_path), "--no-plot"]) == 0  # complete run: re-analyzed
+    capsys.readouterr()
+    (tmp_path / "server-b1.log").unlink()
+    assert analyze_run([str(tmp_path), "--no-plot"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "raw artifact(s) missing: b1_server_log (server-b1.log)" in err[0]
+    (tmp_path / RECORD_FILE).unlink()
+    assert analyze_run([str(tmp_path)]) == 1
+    assert "no readable record.json" in capsys.readouterr().err
+
+
+def test_no_traceback_for_bad_options(tmp_path: Path) -> None:
+    cases = [
+        (["scripts.measure", "analyze", str(tmp_path / "nope")], "no readable run.json"),
+        (["scripts.measure", "crossover", "--treatment", "X=1", "--model", str(tmp_path)], "no config.json"),
+        (["scripts.matrix", "run", "--model-dir", "/nonexistent", "--draft-dir", "/nonexistent2"],
+         "--model-dir /nonexistent: no such directory"),
+        (["scripts.matrix", "run", "--model-dir", str(REPO_ROOT)], "no config.json"),
+    ]
+    for argv, message in cases:
+        proc = subprocess.run([sys.executable, "-m", *argv], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+        assert proc.returncode != 0, argv
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert message in proc.stderr, proc.stderr
+
+
+def test_crossover_refuses_a_long_prompt_that_does_not_fit(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    base = [sys.executable, "-m", "scripts.measure", "crossover", "--treatment", "X=1", "--model", str(tmp_path),
+            "--prompts", "3", "--max-tokens", "32", "--window", "32", "--check-only"]
+    # the README's old command: default --long-prompt-tokens 1024 + 32 > --max-model-len 1024
+    proc = subprocess.run([*base, "--server-args", "--max-model-len 1024"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        "crossover: error: the long prompt (1024 tokens, --long-prompt-tokens) + --max-tokens 32 = 1056 > 1024 "
+        "(--max-model-len in --server-args); lower --long-prompt-tokens or --max-tokens, or raise the limit")
+    proc = subprocess.run([*base, "--server-args", "--max-model-len 1024", "--long-prompt-tokens", "200"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    # without --max-model-len the model's max_position_embeddings is the limit
+    proc = subprocess.run([*base, "--max-tokens", "4000", "--rollover-at", "4000"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 1 and "max_position_embeddings" in proc.stderr
+
+
+def test_bench_shows_the_failing_step_output() -> None:
+    import pytest
+
+    from scripts.bench.tooling import _checked
+    from scripts.errors import ToolError
+
+    with pytest.raises(ToolError) as caught:
+        _checked([sys.executable, "-c", "print('CMake 3.26 or higher is required'); raise SystemExit(3)"],
+                 "baseline pip wheel")
+    text = str(caught.value)
+    assert text.startswith("bench: baseline pip wheel failed (exit 3)")
+    assert "CMake 3.26 or higher is required" in text
