@@ -104,3 +104,13 @@ def test_negative_control_without_the_gate_the_burst_reads_as_a_record() -> None
 def test_gate_applies_even_when_completeness_is_not_required() -> None:
     lax = dataclasses.replace(GATES, require_complete=False)
     assert "plausible_chunk_timing" in analyze(burst_legs(), teacher(), CONFIG, lax)["failing_gates"]
+
+
+def test_a_row_flushed_at_one_instant_is_named_as_a_burst() -> None:
+    from scripts.errors import ToolError
+
+    data = clean_legs()
+    data["B2"][2].token_times_s = [0.3] * 5  # the whole row in one chunk (seen on a loaded CPU)
+    with pytest.raises(ToolError, match=r"leg B2 row 2 \(rollover\): output tokens 1..4 arrived at one "
+                       r"instant, a burst row \(plausible_chunk_timing"):
+        analyze(data, teacher(), CONFIG, GATES)

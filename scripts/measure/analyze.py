@@ -37,6 +37,12 @@ def _check_row(row: Row, leg: str, index: int, window: int) -> None:
         raise ToolError(f"{where}: {len(row.token_ids)} output tokens < window {window}")
     if any(b < a for a, b in zip(row.token_times_s, row.token_times_s[1:])):
         raise ToolError(f"{where}: token times go backwards")
+    if row.token_times_s[window - 1] == row.token_times_s[0]:
+        raise ToolError(
+            f"{where} ({row.kind}): output tokens 1..{window} arrived at one instant, a burst row "
+            f"(plausible_chunk_timing: the stream stalled and flushed its backlog); no throughput "
+            f"exists for it and the run is not a record: rerun the crossover on a quieter machine"
+        )
 
 
 def leg_stats(rows: Sequence[Row], window: int) -> dict[str, Any]:
