@@ -51,9 +51,10 @@ def _history(seq_len: int):
     req = lib.Request(
         blocks, q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)
     )
-    impl = lib.make_impl(HEADS, None)
-    lib.fill_cache(impl, lib.ScaleLayer(), kv_cache, req, seq_len)
     table = lib.block_table_for([blocks], num_cols=num_blocks)
+    impl = lib.make_impl(HEADS, None)
+    cm = lib.common_metadata([seq_len], [seq_len], table)
+    impl.do_kv_cache_update(lib.ScaleLayer(), req.k, req.v, kv_cache, cm.slot_mapping)
     return req, kv_cache, table
 
 
@@ -125,7 +126,7 @@ def test_without_the_plan_rows_past_the_divergence_differ(
     expected = _rows_needing_other_counts(seq_len, q, window)
     differing = [j for j in range(q) if not torch.equal(verify[j], decodes[j])]
     assert differing == expected
-    if window is None and seq_len >= 4096:
+    if window is None and seq_len >= 4096 and q >= 8:
         assert differing == list(range(q))  # every row, past the divergence
     if window is not None or seq_len <= 2048:
         assert differing == []  # one split on both sides

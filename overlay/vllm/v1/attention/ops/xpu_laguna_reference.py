@@ -133,20 +133,20 @@ def _attend_split_k(
     _, num_heads, head_size = q.shape
     kv_len, num_kv_heads, _ = k.shape
     group = num_heads // num_kv_heads
-    qg = q.reshape(1, num_kv_heads, group, head_size).permute(1, 2, 0, 3)
+    qg = q.reshape(num_kv_heads, group, head_size)  # (Hk, group, D)
+    kt = k.permute(1, 2, 0).contiguous()  # (Hk, D, L)
+    vt = v.permute(1, 0, 2).contiguous()  # (Hk, L, D)
     first_visible = kv_len - 1 - window_left if window_left >= 0 else 0
     partials = []
     for start, end in ranges:
-        kg = k[start:end].permute(1, 2, 0).unsqueeze(1)  # (Hk, 1, D, n)
-        s = torch.matmul(qg, kg) * (scale * _LOG2E)  # (Hk, group, 1, n)
+        s = torch.bmm(qg, kt[:, :, start:end]) * (scale * _LOG2E)  # (Hk, g, n)
         if start < first_visible:
             key_pos = torch.arange(start, end, device=q.device)
             s = s.masked_fill(key_pos < first_visible, float("-inf"))
         m = s.amax(dim=-1, keepdim=True)
         p = torch.exp2(s - m)
         lsum = p.sum(dim=-1, keepdim=True)
-        vg = v[start:end].permute(1, 0, 2).unsqueeze(1)  # (Hk, 1, n, D)
-        o = torch.matmul(p, vg)  # unnormalised, (Hk, group, 1, D)
+        o = torch.bmm(p, vt[:, start:end])  # unnormalised, (Hk, g, D)
         partials.append((o, m, lsum))
     if len(partials) == 1:
         o, _, lsum = partials[0]
@@ -161,7 +161,7 @@ def _attend_split_k(
             acc = acc + o.to(out_dtype).to(torch.float32) * rescale
             total = total + lsum * rescale
         res = acc * (1.0 / total)
-    return res.permute(2, 0, 1, 3).reshape(1, num_heads, v.shape[-1])
+    return res.reshape(1, num_heads, v.shape[-1])
 
 
 def _dequant(x: torch.Tensor, descale: torch.Tensor | float | None) -> torch.Tensor:
