@@ -10,7 +10,9 @@ Logprob gate: every leg requests the logprobs of the sampled token and the top-k
 compared with the teacher's bitwise (``float.hex``) per position. On CPU every leg with the
 exact verify path on must be bitwise equal at every position; the diagnostic leg
 ``dflash-exact0-diagnostic`` (exact verify off) must NOT be (negative control: if it ever is,
-the gate cannot tell exact from non-exact verify and the run fails). On a device the counts are
+the gate cannot tell exact from non-exact verify and the run fails), nor may
+``dflash-noplan-diagnostic`` (exact verify without the KV split plan, a debug switch): only the
+long-context prompt separates that one from the exact legs. On a device the counts are
 reported, not gated. One prompt of at least ``--long-prompt-tokens`` tokens crosses the KV
 split-count divergence of the global layer; the longest context per leg is reported.
 
@@ -41,6 +43,7 @@ WIDTH = 8  # DFlash M8: 7 drafted tokens + 1 verified
 GRAPH_ENV = "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH"
 META_ENV = "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"
 EXACT_ENV = "VLLM_XPU_LAGUNA_EXACT_VERIFY"
+NO_PLAN_ENV = "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN"
 LOGPROBS_TOPK = 5  # top-k logprobs compared per position (plus the sampled token's)
 LONG_PROMPT_TOKENS = 4200  # > 4096: past the split-count divergence (~2.2K) of the global layer
 NOT_RUN_NO_GRAPHS = "not run (no device graphs)"
@@ -55,11 +58,20 @@ class Leg:
     speculative: bool
     graph: bool = False
     metadata: bool = False
-    exact: bool = True  # False: the diagnostic leg (exact verify off, the logprob gate's negative control)
+    exact: bool = True  # False: diagnostic leg, exact verify off
+    split_plan: bool = True  # False: diagnostic leg, exact verify without the KV split plan (debug switch)
+
+    @property
+    def diagnostic(self) -> bool:
+        """A negative control of the logprob gate: must NOT be bitwise equal to the teacher."""
+        return not (self.exact and self.split_plan)
 
     def env(self) -> dict[str, str]:
-        return {GRAPH_ENV: "1" if self.graph else "0", META_ENV: "1" if self.metadata else "0",
-                EXACT_ENV: "1" if self.exact else "0"}
+        env = {GRAPH_ENV: "1" if self.graph else "0", META_ENV: "1" if self.metadata else "0",
+               EXACT_ENV: "1" if self.exact else "0"}
+        if not self.split_plan:
+            env[NO_PLAN_ENV] = "1"
+        return env
 
 
 LEGS = (
@@ -69,6 +81,7 @@ LEGS = (
     Leg("dflash-graph1-meta0", True, graph=True, metadata=False),
     Leg("dflash-graph1-meta1", True, graph=True, metadata=True),
     Leg("dflash-exact0-diagnostic", True, exact=False),
+    Leg("dflash-noplan-diagnostic", True, split_plan=False),
 )
 
 
@@ -234,7 +247,7 @@ def logprob_verdict(result: LegResult, leg: Leg, teacher_rows: list[dict[str, An
     adds any problem to ``result.mismatches``."""
     comparison: LogprobComparison = compare_logprobs([r.get("logprobs", []) for r in teacher_rows],
                                                      [r.get("logprobs", []) for r in rows])
-    verdict, problems = gate(comparison, exact=leg.exact, require_bitwise=require_bitwise)
+    verdict, problems = gate(comparison, expect_equal=not leg.diagnostic, require_bitwise=require_bitwise)
     result.logprobs = {"verdict": verdict, "positions": comparison.positions,
                        "tokens_equal": comparison.tokens_equal,
                        "logprobs_bitwise_equal": comparison.logprobs_bitwise_equal,
@@ -286,9 +299,8 @@ def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompt
         equal, notes = compare(teacher_tokens, tokens, "teacher-exact")
         result.teacher_exact = f"{equal}/{n_prompts}"
         result.longest_context = longest_context(data["rows"])
-        if leg.speculative:
+        if leg.diagnostic:  # tokens reported, only its negative control gates
             logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise)
-        if not leg.exact:  # diagnostic leg: tokens reported, only its negative control gates
             result.attention = data.get("attention", {})
             result.status = "failed" if result.mismatches else "passed"
             results.append(result)
@@ -302,6 +314,8 @@ def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompt
                 equal_x, notes_x = compare(reference_leg, tokens, "cross-leg")
                 result.cross_leg_exact = f"{equal_x}/{n_prompts}"
                 result.mismatches += notes_x
+        if leg.speculative:
+            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise)
         zero = sum(1 for r in data["rows"] if r["cached_tokens"] == 0)
         result.cached_tokens_zero = f"{zero}/{n_prompts}"
         if zero != n_prompts:

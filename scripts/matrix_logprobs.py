@@ -78,11 +78,11 @@ def _what_differs(want: Position, got: Position | None) -> str:
     return "top-k"
 
 
-def gate(comparison: LogprobComparison, *, exact: bool, require_bitwise: bool) -> tuple[str, list[str]]:
+def gate(comparison: LogprobComparison, *, expect_equal: bool, require_bitwise: bool) -> tuple[str, list[str]]:
     """(verdict, problems) for one leg. ``require_bitwise``: CPU (the row-invariant stand-in)."""
     if not require_bitwise:
         return "reported (device: not gated)", []
-    if exact:
+    if expect_equal:
         if comparison.all_equal:
             return "bitwise equal at every position", []
         first = comparison.first_difference or {}
