@@ -22,7 +22,11 @@ SHAPES = [(8, 4), (8, 8), (8, 128), (16, 4), (3, 40)]
 
 def _rows_differing(fn, x, apply):
     batch = apply(fn, x)
-    return [i for i in range(x.shape[0]) if not torch.equal(batch[i], apply(fn, x[i : i + 1])[0])]
+    return [
+        i
+        for i in range(x.shape[0])
+        if not torch.equal(batch[i], apply(fn, x[i : i + 1])[0])
+    ]
 
 
 def _plain(fn, x):

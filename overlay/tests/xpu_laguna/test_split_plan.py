@@ -158,9 +158,13 @@ def test_reference_split_count_changes_the_bits_not_the_value():
 def test_reference_without_count_uses_the_heuristic_of_the_call():
     q, k, v, table = _paged(8192, 2)
     # batch 1: the heuristic picks 32
-    assert torch.equal(_decode(q, k, v, table, 8192, None), _decode(q, k, v, table, 8192, 32))
+    assert torch.equal(
+        _decode(q, k, v, table, 8192, None), _decode(q, k, v, table, 8192, 32)
+    )
     # below kMinBlocksForSplit tiles any count is one split
-    assert torch.equal(_decode(q, k, v, table, 1984, 8), _decode(q, k, v, table, 1984, 1))
+    assert torch.equal(
+        _decode(q, k, v, table, 1984, 8), _decode(q, k, v, table, 1984, 1)
+    )
 
 
 def test_reference_matches_dense_attention():

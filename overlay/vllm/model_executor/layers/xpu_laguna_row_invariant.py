@@ -42,5 +42,7 @@ def apply(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.
     n = flat.numel()
     padded = torch.zeros(n + (-n) % _MULTIPLE, dtype=x.dtype)
     padded[:n] = flat
-    out = torch.cat([fn(padded[i : i + _SLICE]) for i in range(0, padded.numel(), _SLICE)])
+    out = torch.cat(
+        [fn(padded[i : i + _SLICE]) for i in range(0, padded.numel(), _SLICE)]
+    )
     return out[:n].reshape(x.shape)

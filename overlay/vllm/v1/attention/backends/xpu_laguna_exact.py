@@ -22,9 +22,10 @@ non-speculative decoding.
 
 Which steps take the path (:func:`plan_step`, called once per step and KV
 cache group by the metadata builder): exactly one request, 1 <= q <= M query
-rows (q = 1: the plain decode, a single row with the planned split count) (M = ``VLLM_XPU_LAGUNA_VERIFY_WIDTH``), all rows real (no padding), no
-cascade, no decode context parallelism, causal attention without multimodal
-prefix ranges or R-SWA. Per layer (:func:`run_exact_verify`): decoder
+rows (M = ``VLLM_XPU_LAGUNA_VERIFY_WIDTH``; q = 1 is the plain decode, one row
+with the planned split count), all rows real (no padding), no cascade, no
+decode context parallelism, causal attention without multimodal prefix ranges
+or R-SWA. Per layer (:func:`run_exact_verify`): decoder
 self-attention without ALiBi, soft-cap or sinks. Everything else takes the
 unchanged upstream code. ``VLLM_XPU_LAGUNA_EXACT_VERIFY=0`` (default 1)
 disables the path.

@@ -379,8 +379,7 @@ def maybe_create(device: torch.device | str) -> PrebuiltExactMetadata | None:
         )
     else:
         logger.info_once(
-            "XPU Laguna prebuilt exact-verify metadata: ON (widths 2..%d, "
-            "guard: %s)",
+            "XPU Laguna prebuilt exact-verify metadata: ON (widths 2..%d, guard: %s)",
             width,
             "full fingerprint every call (debug)"
             if envs.VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD
