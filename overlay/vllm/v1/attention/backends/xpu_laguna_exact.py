@@ -86,7 +86,17 @@ _NATIVE_FLOAT_CACHE_DTYPES = frozenset(
 
 
 class ExactMetadataOwner(Protocol):
-    """What the layer forward needs from an owner of prebuilt metadata."""
+    """An owner of prebuilt exact-verify metadata, as this module uses it
+    (implemented by ``xpu_laguna_prebuilt.PrebuiltExactMetadata``; defined
+    here so that this module does not import that one)."""
+
+    def refresh(
+        self,
+        q: int,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_len: int | None = None,
+    ) -> "ExactVerifyMetadata": ...
 
     def check_source(
         self, exact: "ExactVerifyMetadata", block_table: torch.Tensor
@@ -241,7 +251,7 @@ def plan_step(
     common_attn_metadata: "CommonAttentionMetadata",
     use_cascade: bool,
     dcp_world_size: int,
-    prebuilt: Any = None,
+    prebuilt: ExactMetadataOwner | None = None,
 ) -> ExactVerifyMetadata | None:
     """Builder hook: the step's exact-verify metadata, or None (upstream path).
 
