@@ -7,7 +7,8 @@ forward whose input token and position equal the teacher's (same prefix: the run
 teacher-exact up to there) was computed from the same inputs as the teacher's decode of that
 token, so every module's output row should be bitwise equal. The script prints, per module (in
 forward order), the rows compared and the rows bitwise equal, and per differing row the first
-module that differs: the op that is not row-invariant.
+module that differs in execution order (a module finishes after its children, so the first is
+the most specific one): the op that is not row-invariant.
 
 On CPU (``--tiny DIR``) it runs the FlashAttention backend on the reference kernels, like the
 matrix. On an XPU/CUDA machine (``--model-dir``/``--draft-dir``) it measures whether the
@@ -34,9 +35,8 @@ Records = dict[tuple[int, int], dict[str, str]]
 _CURRENT: dict[str, Any] = {}
 
 
-def _install_hooks(model: Any) -> list[str]:
+def _install_hooks(model: Any) -> None:
     """Hooks on every module (run in the engine's process by ``LLM.apply_model``)."""
-    order: list[str] = []
 
     def pre(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -51,6 +51,8 @@ def _install_hooks(model: Any) -> list[str]:
             if keys is None or not hasattr(out, "shape") or out.dim() == 0 or out.shape[0] != len(keys):
                 return
             rows = out.detach().reshape(len(keys), -1).contiguous().cpu()
+            executed = _CURRENT["executed"]  # completion order: children before parents
+            executed.setdefault(name, len(executed))
             sink = _CURRENT["records"]
             for key, row in zip(keys, rows):
                 sink.setdefault(key, {})[name] = hashlib.sha1(row.numpy().tobytes()).hexdigest()
@@ -65,8 +67,6 @@ def _install_hooks(model: Any) -> list[str]:
     for name, module in model.named_modules():
         if name:
             module.register_forward_hook(make(name))
-            order.append(name)
-    return order
 
 
 def _run(target: str, draft: str | None, prompts: list[str], max_tokens: int, dtype: str,
@@ -76,17 +76,20 @@ def _run(target: str, draft: str | None, prompts: list[str], max_tokens: int, dt
     records: Records = {}
     _CURRENT.clear()
     _CURRENT["records"] = records
+    _CURRENT["executed"] = {}
     kwargs: dict[str, Any] = dict(model=target, dtype=dtype, seed=0, enable_prefix_caching=False,
-                                  enforce_eager=True, max_model_len=2048, max_num_seqs=1)
+                                  enforce_eager=True, max_model_len=8192, max_num_seqs=1)
     if cpu:
         kwargs["kv_cache_memory_bytes"] = 256 << 20
     if draft:
         kwargs["speculative_config"] = {"method": "dflash", "model": draft, "num_speculative_tokens": WIDTH - 1}
     llm = LLM(**kwargs)
     try:
-        order = llm.apply_model(_install_hooks)[0]
+        llm.apply_model(_install_hooks)
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         outs = llm.generate(prompts, params, use_tqdm=False)
+        executed: dict[str, int] = _CURRENT["executed"]
+        order = sorted(executed, key=executed.__getitem__)
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         prompt_lens = [len(o.prompt_token_ids or []) for o in outs]
     finally:
@@ -131,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="default: float32 with --tiny, bfloat16 otherwise")
     parser.add_argument("--prompts", type=int, default=3, help="prompts (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per prompt (default: %(default)s)")
+    parser.add_argument("--long-prompt-tokens", type=int, default=0,
+                        help="add one prompt of at least this many tokens (0: none; default: %(default)s)")
     args = parser.parse_args(argv)
     if args.model_dir and not args.draft_dir:
         parser.error("--draft-dir is required with --model-dir")
@@ -160,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     words = "amber basalt cedar delta ember fjord granite harbor iris juniper kestrel lagoon".split()
     prompts = [f"row check {i} " + " ".join(words[(i + j) % len(words)] for j in range(8 + 3 * i))
                for i in range(args.prompts)]
+    if args.long_prompt_tokens > 0:
+        from scripts.matrix_logprobs import long_prompt
+
+        prompts.append(long_prompt(target, args.long_prompt_tokens, tuple(words), "rowcheck", 0)[0])
     teacher, order, t_tokens, prompt_lens = _run(target, None, prompts, args.max_tokens, dtype, device == "cpu")
     spec, _, s_tokens, _ = _run(target, draft, prompts, args.max_tokens, dtype, device == "cpu")
     # generated positions whose whole prefix agrees (teacher-exact up to there)
