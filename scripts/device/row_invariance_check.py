@@ -60,7 +60,26 @@ def _install_hooks(model: Any) -> None:
 
     def post(_module: Any, _inputs: Any, _output: Any) -> None:
         # modules shared with the drafter (embeddings, rotary) must not record its forwards
+        _CURRENT["last_keys"] = _CURRENT.get("keys")
         _CURRENT["keys"] = None
+
+    real_logits = model.compute_logits
+
+    def compute_logits(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
+        logits = real_logits(hidden_states, *args, **kwargs)
+        keys = _CURRENT.get("last_keys") or []
+        n = logits.shape[0] if logits is not None else 0
+        picked = keys if n == len(keys) else keys[-1:] if n == 1 and keys else None
+        if picked:
+            rows = logits.detach().reshape(n, -1).contiguous().cpu()
+            executed = _CURRENT["executed"]
+            executed.setdefault("compute_logits", len(executed) + 10_000)
+            for key, row in zip(picked, rows):
+                _CURRENT["records"].setdefault(key, {})["compute_logits"] = hashlib.sha1(
+                    row.numpy().tobytes()).hexdigest()
+        return logits
+
+    model.compute_logits = compute_logits
 
     model.register_forward_pre_hook(pre, with_kwargs=True)
     model.register_forward_hook(post)
