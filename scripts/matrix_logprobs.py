@@ -87,14 +87,14 @@ def gate(comparison: LogprobComparison, *, expect_equal: bool, require_bitwise: 
             return "bitwise equal at every position", []
         first = comparison.first_difference or {}
         return "NOT bitwise equal", [
-            f"logprobs: {comparison.summary()}; first difference prompt {first.get('prompt')} "
-            f"position {first.get('position')} ({first.get('what')})"]
+            (f"logprobs: {comparison.summary()}; first difference prompt {first.get('prompt')} "
+             f"position {first.get('position')} ({first.get('what')})")]
     if comparison.all_equal:
         return "negative control FAILED", [
-            "logprobs: the diagnostic leg (exact verify off) is bitwise equal to the teacher at every "
-            "position: the logprob gate cannot tell exact from non-exact verify"]
-    return f"negative control holds (differs at {comparison.positions - comparison.logprobs_bitwise_equal} "\
-           f"positions)", []
+            ("logprobs: the diagnostic leg is bitwise equal to the teacher at every position: "
+             "the logprob gate cannot tell exact from non-exact verify")]
+    differing = comparison.positions - comparison.logprobs_bitwise_equal
+    return f"negative control holds (differs at {differing} positions)", []
 
 
 def long_prompt(tokenizer_dir: str, min_tokens: int, words: tuple[str, ...], nonce: str,

@@ -96,8 +96,8 @@ def _run(target: str, draft: str | None, prompts: list[str], max_tokens: int, dt
     _CURRENT.clear()
     _CURRENT["records"] = records
     _CURRENT["executed"] = {}
-    kwargs: dict[str, Any] = dict(model=target, dtype=dtype, seed=0, enable_prefix_caching=False,
-                                  enforce_eager=True, max_model_len=8192, max_num_seqs=1)
+    kwargs: dict[str, Any] = {"model": target, "dtype": dtype, "seed": 0, "enable_prefix_caching": False,
+                              "enforce_eager": True, "max_model_len": 8192, "max_num_seqs": 1}
     if cpu:
         kwargs["kv_cache_memory_bytes"] = 256 << 20
     if draft:
@@ -198,12 +198,12 @@ def main(argv: list[str] | None = None) -> int:
                 break
             generated.add((plen + i, tok))
     per_module, first = compare(teacher, spec, order, generated)
-    compared = [(n, c, e) for n, (c, e) in per_module.items() if c]
+    compared = [(n, c, eq) for n, (c, eq) in per_module.items() if c]
     print(f"device {device}; {len(prompts)} prompts x {args.max_tokens} tokens; "
           f"{len(generated)} generated positions; modules with rows compared: {len(compared)}")
-    differing = [(n, c, e) for n, c, e in compared if e != c]
-    for name, c, e in differing:
-        print(f"  NOT row-invariant: {name}: {e}/{c} rows bitwise equal")
+    differing = [(n, c, eq) for n, c, eq in compared if eq != c]
+    for name, rows_compared, rows_equal in differing:
+        print(f"  NOT row-invariant: {name}: {rows_equal}/{rows_compared} rows bitwise equal")
     for name, count in sorted(first.items(), key=lambda kv: -kv[1]):
         print(f"  first differing module for {count} row(s): {name}")
     if not compared:

@@ -21,7 +21,7 @@ def _run(tmp: Path, exact: bool) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "scripts.device.row_invariance_check", "--tiny", str(tmp / "tiny"),
          "--prompts", "1", "--max-tokens", "16"],
-        cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+        cwd=REPO, capture_output=True, text=True, timeout=900, check=False, env=env)
 
 
 def test_every_module_is_row_invariant_with_the_exact_path(tmp_path: Path) -> None:
