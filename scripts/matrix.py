@@ -6,6 +6,18 @@ teacher (no speculation, eager) and DFlash M8 with graph {off, on} x prebuilt me
 (cross-leg); cached tokens must be zero. Graph legs need device graphs: on a machine without
 an XPU or CUDA device they are reported as "not run", never as passed.
 
+Logprob gate: every leg requests the logprobs of the sampled token and the top-k; they are
+compared with the teacher's bitwise (``float.hex``) per position. On CPU every leg with the
+exact verify path on must be bitwise equal at every position; the diagnostic leg
+``dflash-exact0-diagnostic`` (exact verify off) must NOT be (negative control: if it ever is,
+the gate cannot tell exact from non-exact verify and the run fails), nor may
+``dflash-noplan-diagnostic`` (exact verify without the KV split plan, a debug switch): only the
+long-context prompt separates that one from the exact legs. On a device the counts are
+reported, not gated. One prompt of at least ``--long-prompt-tokens`` tokens crosses the KV
+split-count divergence of the global layer: it must be teacher-exact in tokens; its logprobs are
+compared and reported separately, not gated (open on CPU: a last-bit residual at ~4.2K tokens,
+see the README). The longest context per leg is reported.
+
 ``python -m scripts.matrix run ...`` is the driver (it needs vLLM importable, i.e. the CPU
 runtime on this machine); ``python -m scripts.matrix leg CONFIG`` runs one leg.
 """
@@ -26,12 +38,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scripts.matrix_logprobs import LogprobComparison, collect_logprobs, compare_logprobs, gate, long_prompt
 from scripts.tokens import first_difference
 
-SCHEMA = "vllm-xpu-laguna-matrix-v1"
+SCHEMA = "vllm-xpu-laguna-matrix-v2"  # v2: logprob gate, long-context prompt, diagnostic leg
 WIDTH = 8  # DFlash M8: 7 drafted tokens + 1 verified
 GRAPH_ENV = "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH"
 META_ENV = "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"
+EXACT_ENV = "VLLM_XPU_LAGUNA_EXACT_VERIFY"
+NO_PLAN_ENV = "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN"
+LOGPROBS_TOPK = 5  # top-k logprobs compared per position (plus the sampled token's)
+LONG_PROMPT_TOKENS = 4200  # > 4096: past the split-count divergence (~2.2K) of the global layer
 NOT_RUN_NO_GRAPHS = "not run (no device graphs)"
 
 _WORDS = ("amber basalt cedar delta ember fjord granite harbor iris juniper kestrel lagoon meadow "
@@ -44,9 +61,20 @@ class Leg:
     speculative: bool
     graph: bool = False
     metadata: bool = False
+    exact: bool = True  # False: diagnostic leg, exact verify off
+    split_plan: bool = True  # False: diagnostic leg, exact verify without the KV split plan (debug switch)
+
+    @property
+    def diagnostic(self) -> bool:
+        """A negative control of the logprob gate: must NOT be bitwise equal to the teacher."""
+        return not (self.exact and self.split_plan)
 
     def env(self) -> dict[str, str]:
-        return {GRAPH_ENV: "1" if self.graph else "0", META_ENV: "1" if self.metadata else "0"}
+        env = {GRAPH_ENV: "1" if self.graph else "0", META_ENV: "1" if self.metadata else "0",
+               EXACT_ENV: "1" if self.exact else "0"}
+        if not self.split_plan:
+            env[NO_PLAN_ENV] = "1"
+        return env
 
 
 LEGS = (
@@ -55,6 +83,8 @@ LEGS = (
     Leg("dflash-graph0-meta1", True, graph=False, metadata=True),
     Leg("dflash-graph1-meta0", True, graph=True, metadata=False),
     Leg("dflash-graph1-meta1", True, graph=True, metadata=True),
+    Leg("dflash-exact0-diagnostic", True, exact=False),
+    Leg("dflash-noplan-diagnostic", True, split_plan=False),
 )
 
 
@@ -62,7 +92,7 @@ LEGS = (
 class PromptSpec:
     text: str
     max_tokens: int
-    role: str  # "plain", "long" (rollover), "long-then-next" (short one after a long one)
+    role: str  # "plain", "long" (rollover), "long-then-next" (short one after a long one), "long-context"
 
 
 def make_prompts(count: int, max_tokens: int, seed: int | None = None) -> list[PromptSpec]:
@@ -86,6 +116,13 @@ def make_prompts(count: int, max_tokens: int, seed: int | None = None) -> list[P
         else:
             prompts.append(PromptSpec(f"run {nonce} item {index} {words}", max_tokens, "plain"))
     return prompts
+
+
+def long_context_prompt(target: str, min_tokens: int, max_tokens: int, seed: int | None) -> PromptSpec:
+    """The long-context prompt: at least ``min_tokens`` tokens of the target's tokenizer."""
+    rng = random.Random(seed if seed is not None else time.time_ns())
+    text, _ = long_prompt(target, min_tokens, tuple(_WORDS), f"{rng.getrandbits(32):08x}", rng.getrandbits(32))
+    return PromptSpec(text, max(8, max_tokens // 4), "long-context")
 
 
 def device_kind() -> str:
@@ -128,7 +165,8 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
     rows = []
     try:
         for spec in config["prompts"]:
-            params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
+            params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True,
+                                    logprobs=LOGPROBS_TOPK)
             start = time.monotonic()
             out = llm.generate([spec["text"]], params, use_tqdm=False)[0]
             rows.append({
@@ -136,6 +174,7 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
                 "token_ids": list(out.outputs[0].token_ids),
                 "cached_tokens": int(out.num_cached_tokens or 0),
                 "seconds": time.monotonic() - start,
+                "logprobs": collect_logprobs(out.outputs[0].logprobs, LOGPROBS_TOPK),
             })
         drafts = accepted = 0
         for metric in llm.get_metrics():
@@ -154,20 +193,21 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         gc.collect()
     return {"rows": rows, "draft_tokens": drafts, "accepted_tokens": accepted,
             "acceptance_rate": (accepted / drafts) if drafts else None, "block_size": block_size,
-            "attention": counts}
+            "attention": _read_counts(counts)}
 
 
 def _route_and_count(cpu_flash_attn: bool) -> dict[str, Any]:
-    """Count exact-verify calls (by width) and prebuilt-metadata uses in this process.
+    """Exact-verify calls (by width), kernel calls and prebuilt-metadata uses in this process.
 
+    The counts are the overlay's own (``xpu_laguna_exact.counters``), read when the leg ends.
     With ``cpu_flash_attn`` the FlashAttention backend, the path Laguna takes on XPU, is
     registered under ``CPU_ATTN`` so that the CPU engine (in-process, see the leg's
     environment) runs the real builder and impl on the reference kernels.
     """
     from vllm.v1.attention.backends import xpu_laguna_exact
 
-    counts: dict[str, Any] = {"backend": "default", "kernel_seam": xpu_laguna_exact.kernel_seam_name(),
-                              "exact_calls_by_width": {}, "prebuilt_calls": 0}
+    xpu_laguna_exact.counters.reset()
+    counts: dict[str, Any] = {"backend": "default", "kernel_seam": xpu_laguna_exact.kernel_seam_name()}
     if cpu_flash_attn:
         from vllm.v1.attention import selector
         from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
@@ -175,17 +215,13 @@ def _route_and_count(cpu_flash_attn: bool) -> dict[str, Any]:
         register_backend(AttentionBackendEnum.CPU_ATTN, "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend")
         selector._cached_get_attn_backend.cache_clear()
         counts["backend"] = "FLASH_ATTN on CPU (reference kernels)"
-    real = xpu_laguna_exact.run_exact_verify
-
-    def counting(impl: Any, layer: Any, *args: Any) -> bool:
-        exact = args[-1].laguna_exact
-        by_width = counts["exact_calls_by_width"]
-        by_width[str(exact.width)] = by_width.get(str(exact.width), 0) + 1
-        counts["prebuilt_calls"] += exact.owner is not None
-        return real(impl, layer, *args)
-
-    xpu_laguna_exact.run_exact_verify = counting
     return counts
+
+
+def _read_counts(counts: dict[str, Any]) -> dict[str, Any]:
+    from vllm.v1.attention.backends import xpu_laguna_exact
+
+    return {**counts, **xpu_laguna_exact.counters.snapshot()}
 
 
 # ---------------------------------------------------------------- comparison (pure)
@@ -204,6 +240,43 @@ class LegResult:
     mismatches: list[str] = field(default_factory=list)
     seconds: float = 0.0
     attention: dict[str, Any] = field(default_factory=dict)
+    logprobs: dict[str, Any] = field(default_factory=dict)  # see logprob_verdict()
+    longest_context: int = 0  # prompt + generated tokens of the longest request
+
+
+def logprob_verdict(result: LegResult, leg: Leg, teacher_rows: list[dict[str, Any]],
+                    rows: list[dict[str, Any]], require_bitwise: bool,
+                    report_only: frozenset[int] = frozenset()) -> None:
+    """The logprob gate for one leg (scripts.matrix_logprobs): fills ``result.logprobs`` and
+    adds any problem to ``result.mismatches``.
+
+    Prompts in ``report_only`` (the long-context prompt: an open residual on CPU, see the
+    README) are compared and reported under ``long_context`` but not gated; the leg without the
+    split plan differs from the exact legs only there, so its verdict is reported, not gated.
+    """
+    def pick(source: list[dict[str, Any]], keep: bool) -> list[Any]:
+        return [r.get("logprobs", []) for i, r in enumerate(source) if (i in report_only) != keep]
+
+    comparison: LogprobComparison = compare_logprobs(pick(teacher_rows, True), pick(rows, True))
+    gated = leg.split_plan  # the no-plan leg only differs on the report-only prompt
+    verdict, problems = gate(comparison, expect_equal=not leg.diagnostic,
+                             require_bitwise=require_bitwise and gated)
+    if not gated:
+        verdict = "reported (diagnostic, not gated)"
+    result.logprobs = {"verdict": verdict, "positions": comparison.positions,
+                       "tokens_equal": comparison.tokens_equal,
+                       "logprobs_bitwise_equal": comparison.logprobs_bitwise_equal,
+                       "first_difference": comparison.first_difference}
+    if report_only:
+        extra = compare_logprobs(pick(teacher_rows, False), pick(rows, False))
+        result.logprobs["long_context"] = {
+            "verdict": "reported (not gated)", "positions": extra.positions, "tokens_equal": extra.tokens_equal,
+            "logprobs_bitwise_equal": extra.logprobs_bitwise_equal, "first_difference": extra.first_difference}
+    result.mismatches += problems
+
+
+def longest_context(rows: list[dict[str, Any]]) -> int:
+    return max((r["prompt_tokens"] + len(r["token_ids"]) for r in rows), default=0)
 
 
 def compare(teacher: list[list[int]], leg: list[list[int]], what: str) -> tuple[int, list[str]]:
@@ -219,7 +292,8 @@ def compare(teacher: list[list[int]], leg: list[list[int]], what: str) -> tuple[
     return equal, notes
 
 
-def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompts: int) -> list[LegResult]:
+def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompts: int,
+             require_bitwise: bool = True, report_only: frozenset[int] = frozenset()) -> list[LegResult]:
     teacher = outputs["teacher"]
     teacher_tokens = [r["token_ids"] for r in teacher["rows"]]
     reference_leg: list[list[int]] | None = None
@@ -234,6 +308,13 @@ def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompt
         tokens = [r["token_ids"] for r in data["rows"]]
         equal, notes = compare(teacher_tokens, tokens, "teacher-exact")
         result.teacher_exact = f"{equal}/{n_prompts}"
+        result.longest_context = longest_context(data["rows"])
+        if leg.diagnostic:  # tokens reported, only its negative control gates
+            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, report_only)
+            result.attention = data.get("attention", {})
+            result.status = "failed" if result.mismatches else "passed"
+            results.append(result)
+            continue
         result.mismatches += notes
         if leg.speculative:
             if reference_leg is None:
@@ -243,6 +324,8 @@ def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompt
                 equal_x, notes_x = compare(reference_leg, tokens, "cross-leg")
                 result.cross_leg_exact = f"{equal_x}/{n_prompts}"
                 result.mismatches += notes_x
+        if leg.speculative:
+            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, report_only)
         zero = sum(1 for r in data["rows"] if r["cached_tokens"] == 0)
         result.cached_tokens_zero = f"{zero}/{n_prompts}"
         if zero != n_prompts:
@@ -266,7 +349,21 @@ def table(results: list[LegResult]) -> str:
                      f"{r.cached_tokens_zero or '-':>8} {rate:>7}")
         if r.attention.get("exact_calls_by_width"):
             lines.append(f"    exact verify calls by width {r.attention['exact_calls_by_width']}, "
+                         f"kernel calls {r.attention.get('kernel_calls_by_width', {})}, "
                          f"prebuilt {r.attention.get('prebuilt_calls', 0)}")
+        if r.logprobs:
+            lp = r.logprobs
+            lines.append(f"    logprobs: {lp['logprobs_bitwise_equal']}/{lp['positions']} positions bitwise equal, "
+                         f"tokens {lp['tokens_equal']}/{lp['positions']}: {lp['verdict']}"
+                         + (f"; first difference {lp['first_difference']['prompt']}:"
+                            f"{lp['first_difference']['position']} ({lp['first_difference']['what']})"
+                            if lp["first_difference"] else ""))
+            if "long_context" in lp:
+                lc = lp["long_context"]
+                lines.append(f"    long-context prompt logprobs (reported, not gated): {lc['logprobs_bitwise_equal']}/"
+                             f"{lc['positions']} bitwise equal, tokens {lc['tokens_equal']}/{lc['positions']}")
+        if r.longest_context:
+            lines.append(f"    longest context {r.longest_context} tokens")
         lines += [f"    {m}" for m in r.mismatches[:5]]
     return "\n".join(lines)
 
@@ -312,7 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--legs", default=",".join(leg.name for leg in LEGS), help="comma-separated leg names")
     run.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     run.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on devices")
-    run.add_argument("--max-model-len", type=int, default=1024, help="engine max_model_len (prompt + output)")
+    run.add_argument("--max-model-len", type=int, default=8192,
+                     help="engine max_model_len; must hold the long-context prompt (default: %(default)s)")
+    run.add_argument("--long-prompt-tokens", type=int, default=LONG_PROMPT_TOKENS,
+                     help="add one prompt of at least this many tokens, generating max(8, max-tokens/4) "
+                          "tokens (0: none; default: %(default)s)")
     run.add_argument("--kv-cache-bytes", type=int, default=512 << 20, help="KV cache bytes (CPU only)")
     run.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh per run)")
     run.add_argument("--report", default="build/matrix-report.json", help="JSON report path")
@@ -379,6 +480,12 @@ def validate_run(args: argparse.Namespace) -> str | None:
     if not 1 <= args.max_tokens < args.max_model_len:
         return (f"--max-tokens {args.max_tokens} must be >= 1 and leave room for the prompt in "
                 f"--max-model-len {args.max_model_len}")
+    if args.long_prompt_tokens < 0:
+        return f"--long-prompt-tokens {args.long_prompt_tokens}: must be >= 0 (0: no long-context prompt)"
+    if args.long_prompt_tokens and args.long_prompt_tokens + max(8, args.max_tokens // 4) + 64 > args.max_model_len:
+        return (f"--max-model-len {args.max_model_len} cannot hold the long-context prompt (>= "
+                f"{args.long_prompt_tokens} tokens + {max(8, args.max_tokens // 4)} generated); raise it or "
+                "pass --long-prompt-tokens 0")
     report = Path(args.report)
     if report.is_dir():
         return f"--report {args.report}: is a directory"
@@ -399,6 +506,13 @@ def _drive(args: argparse.Namespace) -> int:
     known = {leg.name: leg for leg in LEGS}
     legs = tuple(known[n] for n in names)  # validate_run checked them
     prompts = make_prompts(args.prompts, args.max_tokens, args.seed)
+    if args.long_prompt_tokens > 0:
+        spec = long_context_prompt(target, args.long_prompt_tokens, args.max_tokens, args.seed)
+        if spec.max_tokens + args.long_prompt_tokens + 64 > args.max_model_len:
+            print(f"error: --max-model-len {args.max_model_len} cannot hold the long-context prompt "
+                  f"(>= {args.long_prompt_tokens} tokens + {spec.max_tokens} generated)", file=sys.stderr)
+            return 2
+        prompts.append(spec)
     dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     outputs: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
@@ -429,7 +543,8 @@ def _drive(args: argparse.Namespace) -> int:
     if "rows" not in outputs.get("teacher", {}):
         print(f"error: the teacher leg did not run: {outputs.get('teacher')}", file=sys.stderr)
         return 1
-    results = evaluate(outputs, legs, len(prompts))
+    long_ones = frozenset(i for i, p in enumerate(prompts) if p.role == "long-context")
+    results = evaluate(outputs, legs, len(prompts), require_bitwise=device == "cpu", report_only=long_ones)
     block = outputs["teacher"]["block_size"]
     teacher_rows = outputs["teacher"]["rows"]
     rollover = [i for i, (p, r) in enumerate(zip(prompts, teacher_rows))
@@ -439,6 +554,9 @@ def _drive(args: argparse.Namespace) -> int:
         "series": series, "method": args.method, "width": WIDTH, "dtype": dtype,
         "prompts": [asdict(p) for p in prompts], "block_size": block,
         "rollover_prompts": rollover, "long_then_next_prompt": 1,
+        "long_context_prompts": [{"prompt": i, "prompt_tokens": r["prompt_tokens"]}
+                                 for i, (p, r) in enumerate(zip(prompts, teacher_rows)) if p.role == "long-context"],
+        "logprobs_top_k": LOGPROBS_TOPK,
         "legs": [asdict(r) for r in results], "outputs": outputs,
         "seconds": time.monotonic() - started,
     }

@@ -5,8 +5,13 @@ from __future__ import annotations
 from scripts.matrix import LEGS, NOT_RUN_NO_GRAPHS, evaluate, first_difference, make_prompts, table
 
 
+def _logprobs(tokens: list[int]) -> list:
+    return [[t, (-0.1 * t).hex(), [[t, (-0.1 * t).hex()]]] for t in tokens]
+
+
 def _rows(tokens: list[list[int]], cached: int = 0) -> dict:
-    return {"rows": [{"token_ids": t, "cached_tokens": cached, "seconds": 0.1, "prompt_tokens": 5} for t in tokens],
+    return {"rows": [{"token_ids": t, "cached_tokens": cached, "seconds": 0.1, "prompt_tokens": 5,
+                      "logprobs": _logprobs(t)} for t in tokens],
             "draft_tokens": 70, "accepted_tokens": 7, "acceptance_rate": 0.1}
 
 

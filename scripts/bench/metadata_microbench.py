@@ -111,6 +111,7 @@ class Step:
 
         qsl = torch.tensor([0, WIDTH], dtype=torch.int32)
         seq = torch.tensor([seq_len], dtype=torch.int32)
+        self.seq_len = seq_len
         self.cms = []
         for gid in range(4):
             table = torch.arange(cols, dtype=torch.int32).unsqueeze(0) + 1000 * gid
@@ -145,10 +146,10 @@ def _exact_only(builders: list[Any], step: Step, metadata: list[Any]) -> None:
     cms = step.cms
     mds = [
         builders[0].laguna_prebuilt.refresh(
-            WIDTH, cms[0].seq_lens, cms[0].block_table_tensor
+            WIDTH, cms[0].seq_lens, cms[0].block_table_tensor, step.seq_len
         ),
         builders[1].laguna_prebuilt.refresh(
-            WIDTH, cms[1].seq_lens, cms[1].block_table_tensor
+            WIDTH, cms[1].seq_lens, cms[1].block_table_tensor, step.seq_len
         ),
     ]
     mds.append(
@@ -229,11 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: needs torch and the patched vLLM tree", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    from vllm.v1.attention.backends.xpu_laguna_prebuilt import PrebuiltExactMetadata
-
-    PrebuiltExactMetadata.full_guard_every_call = args.full_guards
     config = _vllm_config(args.cols * BLOCK)
     modes = {"inline": _builders(config, False), "prebuilt": _builders(config, True)}
+    for builder in modes["prebuilt"]:
+        if builder.laguna_prebuilt is not None:  # the debug guard mode, per owner
+            builder.laguna_prebuilt.full_guard_every_call = args.full_guards
     if (
         modes["prebuilt"][0].laguna_prebuilt is None
         or modes["inline"][0].laguna_prebuilt

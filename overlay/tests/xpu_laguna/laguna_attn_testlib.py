@@ -239,8 +239,12 @@ def set_toggles(
     exact: bool = True,
     width: int = 8,
     prebuilt: bool = False,
+    split_plan: bool = True,
 ) -> None:
     monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_EXACT_VERIFY", exact, raising=False)
+    monkeypatch.setattr(
+        envs, "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN", not split_plan, raising=False
+    )
     monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_VERIFY_WIDTH", width, raising=False)
     monkeypatch.setattr(
         envs,

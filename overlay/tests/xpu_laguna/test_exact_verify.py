@@ -52,7 +52,8 @@ def _verify_vs_decodes(monkeypatch, q, window, num_heads, seq_len, kv_dtype="aut
         decode_out, dmd = lib.forward(
             builder, impl, layer, kv_cache, decode_cm, req.q[tok : tok + 1]
         )
-        assert dmd.laguna_exact is None  # q=1 is the plain upstream decode
+        # q=1: the plain decode, one row with the planned split count
+        assert dmd.laguna_exact is not None and dmd.laguna_exact.width == 1
         assert torch.equal(verify_out[j], decode_out[0]), (
             f"row {j} of the q={q} verify differs from its single-token decode"
         )
@@ -107,7 +108,8 @@ def test_wrong_kv_lengths_are_detected(monkeypatch):
 
     def off_by_one(seq_lens, block_table, q):
         cu, lens, table = real(seq_lens, block_table, q)
-        return cu, lens - 1, table
+        # verify rows only: the q=1 decodes (the expected values) stay right
+        return cu, (lens - 1 if q > 1 else lens), table
 
     monkeypatch.setattr(xpu_laguna_exact, "build_inline", off_by_one)
     with pytest.raises(AssertionError, match="differs from its single-token"):
@@ -171,7 +173,8 @@ ELIGIBILITY_CASES = {
     "verify_q2": ([2], [300], 8, True, 2),
     "verify_q8": ([8], [300], 8, True, 8),
     "verify_q5_width5": ([5], [300], 5, True, 5),
-    "decode_q1": ([1], [300], 8, True, 0),
+    "decode_q1": ([1], [300], 8, True, 1),
+    "two_decodes": ([1, 1], [300, 200], 8, True, 0),
     "too_wide_q9": ([9], [300], 8, True, 0),
     "too_wide_for_width4": ([5], [300], 4, True, 0),
     "width1_disables": ([2], [300], 1, True, 0),
@@ -212,8 +215,9 @@ def test_eligibility(monkeypatch, case):
     assert mds[False].laguna_exact is None
     # Apart from the exact-verify field the metadata is the upstream metadata.
     assert _metadata_fields_equal(mds[True], mds[False])
-    if causal and want == 0:
-        assert torch.equal(outs[True], outs[False])  # byte-for-byte upstream
+    if causal and want <= 1:
+        # byte-for-byte upstream (a batch-1 decode: the plan is the heuristic)
+        assert torch.equal(outs[True], outs[False])
 
 
 def test_cascade_and_dcp_are_not_eligible(monkeypatch):
@@ -247,10 +251,36 @@ def test_layers_the_exact_path_does_not_cover(kwargs):
 
 # ------------------------------------------------------------ BF16 cache write
 def test_cache_write_dtype_mapping():
-    for native in ("bfloat16", "float16", "auto"):
-        assert xpu_laguna_exact.cache_write_dtype(native) == "auto"
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    write = xpu_laguna_exact.cache_write_dtype
+    # A native float name is "auto" only when it is the model (and cache) dtype.
+    assert write("bfloat16", bf16, bf16) == "auto"
+    assert write("float16", fp16, fp16) == "auto"
+    assert write("half", fp16, fp16) == "auto"
+    assert write("float32", fp32, fp32) == "auto"
+    assert write("auto", bf16, bf16) == "auto"
     for fp8 in ("fp8", "fp8_e4m3", "fp8_e5m2"):
-        assert xpu_laguna_exact.cache_write_dtype(fp8) == fp8
+        assert write(fp8, bf16, torch.uint8) == fp8
+    # Any other combination would be stored mistyped: one clear error.
+    for name, model, cache in (
+        ("bfloat16", fp16, bf16),
+        ("float16", bf16, fp16),
+        ("bfloat16", fp32, bf16),
+        ("float16", fp16, bf16),
+    ):
+        with pytest.raises(ValueError, match="only in the model dtype"):
+            write(name, model, cache)
+
+
+def test_mismatched_native_kv_cache_dtype_fails_clearly():
+    """--kv-cache-dtype bfloat16 on a float16 model: refused, nothing written."""
+    heads = 12
+    impl = lib.make_impl(heads, None, kv_cache_dtype="bfloat16")
+    layer, kv_cache = lib.ScaleLayer(), lib.make_kv_cache(torch.bfloat16)
+    req = lib.random_request(10, heads, [9], seed=3, dtype=torch.float16)
+    with pytest.raises(ValueError, match="model dtype float16"):
+        lib.fill_cache(impl, layer, kv_cache, req, 10)
+    assert not kv_cache.any()
 
 
 def test_bf16_kv_cache_write_through_the_impl():

@@ -300,6 +300,32 @@ def test_same_width_refresh_checks_identity_of_all_widths(prebuilt_on):
         builder.build(0, step_cm(4, 301, table))  # same width: fast guard
 
 
+@pytest.mark.parametrize("debug", [False, True], ids=["default", "debug-full"])
+def test_guard_policy_and_its_debug_switch(prebuilt_on, monkeypatch, debug):
+    """Default: a fingerprint drift in a view of *another* width (same object,
+    same tensor, storage swapped in place) is caught at the next width change,
+    not on same-width calls; VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD=1
+    catches it on the very next call (the literal every-call fingerprint)."""
+    import vllm.envs as envs
+
+    monkeypatch.setattr(
+        envs, "VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD", debug, raising=False
+    )
+    builder = lib.make_builder(lib.WINDOW)
+    owner = builder.laguna_prebuilt
+    assert owner.full_guard_every_call is debug
+    table = random_table(random.Random(3))
+    builder.build(0, step_cm(4, 300, table))
+    owner.by_width[7].seq_lens.set_(torch.zeros(7, dtype=torch.int32))
+    if debug:
+        with pytest.raises(PrebuiltMetadataDriftError, match="width-7 seq_lens"):
+            builder.build(0, step_cm(4, 301, table))
+        return
+    builder.build(0, step_cm(4, 301, table))  # same width: identity only
+    with pytest.raises(PrebuiltMetadataDriftError, match="width-7 seq_lens"):
+        builder.build(0, step_cm(3, 301, table))  # width change: full check
+
+
 @pytest.mark.parametrize("q", range(2, M + 1))
 def test_toggle_off_reproduces_the_inline_path(monkeypatch, q):
     heads = 18

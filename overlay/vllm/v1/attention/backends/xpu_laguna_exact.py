@@ -21,13 +21,30 @@ the q=1 decode of that token, so the verify logits are bitwise equal to
 non-speculative decoding.
 
 Which steps take the path (:func:`plan_step`, called once per step and KV
-cache group by the metadata builder): exactly one request, 2 <= q <= M query
-rows (M = ``VLLM_XPU_LAGUNA_VERIFY_WIDTH``), all rows real (no padding), no
-cascade, no decode context parallelism, causal attention without multimodal
-prefix ranges or R-SWA. Per layer (:func:`run_exact_verify`): decoder
+cache group by the metadata builder): exactly one request, 1 <= q <= M query
+rows (M = ``VLLM_XPU_LAGUNA_VERIFY_WIDTH``; q = 1 is the plain decode, one row
+with the planned split count), all rows real (no padding), no cascade, no
+decode context parallelism, causal attention without multimodal prefix ranges
+or R-SWA. Per layer (:func:`run_exact_verify`): decoder
 self-attention without ALiBi, soft-cap or sinks. Everything else takes the
 unchanged upstream code. ``VLLM_XPU_LAGUNA_EXACT_VERIFY=0`` (default 1)
 disables the path.
+
+Split plan: the paged-decode kernel splits each sequence's KV into a number
+of chunks it picks from the whole call (batch size, longest KV length), and a
+different count is a different accumulation order. So whenever the path is
+active, both the q=1 decode of one request (width 1) and every verify row run
+with an explicit count: the one a single-request q=1 decode of that row's own
+KV length gets (:mod:`vllm.v1.attention.ops.xpu_laguna_split_plan`, a port of
+the pinned kernel's heuristic). Rows of one step that need different counts go
+in separate calls (at most a few per step). The debug switch
+``VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN=1`` drops the explicit count (one call,
+the kernel picks): the negative control of the tests, never for serving.
+
+The exact KV length of the request comes from the host copy of ``seq_lens``
+when the runner has one (``_seq_lens_cpu``: exact outside async speculative
+decoding), else from the device (one small copy per step and metadata
+builder); ``max_seq_len`` is only an upper bound and is never used for it.
 
 Kernel seam (:func:`varlen_attention`): on XPU the call goes to
 ``vllm._xpu_ops.xpu_ops.flash_attn_varlen_func``, the same function (and so
@@ -39,46 +56,104 @@ XPU, and wherever the FlashAttention backend runs on the reference kernels
 is never taken.
 """
 
-import functools
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 import vllm.envs as envs
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
+from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+from vllm.v1.attention.ops import xpu_laguna_split_plan as split_plan
 
 if TYPE_CHECKING:
     from vllm.v1.attention.backend import CommonAttentionMetadata
-    from vllm.v1.attention.backends.xpu_laguna_prebuilt import (
-        PrebuiltExactMetadata,
+    from vllm.v1.attention.backends.flash_attn import (
+        FlashAttentionImpl,
+        FlashAttentionMetadata,
     )
 
 logger = init_logger(__name__)
 
-# Cache dtype strings the XPU cache-write kernel only accepts as "auto".
+# Cache dtype strings naming a native float cache. The XPU cache-write kernel
+# stores a native float cache only under "auto" (= the model dtype).
 _NATIVE_FLOAT_CACHE_DTYPES = frozenset(
     {"bfloat16", "float16", "half", "float", "float32"}
 )
+
+
+class ExactMetadataOwner(Protocol):
+    """An owner of prebuilt exact-verify metadata, as this module uses it
+    (implemented by ``xpu_laguna_prebuilt.PrebuiltExactMetadata``; defined
+    here so that this module does not import that one)."""
+
+    def refresh(
+        self,
+        q: int,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_len: int | None = None,
+    ) -> "ExactVerifyMetadata": ...
+
+    def check_source(
+        self, exact: "ExactVerifyMetadata", block_table: torch.Tensor
+    ) -> None: ...
 
 
 @dataclass(eq=False)
 class ExactVerifyMetadata:
     """Per-step exact-verify description attached to FlashAttentionMetadata.
 
-    ``width`` is the number of verify rows q. When the tensors are None the
-    layer forward builds them inline (:func:`build_inline`); when the builder
-    owns prebuilt buffers they are views into those buffers, refreshed in
-    place each step, and ``owner`` is the owner.
+    ``width`` is the number of rows q (1: a plain decode run with the planned
+    split count). ``seq_len`` is the request's exact KV length on the host
+    (including this step's rows). When the tensors are None the layer forward
+    builds them inline (:func:`build_inline`); when the builder owns prebuilt
+    buffers they are views into those buffers, refreshed in place each step,
+    and ``owner`` is the owner.
     """
 
     width: int
+    seq_len: int = 0
     query_start_loc: torch.Tensor | None = None
     seq_lens: torch.Tensor | None = None
     block_table: torch.Tensor | None = None
     kv_offsets: torch.Tensor | None = None
-    owner: "PrebuiltExactMetadata | None" = None
+    owner: ExactMetadataOwner | None = None
+
+
+@dataclass
+class ExactVerifyCounters:
+    """Process-wide counts of the exact path (read by the equivalence matrix
+    and the tests; :meth:`reset` starts over)."""
+
+    calls_by_width: Counter = field(default_factory=Counter)
+    kernel_calls_by_width: Counter = field(default_factory=Counter)
+    prebuilt_calls: int = 0
+    longest_seq_len: int = 0
+
+    def reset(self) -> None:
+        self.calls_by_width.clear()
+        self.kernel_calls_by_width.clear()
+        self.prebuilt_calls = 0
+        self.longest_seq_len = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "exact_calls_by_width": {
+                str(w): n for w, n in sorted(self.calls_by_width.items())
+            },
+            "kernel_calls_by_width": {
+                str(w): n for w, n in sorted(self.kernel_calls_by_width.items())
+            },
+            "prebuilt_calls": self.prebuilt_calls,
+            "longest_seq_len": self.longest_seq_len,
+        }
+
+
+counters = ExactVerifyCounters()
 
 
 def kernel_seam_name() -> str:
@@ -86,42 +161,54 @@ def kernel_seam_name() -> str:
     return "xpu" if current_platform.is_xpu() else "reference"
 
 
-@functools.cache
+_available: bool | None = None
+
+
 def exact_path_available() -> bool:
     """Whether the platform runs FLASH_ATTN on the XPU or reference kernels."""
-    if current_platform.is_xpu():
-        return True
-    from vllm.v1.attention.backends.fa_utils import (
-        is_flash_attn_varlen_func_available,
-    )
+    global _available
+    if _available is None:
+        if current_platform.is_xpu():
+            _available = True
+        else:
+            from vllm.v1.attention.backends.fa_utils import (
+                is_flash_attn_varlen_func_available,
+            )
 
-    return not is_flash_attn_varlen_func_available()
+            _available = not is_flash_attn_varlen_func_available()
+    return _available
 
 
-_logged = False
+def split_plan_enabled() -> bool:
+    """False only under the debug switch VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN."""
+    return not envs.VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN
 
 
 def exact_verify_width() -> int:
     """The largest verify width M that takes the exact path (0 = off)."""
-    global _logged
     on = bool(envs.VLLM_XPU_LAGUNA_EXACT_VERIFY) and exact_path_available()
     width = int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH) if on else 0
-    if not _logged:
-        _logged = True
-        if on:
-            logger.info(
-                "XPU Laguna exact verify: ON (verify widths 2..%d run as "
-                "one-token paged-decode pseudo-sequences, kernel seam: %s)",
-                width,
-                kernel_seam_name(),
+    if on:
+        logger.info_once(
+            "XPU Laguna exact verify: ON (verify widths 2..%d run as one-token "
+            "paged-decode pseudo-sequences, kernel seam: %s, KV split plan: %s)",
+            width,
+            kernel_seam_name(),
+            "on" if split_plan_enabled() else "OFF (debug switch)",
+        )
+        if not split_plan_enabled():
+            logger.warning_once(
+                "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN=1: verify rows past ~2K "
+                "tokens of context are no longer bitwise equal to decode "
+                "(debug switch, not for serving)"
             )
-        else:
-            logger.info(
-                "XPU Laguna exact verify: OFF (%s); verify uses the upstream path",
-                "VLLM_XPU_LAGUNA_EXACT_VERIFY=0"
-                if not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY
-                else "platform has native FlashAttention kernels",
-            )
+    else:
+        logger.info_once(
+            "XPU Laguna exact verify: OFF (%s); verify uses the upstream path",
+            "VLLM_XPU_LAGUNA_EXACT_VERIFY=0"
+            if not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY
+            else "platform has native FlashAttention kernels",
+        )
     return width
 
 
@@ -130,12 +217,14 @@ def step_width(
     use_cascade: bool,
     dcp_world_size: int,
 ) -> int:
-    """q if this step is eligible for the exact path, else 0."""
+    """q if this step is eligible for the exact path (1 = a single-request
+    decode, which then runs with the planned split count), else 0."""
     width = exact_verify_width()
     cm = common_attn_metadata
     q = cm.max_query_len
     if (
-        q < 2
+        width == 0
+        or q < 1
         or q > width
         or cm.num_reqs != 1
         or cm.num_actual_tokens != q
@@ -149,23 +238,38 @@ def step_width(
     return q
 
 
+def exact_seq_len(common_attn_metadata: "CommonAttentionMetadata") -> int:
+    """The single request's exact KV length on the host (see module doc)."""
+    cm = common_attn_metadata
+    host = cm._seq_lens_cpu
+    if host is not None:
+        return int(host[0])
+    return int(cm.seq_lens[0].item())
+
+
 def plan_step(
     common_attn_metadata: "CommonAttentionMetadata",
     use_cascade: bool,
     dcp_world_size: int,
-    prebuilt: "PrebuiltExactMetadata | None" = None,
+    prebuilt: ExactMetadataOwner | None = None,
 ) -> ExactVerifyMetadata | None:
-    """Builder hook: the step's exact-verify metadata, or None (upstream path)."""
+    """Builder hook: the step's exact-verify metadata, or None (upstream path).
+
+    ``prebuilt`` is the builder's prebuilt-metadata owner (widths 2..M), if
+    any; width 1 is always built inline.
+    """
     q = step_width(common_attn_metadata, use_cascade, dcp_world_size)
     if q == 0:
         return None
-    if prebuilt is not None:
+    seq_len = exact_seq_len(common_attn_metadata)
+    if prebuilt is not None and q >= 2:
         return prebuilt.refresh(
             q,
             common_attn_metadata.seq_lens,
             common_attn_metadata.block_table_tensor,
+            seq_len,
         )
-    return ExactVerifyMetadata(width=q)
+    return ExactVerifyMetadata(width=q, seq_len=seq_len)
 
 
 def build_inline(
@@ -182,24 +286,43 @@ def build_inline(
     return cu_seqlens_q, kv_lens, table
 
 
-def cache_write_dtype(kv_cache_dtype: str) -> str:
+def cache_write_dtype(
+    kv_cache_dtype: str, model_dtype: torch.dtype, cache_dtype: torch.dtype
+) -> str:
     """The dtype string to pass to the cache-write kernel.
 
     The XPU kernel (and the reference kernel that mirrors it) stores a
-    native float cache only under ``"auto"``; ``--kv-cache-dtype bfloat16``
-    (or float16) would otherwise be rejected. FP8 strings pass unchanged.
-    On platforms with their own FlashAttention kernels nothing changes.
+    native float cache only under ``"auto"``, which means "store the model
+    dtype as is". A native float string (``--kv-cache-dtype bfloat16``) is
+    mapped to ``"auto"`` only when it names the model dtype (and the cache
+    has it); any other native float combination would be stored mistyped,
+    so it is refused with a clear error. FP8 strings and ``"auto"`` pass
+    unchanged, and so does everything on platforms with their own
+    FlashAttention kernels (upstream behaviour).
     """
-    if kv_cache_dtype in _NATIVE_FLOAT_CACHE_DTYPES and exact_path_available():
+    if kv_cache_dtype not in _NATIVE_FLOAT_CACHE_DTYPES or not exact_path_available():
+        return kv_cache_dtype
+    wanted = STR_DTYPE_TO_TORCH_DTYPE[kv_cache_dtype]
+    if wanted == model_dtype and cache_dtype == model_dtype:
         return "auto"
-    return kv_cache_dtype
+    raise ValueError(
+        f"--kv-cache-dtype {kv_cache_dtype} with model dtype "
+        f"{str(model_dtype).removeprefix('torch.')} (cache "
+        f"{str(cache_dtype).removeprefix('torch.')}): the XPU cache write stores "
+        "a native float cache only in the model dtype; use --kv-cache-dtype "
+        "auto (or the model dtype), or an fp8 cache"
+    )
 
 
 _varlen_fn: Any = None
 
 
 def varlen_attention(**kwargs: Any) -> torch.Tensor:
-    """The kernel seam: XPU ``flash_attn_varlen_func`` or the reference."""
+    """The kernel seam: XPU ``flash_attn_varlen_func`` or the reference.
+
+    ``num_splits_kv`` is the decode kernel's split count (None: it picks);
+    forwarded by ``vllm._xpu_ops`` (series patch).
+    """
     global _varlen_fn
     if _varlen_fn is None:
         if current_platform.is_xpu():
@@ -213,9 +336,16 @@ def varlen_attention(**kwargs: Any) -> torch.Tensor:
     return _varlen_fn(**kwargs)
 
 
-def impl_supports_exact(impl: Any) -> bool:
-    """Layer-level eligibility of a FlashAttentionImpl (cached on it)."""
-    ok = getattr(impl, "_laguna_exact_ok", None)
+# Layer-level eligibility, computed once per impl (impls are created once per
+# layer; the weak map does not keep them alive).
+_impl_ok: "weakref.WeakKeyDictionary[FlashAttentionImpl, bool]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def impl_supports_exact(impl: "FlashAttentionImpl") -> bool:
+    """Decoder self-attention without ALiBi, soft-cap, sinks or DCP."""
+    ok = _impl_ok.get(impl)
     if ok is None:
         from vllm.v1.attention.backend import AttentionType
 
@@ -226,21 +356,45 @@ def impl_supports_exact(impl: Any) -> bool:
             and impl.sinks is None
             and impl.dcp_world_size == 1
         )
-        impl._laguna_exact_ok = ok
+        _impl_ok[impl] = ok
     return ok
 
 
+def call_groups(
+    exact: ExactVerifyMetadata,
+    window_left: int,
+    num_heads_q: int,
+    num_heads_kv: int,
+    block_size: int,
+) -> tuple[tuple[int, int, int | None, int], ...]:
+    """Kernel calls of one layer forward: ``(first_row, end_row, num_splits,
+    max_seqlen_k)``; ``num_splits`` None = the kernel picks (debug switch)."""
+    q, seq_len = exact.width, exact.seq_len
+    if not split_plan_enabled():
+        return ((0, q, None, seq_len),)
+    kv_lens = tuple(range(seq_len - q + 1, seq_len + 1))
+    return split_plan.row_groups(
+        kv_lens,
+        num_heads_q,
+        num_heads_kv,
+        block_size,
+        window_left,
+        split_plan.device_xe_cores(),
+    )
+
+
 def run_exact_verify(
-    impl: Any,
+    impl: "FlashAttentionImpl",
     layer: torch.nn.Module,
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     output: torch.Tensor,
-    attn_metadata: Any,
+    attn_metadata: "FlashAttentionMetadata",
 ) -> bool:
     """Impl hook: run the exact verify; False means take the upstream path."""
-    exact: ExactVerifyMetadata = attn_metadata.laguna_exact
+    exact = attn_metadata.laguna_exact
+    assert exact is not None
     if not impl_supports_exact(impl):
         return False
     q = exact.width
@@ -250,6 +404,11 @@ def run_exact_verify(
         )
     else:
         exact.owner.check_source(exact, attn_metadata.block_table)
+        assert (
+            exact.query_start_loc is not None
+            and exact.seq_lens is not None
+            and exact.block_table is not None
+        )
         cu_seqlens_q = exact.query_start_loc
         kv_lens = exact.seq_lens
         table = exact.block_table
@@ -258,35 +417,46 @@ def run_exact_verify(
         if attn_metadata.sliding_window is not None
         else impl.sliding_window
     )
-    descale_shape = (q, impl.num_kv_heads)
-    q_descale = (
-        layer._q_scale.expand(descale_shape)
-        if impl.supports_quant_query_input
-        else None
+    window_left = int(window[0]) if window is not None else -1
+    groups = call_groups(
+        exact, window_left, impl.num_heads, key_cache.shape[2], key_cache.shape[1]
     )
-    varlen_attention(
-        q=query[:q],
-        k=key_cache,
-        v=value_cache,
-        out=output[:q],
-        cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_q=1,
-        seqused_k=kv_lens,
-        max_seqlen_k=attn_metadata.max_seq_len,
-        softmax_scale=impl.scale,
-        causal=False,
-        alibi_slopes=None,
-        window_size=list(window) if window is not None else None,
-        block_table=table,
-        softcap=impl.logits_soft_cap,
-        scheduler_metadata=None,
-        fa_version=impl.vllm_flash_attn_version,
-        q_descale=q_descale,
-        k_descale=layer._k_scale.expand(descale_shape),
-        v_descale=layer._v_scale.expand(descale_shape),
-        num_splits=attn_metadata.max_num_splits,
-        s_aux=None,
-    )
+    for first, end, num_splits, longest in groups:
+        rows = end - first
+        descale_shape = (rows, impl.num_kv_heads)
+        q_descale = (
+            layer._q_scale.expand(descale_shape)
+            if impl.supports_quant_query_input
+            else None
+        )
+        varlen_attention(
+            q=query[first:end],
+            k=key_cache,
+            v=value_cache,
+            out=output[first:end],
+            cu_seqlens_q=cu_seqlens_q[: rows + 1],
+            max_seqlen_q=1,
+            seqused_k=kv_lens[first:end],
+            max_seqlen_k=longest,
+            softmax_scale=impl.scale,
+            causal=False,
+            alibi_slopes=None,
+            window_size=list(window) if window is not None else None,
+            block_table=table[first:end],
+            softcap=impl.logits_soft_cap,
+            scheduler_metadata=None,
+            fa_version=impl.vllm_flash_attn_version,
+            q_descale=q_descale,
+            k_descale=layer._k_scale.expand(descale_shape),
+            v_descale=layer._v_scale.expand(descale_shape),
+            num_splits=attn_metadata.max_num_splits,
+            num_splits_kv=num_splits,
+            s_aux=None,
+        )
+    counters.calls_by_width[q] += 1
+    counters.kernel_calls_by_width[q] += len(groups)
+    counters.prebuilt_calls += exact.owner is not None
+    counters.longest_seq_len = max(counters.longest_seq_len, exact.seq_len)
     return True
 
 

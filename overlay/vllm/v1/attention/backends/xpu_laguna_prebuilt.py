@@ -24,15 +24,20 @@ stream (KV lengths from the device ``seq_lens``, never from a host upper
 bound) and returns the same object, so every layer reads the same addresses
 step after step.
 
-Drift guards run on every refresh: identity of every per-width object and
-of every view it holds; pointer, storage offset, shape, stride, dtype and
-device of every buffer and of the views being refreshed and handed out (of
-all widths' views at the first use and whenever the width changes, so no
-view is ever handed out unchecked); agreement of the incoming tensors' dtype,
-device and column count with the buffers. Any drift raises
-:class:`PrebuiltMetadataDriftError`; nothing is ever reallocated after the
-first use. (Fingerprinting all views of all widths on every call roughly
-doubles the refresh cost; set ``full_guard_every_call`` to do it anyway.)
+Drift guards, default policy: on every refresh, identity of every per-width
+object and of every view it holds, and pointer, storage offset, shape,
+stride, dtype and device of every buffer and of the views being refreshed
+and handed out; the same full fingerprint of all widths' views at the first
+use and whenever the width changes (so no view is ever handed out
+unchecked); agreement of the incoming tensors' dtype, device and column
+count with the buffers. The literal every-call fingerprint of all views of
+all widths roughly doubles the refresh cost and is a debug mode:
+``VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD=1`` (read when the owner is
+created). Any drift raises :class:`PrebuiltMetadataDriftError`; nothing is
+ever reallocated after the first use.
+
+Width 1 (a single-request decode on the exact path) never uses the buffers:
+it is built inline.
 
 KV-cache groups: the V1 runner builds metadata once per (spec, builder type)
 and hands it to the other groups through ``update_block_table``. Laguna has
@@ -80,13 +85,21 @@ _FP_NAMES = ("pointer", "storage offset", "shape", "stride", "dtype", "device")
 class PrebuiltExactMetadata:
     """Fixed-address exact-verify metadata owned by one metadata builder."""
 
-    # Fingerprint every view of every width on each refresh (not only the
-    # refreshed width's); for debugging and for the microbenchmark.
-    full_guard_every_call: bool = False
-
-    def __init__(self, max_width: int, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        max_width: int,
+        device: torch.device | str,
+        full_guard_every_call: bool | None = None,
+    ) -> None:
         if not 2 <= max_width <= 16:
             raise ValueError(f"verify width must be in 2..16, got {max_width}")
+        # Fingerprint every view of every width on each refresh (not only the
+        # refreshed width's): the debug mode of the guard.
+        self.full_guard_every_call = (
+            bool(envs.VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD)
+            if full_guard_every_call is None
+            else full_guard_every_call
+        )
         self.max_width = max_width
         self.device = torch.device(device)
         self.num_cols: int | None = None
@@ -286,9 +299,17 @@ class PrebuiltExactMetadata:
 
     # ----------------------------------------------------------------- refresh
     def refresh(
-        self, q: int, seq_lens: torch.Tensor, block_table: torch.Tensor
+        self,
+        q: int,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_len: int | None = None,
     ) -> ExactVerifyMetadata:
-        """Refresh the width-q views in place from this step; same object back."""
+        """Refresh the width-q views in place from this step; same object back.
+
+        ``seq_len`` is the request's exact KV length on the host (read from
+        ``seq_lens`` when not given: a device copy).
+        """
         if not 2 <= q <= self.max_width:
             raise ValueError(f"width {q} outside 2..{self.max_width}")
         if not self.allocated:
@@ -310,6 +331,7 @@ class PrebuiltExactMetadata:
         torch.add(seq_lens[:1], obj.kv_offsets, out=obj.seq_lens)
         torch.index_select(block_table, 0, self._zero_index[q], out=obj.block_table)
         self._source_table = block_table
+        obj.seq_len = int(seq_lens[0].item()) if seq_len is None else seq_len
         return obj
 
     def rebind(
@@ -318,12 +340,18 @@ class PrebuiltExactMetadata:
         seq_lens: torch.Tensor,
         block_table: torch.Tensor,
     ) -> ExactVerifyMetadata | None:
-        """``update_block_table`` hook: re-expand for this group's table."""
-        if exact is None:
-            return None
-        return self.refresh(exact.width, seq_lens, block_table)
+        """``update_block_table`` hook: re-expand for this group's table.
 
-    def check_source(self, exact: ExactVerifyMetadata, block_table: object) -> None:
+        Inline metadata (width 1, or built without an owner) is returned as
+        is: the layer forward expands it from the metadata's own table.
+        """
+        if exact is None or exact.owner is None:
+            return exact
+        return self.refresh(exact.width, seq_lens, block_table, exact.seq_len)
+
+    def check_source(
+        self, exact: ExactVerifyMetadata, block_table: torch.Tensor
+    ) -> None:
         """Layer-forward guard: the expansion belongs to this metadata's table."""
         if self._source_table is not block_table:
             raise PrebuiltMetadataDriftError(
@@ -338,28 +366,25 @@ class PrebuiltExactMetadata:
             )
 
 
-_logged = False
-
-
 def maybe_create(device: torch.device | str) -> PrebuiltExactMetadata | None:
     """Builder hook: an owner when the toggle is on and exact verify is active."""
-    global _logged
     want = bool(envs.VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA)
     width = exact_verify_width() if want else 0
-    if not _logged:
-        _logged = True
-        if not want:
-            logger.info("XPU Laguna prebuilt exact-verify metadata: OFF (inline)")
-        elif width < 2:
-            logger.warning(
-                "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA=1 has no "
-                "effect: the exact verify path is not active"
-            )
-        else:
-            logger.info(
-                "XPU Laguna prebuilt exact-verify metadata: ON (widths 2..%d)",
-                width,
-            )
+    if not want:
+        logger.info_once("XPU Laguna prebuilt exact-verify metadata: OFF (inline)")
+    elif width < 2:
+        logger.warning_once(
+            "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA=1 has no "
+            "effect: the exact verify path is not active"
+        )
+    else:
+        logger.info_once(
+            "XPU Laguna prebuilt exact-verify metadata: ON (widths 2..%d, guard: %s)",
+            width,
+            "full fingerprint every call (debug)"
+            if envs.VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD
+            else "identity every call, full fingerprint on first use/width change",
+        )
     if width < 2:
         return None
     return PrebuiltExactMetadata(width, device)

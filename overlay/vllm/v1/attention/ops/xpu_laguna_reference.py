@@ -19,14 +19,36 @@ and they are the oracle against which the XPU kernels are checked
 (``scripts/device/xpu_attention_check.py``).
 
 Numerics: every sequence is computed on its own, scores and softmax in
-float32, the result cast to the output dtype. Two calls that present the
-same query row with the same KV length therefore produce bitwise equal
-results, whatever else is in the batch.
+float32, the result cast to the output dtype.
+
+Calls with ``max_seqlen_q == 1`` on a paged cache model the XPU paged-decode
+kernel's split-K (vllm_xpu_kernels v0.1.11.1, ``paged_decode_kernel.hpp``):
+the split count is ``num_splits_kv`` when given, else the kernel's own
+heuristic for the whole call (batch size, longest effective KV length; see
+:mod:`vllm.v1.attention.ops.xpu_laguna_split_plan`, with the modelled device's
+Xe-core count); each sequence's KV is cut into the kernel's chunks (whole KV
+tiles, the window's first tile, one split below ``kMinBlocksForSplit``
+tiles); each chunk yields an unnormalised float32 partial output stored in
+the output dtype (the kernel's ``tmp_out`` has the query dtype), its base-2
+max logit and exp-sum; the partials are merged in split order like
+ReduceSplitK (``exp2`` rescale to the global max, sum, one reciprocal).
+Reproduced: which keys each chunk sees, the merge order and the rounding of
+the partials to the output dtype, so a different split count gives a
+different result in the last bits, as on the device. Not reproduced: the
+kernel's tile-by-tile online softmax inside a chunk, its sub-group reduction
+order and its ``exp2`` approximation (this kernel reduces each chunk in one
+pass), so reference and device results are not bitwise equal to each other.
+Two calls that present the same query row with the same KV length and the
+same split count produce bitwise equal results, whatever else is in the
+batch.
 """
+
+import math
 
 import torch
 
 from vllm.logger import init_logger
+from vllm.v1.attention.ops import xpu_laguna_split_plan as split_plan
 
 logger = init_logger(__name__)
 
@@ -94,6 +116,54 @@ def _attend_one(
     return out.permute(2, 0, 1, 3).reshape(ql, num_heads, v.shape[-1])
 
 
+_LOG2E = math.log2(math.e)
+
+
+def _attend_split_k(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    window_left: int,
+    ranges: list[tuple[int, int]],
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """One decode row ``q`` (1, H, D) over ``k``/``v`` (L, Hk, D), reduced
+    per KV range and merged like ReduceSplitK. Returns (1, H, D) float32."""
+    _, num_heads, head_size = q.shape
+    kv_len, num_kv_heads, _ = k.shape
+    group = num_heads // num_kv_heads
+    qg = q.reshape(num_kv_heads, group, head_size)  # (Hk, group, D)
+    kt = k.permute(1, 2, 0).contiguous()  # (Hk, D, L)
+    vt = v.permute(1, 0, 2).contiguous()  # (Hk, L, D)
+    first_visible = kv_len - 1 - window_left if window_left >= 0 else 0
+    partials = []
+    for start, end in ranges:
+        s = torch.bmm(qg, kt[:, :, start:end]) * (scale * _LOG2E)  # (Hk, g, n)
+        if start < first_visible:
+            key_pos = torch.arange(start, end, device=q.device)
+            s = s.masked_fill(key_pos < first_visible, float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        p = torch.exp2(s - m)
+        lsum = p.sum(dim=-1, keepdim=True)
+        o = torch.bmm(p, vt[:, start:end])  # unnormalised, (Hk, g, D)
+        partials.append((o, m, lsum))
+    if len(partials) == 1:
+        o, _, lsum = partials[0]
+        res = o / lsum
+    else:
+        big = torch.stack([m for _, m, _ in partials]).amax(dim=0)
+        acc = torch.zeros_like(partials[0][0])
+        total = torch.zeros_like(partials[0][2])
+        for o, m, lsum in partials:
+            live = lsum > 0
+            rescale = torch.where(live, torch.exp2(m - big), 0.0)
+            acc = acc + o.to(out_dtype).to(torch.float32) * rescale
+            total = total + lsum * rescale
+        res = acc * (1.0 / total)
+    return res.reshape(1, num_heads, v.shape[-1])
+
+
 def _dequant(x: torch.Tensor, descale: torch.Tensor | float | None) -> torch.Tensor:
     if x.dtype in _FP8_TORCH_DTYPES:
         x = x.to(torch.float32)
@@ -116,6 +186,9 @@ def paged_attention(
     k_descale: torch.Tensor | float | None = None,
     v_descale: torch.Tensor | float | None = None,
     out: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    num_splits_kv: int | None = None,
 ) -> torch.Tensor:
     """Paged attention over a block-table KV cache.
 
@@ -128,6 +201,9 @@ def paged_attention(
         seqused_k: (num_seqs,) KV lengths.
         block_table: (>= num_seqs, num_cols) block ids per sequence.
         window_size: (left, right), -1 = unbounded.
+        max_seqlen_q, max_seqlen_k: as passed to the kernel; with
+            ``max_seqlen_q == 1`` the call models the split-K decode kernel.
+        num_splits_kv: explicit split count (None: the kernel's heuristic).
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -135,6 +211,19 @@ def paged_attention(
     block_size = key_cache.shape[1]
     cu = cu_seqlens_q.tolist()
     kv_lens = seqused_k.tolist()
+    decode = max_seqlen_q == 1
+    if decode:
+        splits = num_splits_kv
+        if splits is None:
+            longest = max_seqlen_k if max_seqlen_k is not None else max(kv_lens)
+            splits = split_plan.heuristic_num_splits(
+                len(cu) - 1,
+                q.shape[1],
+                key_cache.shape[2],
+                split_plan.effective_seqlen_k(int(longest), int(left)),
+                block_size,
+                split_plan.device_xe_cores(),
+            )
     k_scale = _scalar(k_descale)
     v_scale = _scalar(v_descale)
     for i in range(len(cu) - 1):
@@ -146,6 +235,18 @@ def paged_attention(
         blocks = block_table[i, :num_blocks].to(torch.long)
         k = key_cache[blocks].reshape(num_blocks * block_size, *key_cache.shape[2:])
         v = value_cache[blocks].reshape(num_blocks * block_size, *value_cache.shape[2:])
+        if decode and end - start == 1:
+            res = _attend_split_k(
+                q[start:end].to(torch.float32),
+                _dequant(k[:kv_len], k_scale),
+                _dequant(v[:kv_len], v_scale),
+                float(softmax_scale),
+                int(left),
+                split_plan.split_ranges(kv_len, splits, block_size, int(left)),
+                out.dtype,
+            )
+            out[start:end] = res.to(out.dtype)
+            continue
         res = _attend_one(
             q[start:end].to(torch.float32),
             _dequant(k[:kv_len], k_scale),
@@ -182,6 +283,7 @@ def flash_attn_varlen_func(
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
     num_splits: int = 0,
+    num_splits_kv: int | None = None,
     return_softmax_lse: bool | None = False,
     s_aux: torch.Tensor | None = None,
     return_attn_probs: bool | None = False,
@@ -190,7 +292,11 @@ def flash_attn_varlen_func(
     aux_tensors: list | None = None,
     **kwargs,
 ) -> torch.Tensor:
-    """Reference for ``xpu_ops.flash_attn_varlen_func`` (same keywords)."""
+    """Reference for ``xpu_ops.flash_attn_varlen_func`` (same keywords).
+
+    ``num_splits`` is accepted and ignored (as on XPU); ``num_splits_kv`` is
+    the decode kernel's explicit split count (see :func:`paged_attention`).
+    """
     unsupported = {
         "alibi_slopes": alibi_slopes is not None,
         "softcap": bool(softcap),
@@ -230,6 +336,9 @@ def flash_attn_varlen_func(
             k_descale,
             v_descale,
             out,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+            num_splits_kv=num_splits_kv,
         )
     # Contiguous (non-paged) KV: k/v are (total_k, num_kv_heads, head_size).
     assert cu_seqlens_k is not None

@@ -1,0 +1,89 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Row-invariant CPU elementwise math (Laguna's gate softplus, router sigmoid).
+
+Row i of a q-row call must give the bits the 1-row call of the same values
+gives. Plain PyTorch CPU kernels do not (SIMD chunks vs scalar tail): that is
+the negative control; :func:`xpu_laguna_row_invariant.apply` does.
+"""
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from vllm.model_executor.layers import xpu_laguna_row_invariant as ri
+from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+
+FUNCTIONS = {"softplus": F.softplus, "sigmoid": torch.sigmoid}
+# (rows, values per row): Laguna gate (4 heads), tiny router (8 experts),
+# Laguna-S router (128 experts), a width-16 verify
+SHAPES = [(8, 4), (8, 8), (8, 128), (16, 4), (3, 40)]
+
+
+def _rows_differing(fn, x, apply):
+    batch = apply(fn, x)
+    return [
+        i
+        for i in range(x.shape[0])
+        if not torch.equal(batch[i], apply(fn, x[i : i + 1])[0])
+    ]
+
+
+def _plain(fn, x):
+    return fn(x)
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_rows_equal_single_row_calls(name, shape):
+    gen = torch.Generator().manual_seed(hash(shape) % 1000)
+    x = torch.randn(*shape, generator=gen) * 4
+    assert _rows_differing(FUNCTIONS[name], x, ri.apply) == []
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_plain_cpu_kernels_are_not_row_invariant(name):
+    """Negative control: without the helper some rows differ (8 x 4 values go
+    through the SIMD loop, 1 x 4 through the scalar tail)."""
+    differing = 0
+    for seed in range(20):
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(seed)) * 4
+        differing += len(_rows_differing(FUNCTIONS[name], x, _plain))
+    assert differing > 0
+
+
+def test_values_are_the_functions_values():
+    x = torch.randn(5, 7) * 3
+    for fn in FUNCTIONS.values():
+        torch.testing.assert_close(ri.apply(fn, x), fn(x), atol=1e-6, rtol=1e-6)
+        assert ri.apply(fn, x).shape == x.shape
+
+
+def test_large_inputs_are_sliced_and_still_invariant():
+    x = torch.randn(40000) * 3
+    full = ri.apply(torch.sigmoid, x)
+    assert torch.equal(full[-3:], ri.apply(torch.sigmoid, x[-3:]))
+
+
+def test_router_sigmoid_is_row_invariant():
+    """The CPU MoE router (sigmoid scoring with a correction bias)."""
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(8, 8, generator=gen) * 3
+    bias = torch.randn(8, generator=gen) * 0.1
+
+    def route(x):
+        return cpu_fused_moe.select_experts(
+            hidden_states=torch.zeros(x.shape[0], 16),
+            router_logits=x,
+            use_grouped_topk=False,
+            top_k=2,
+            renormalize=True,
+            scoring_func="sigmoid",
+            e_score_correction_bias=bias,
+        )
+
+    weights, ids = route(logits)
+    for i in range(8):
+        w1, i1 = route(logits[i : i + 1])
+        assert torch.equal(ids[i], i1[0])
+        assert torch.equal(weights[i], w1[0])

@@ -1,0 +1,40 @@
+"""Per-module row-invariance check on CPU (tiny Laguna, FlashAttention on the reference kernels).
+
+With the exact verify path on every module's output row of a verify forward must be bitwise the
+teacher's decode row of the same token (0009 makes the gate softplus and router sigmoid
+row-invariant on CPU); with the exact path off the check must name the attention as the first
+module that differs (the negative control: the check can fail).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(tmp: Path, exact: bool) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VLLM_XPU_LAGUNA_EXACT_VERIFY": "1" if exact else "0"}
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.device.row_invariance_check", "--tiny", str(tmp / "tiny"),
+         "--prompts", "1", "--max-tokens", "16"],
+        cwd=REPO, capture_output=True, text=True, timeout=900, check=False, env=env)
+
+
+def test_every_module_is_row_invariant_with_the_exact_path(tmp_path: Path) -> None:
+    proc = _run(tmp_path, exact=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("summary:")]
+    assert summary and "NOT row-invariant" not in proc.stdout, proc.stdout[-3000:]
+    compared, total = summary[0].split()[1].split("/")
+    assert compared == total and int(total) > 50
+
+
+def test_exact_path_off_names_the_attention(tmp_path: Path) -> None:
+    proc = _run(tmp_path, exact=False)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    firsts = [line for line in proc.stdout.splitlines() if "first differing module" in line]
+    assert firsts and all(".attn" in line for line in firsts), proc.stdout[-3000:]
