@@ -4,7 +4,11 @@ Legs (each a fresh engine in its own process, prefix caching off, no warm-up gen
 teacher (no speculation, eager) and DFlash M8 with graph {off, on} x prebuilt metadata
 {off, on}. Every leg must equal the teacher token for token (teacher-exact) and the other legs
 (cross-leg); cached tokens must be zero. Graph legs need device graphs: on a machine without
-an XPU or CUDA device they are reported as "not run", never as passed.
+an XPU or CUDA device they run through the recording stand-in graph (emulated device graphs,
+``vllm/compilation/xpu_breakable_graph_emulation.py``) and pass as "passed (emulated graphs)",
+never as plain "passed" (``--no-emulated-graphs``: reported as "not run"). Every graph leg must
+show, from the wrappers' own accounting, target and drafter captured with the graphs and breaks
+that the models' layer counts and the TP size imply, and enough replays.
 
 ``python -m scripts.matrix run ...`` is the driver (it needs vLLM importable, i.e. the CPU
 runtime on this machine); ``python -m scripts.matrix leg CONFIG`` runs one leg.
@@ -31,6 +35,11 @@ WIDTH = 8  # DFlash M8: 7 drafted tokens + 1 verified
 GRAPH_ENV = "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH"
 META_ENV = "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"
 NOT_RUN_NO_GRAPHS = "not run (no device graphs)"
+# Graph legs on a machine without device graphs run through the recording stand-in graph
+# (vllm/compilation/xpu_breakable_graph_emulation.py): their verdict says so, never plain "passed".
+PASSED_EMULATED_GRAPHS = "passed (emulated graphs)"
+EMULATED_GRAPH_CLASS = "RecordingGraph"
+PASSED = ("passed", PASSED_EMULATED_GRAPHS)
 
 _WORDS = ("amber basalt cedar delta ember fjord granite harbor iris juniper kestrel lagoon meadow "
           "nimbus orchid prairie quartz river summit tundra umber valley willow xenon yarrow zephyr").split()
@@ -125,6 +134,8 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
     if leg.graph and config.get("emulate_graphs"):
         _install_graph_emulation()
     llm = LLM(**kwargs)
+    if leg.graph and config.get("fault"):
+        _inject_stale_input(llm, guarded=config["fault"] == "stale-input")
     rows = []
     try:
         for spec in config["prompts"]:
@@ -169,6 +180,39 @@ def _install_graph_emulation() -> None:
     from vllm.compilation.xpu_breakable_graph_emulation import install_cpu_emulation
 
     install_cpu_emulation()
+
+
+FAULTS = ("stale-input", "stale-input-unguarded")
+
+
+def _inject_stale_input(llm: Any, guarded: bool) -> None:
+    """Negative control: the target's input ids are handed over in a new tensor each step
+    while the captured buffer keeps the previous step's ids (a refreshed tensor replaced
+    instead of written in place). With the guard the replay must refuse; without it
+    (``guarded=False``) the replay reads the stale buffer and the tokens must go wrong."""
+
+    def inject(worker: Any) -> None:
+        import types
+
+        wrapper = worker.model_runner.model
+        real_replay = type(wrapper)._replay
+        previous: list[Any] = []
+
+        def replay(self: Any, entry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            buffer = kwargs["input_ids"]
+            fresh = buffer.clone()
+            if previous:
+                buffer.copy_(previous[0])  # the captured buffer is not refreshed...
+            previous[:] = [fresh.clone()]
+            kwargs = dict(kwargs, input_ids=fresh)  # ...the new ids come in a new tensor
+            if not guarded:
+                entry.input_pointers = None  # the cheap pointer guard is bypassed
+                self._check_static_inputs = lambda *a: None  # and the full check
+            return real_replay(self, entry, args, kwargs)
+
+        wrapper._replay = types.MethodType(replay, wrapper)
+
+    llm.llm_engine.collective_rpc(inject)
 
 
 def _runner_graph_accounting(worker: Any) -> dict[str, Any]:
@@ -229,6 +273,7 @@ class LegResult:
     mismatches: list[str] = field(default_factory=list)
     seconds: float = 0.0
     attention: dict[str, Any] = field(default_factory=dict)
+    graphs: dict[str, Any] = field(default_factory=dict)
 
 
 def first_difference(a: list[int], b: list[int]) -> tuple[int, int | None, int | None] | None:
@@ -254,7 +299,8 @@ def compare(teacher: list[list[int]], leg: list[list[int]], what: str) -> tuple[
     return equal, notes
 
 
-def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompts: int) -> list[LegResult]:
+def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompts: int,
+             graph_expectation: GraphExpectation | None = None) -> list[LegResult]:
     teacher = outputs["teacher"]
     teacher_tokens = [r["token_ids"] for r in teacher["rows"]]
     reference_leg: list[list[int]] | None = None
@@ -287,9 +333,86 @@ def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompt
         result.accepted_tokens = data.get("accepted_tokens", 0)
         result.seconds = sum(r["seconds"] for r in data["rows"])
         result.attention = data.get("attention", {})
-        result.status = "failed" if result.mismatches else "passed"
+        emulated = False
+        if leg.graph:
+            result.graphs = data.get("graphs", {})
+            result.mismatches += check_graph_accounting(result.graphs, graph_expectation)
+            emulated = graph_leg_is_emulated(result.graphs)
+        result.status = "failed" if result.mismatches else (PASSED_EMULATED_GRAPHS if emulated else "passed")
         results.append(result)
     return results
+
+
+# ---------------------------------------------------------------- graph legs: accounting checks (pure)
+
+@dataclass(frozen=True)
+class Topology:
+    """Graphs and eager breaks one captured forward of a decoder must have."""
+
+    attention: int
+    collective: int
+
+    @property
+    def graphs(self) -> int:
+        return self.attention + self.collective + 1
+
+
+def decoder_topology(num_layers: int, tp: int) -> Topology:
+    """A decoder breaks at every attention layer and, at TP > 1, at every all-reduce: the
+    embedding's and two per layer (attention output, MLP/MoE output)."""
+    return Topology(attention=num_layers, collective=2 * num_layers + 1 if tp > 1 else 0)
+
+
+@dataclass(frozen=True)
+class GraphExpectation:
+    target: Topology
+    drafter: Topology
+    min_replays: int
+
+
+def graph_leg_is_emulated(graphs: dict[str, Any]) -> bool:
+    return any(EMULATED_GRAPH_CLASS in str(acc.get("graph_class", "")) for acc in graphs.values())
+
+
+def check_graph_accounting(graphs: dict[str, Any], expected: GraphExpectation | None) -> list[str]:
+    """Mismatches between the wrappers' own accounting and the expected topology: both target
+    and drafter wrapped, every captured shape with the expected graphs and breaks by kind, and at
+    least ``min_replays`` replays of each."""
+    notes: list[str] = []
+    for label in ("target", "drafter"):
+        acc = graphs.get(label)
+        if not acc:
+            notes.append(f"graphs: no breakable-graph wrapper accounting for the {label}")
+            continue
+        if not acc.get("captures"):
+            notes.append(f"graphs: the {label} captured nothing")
+            continue
+        if expected is None:
+            continue
+        want: Topology = getattr(expected, label)
+        for cap in acc["captures"]:
+            kinds = cap.get("breaks_by_kind", {})
+            got = (cap.get("graphs"), kinds.get("attention"), kinds.get("collective"))
+            if got != (want.graphs, want.attention, want.collective):
+                notes.append(f"graphs: {label} captured graphs={got[0]} attention={got[1]} collective={got[2]}, "
+                             f"expected graphs={want.graphs} attention={want.attention} "
+                             f"collective={want.collective}")
+        if acc.get("replays", 0) < expected.min_replays:
+            notes.append(f"graphs: {label} replayed {acc.get('replays', 0)} times, "
+                         f"fewer than the {expected.min_replays} required")
+    return notes
+
+
+def graph_lines(graphs: dict[str, Any]) -> list[str]:
+    lines = []
+    for label, acc in graphs.items():
+        kinds: dict[str, int] = {}
+        for cap in acc.get("captures", []):
+            for kind, count in cap.get("breaks_by_kind", {}).items():
+                kinds[kind] = kinds.get(kind, 0) + count
+        lines.append(f"    graphs {label}: {acc.get('graph_class')}: captures {len(acc.get('captures', []))}, "
+                     f"graphs {acc.get('graphs')}, breaks {acc.get('breaks')} {kinds}, replays {acc.get('replays')}")
+    return lines
 
 
 def table(results: list[LegResult]) -> str:
@@ -302,6 +425,7 @@ def table(results: list[LegResult]) -> str:
         if r.attention.get("exact_calls_by_width"):
             lines.append(f"    exact verify calls by width {r.attention['exact_calls_by_width']}, "
                          f"prebuilt {r.attention.get('prebuilt_calls', 0)}")
+        lines += graph_lines(r.graphs)
         lines += [f"    {m}" for m in r.mismatches[:5]]
     return "\n".join(lines)
 
@@ -346,6 +470,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--kv-cache-bytes", type=int, default=512 << 20, help="CPU only")
     run.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh per run)")
     run.add_argument("--report", default="build/matrix-report.json")
+    run.add_argument("--min-graph-replays", type=int, default=200,
+                     help="each graph leg fails unless target and drafter each replayed at least this often")
+    run.add_argument("--inject-fault", choices=FAULTS, default=None,
+                     help="negative control for the graph legs: hand the target its input ids in a new "
+                          "tensor while the captured buffer stays stale; 'stale-input' must trip the replay "
+                          "guard, 'stale-input-unguarded' (guard bypassed) must break teacher-exactness "
+                          "(default: none)")
     run.add_argument("--no-emulated-graphs", action="store_true",
                      help="on CPU, report the graph legs as not run instead of running them through the "
                           "recording stand-in graph (emulated device graphs)")
@@ -358,6 +489,21 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.output).write_text(json.dumps(run_leg(config)))
         return 0
     return _drive(args)
+
+
+def _num_layers(model_dir: str) -> int:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = config.get("text_config", config)
+    return int(config["num_hidden_layers"])
+
+
+def _graph_expectation(target: str, draft: str, args: argparse.Namespace) -> GraphExpectation | None:
+    """Expected topology from the models' own config files (not from the code under test)."""
+    if args.method != "dflash":
+        return None
+    return GraphExpectation(target=decoder_topology(_num_layers(target), args.tp),
+                            drafter=decoder_topology(_num_layers(draft), args.tp),
+                            min_replays=args.min_graph_replays)
 
 
 def _drive(args: argparse.Namespace) -> int:
@@ -393,6 +539,7 @@ def _drive(args: argparse.Namespace) -> int:
                   "tp": args.tp, "max_model_len": args.max_model_len,
                   "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
                   "cpu_flash_attn": device == "cpu", "emulate_graphs": device == "cpu",
+                  "fault": args.inject_fault,
                   "prompts": [asdict(p) for p in prompts]}
         with tempfile.TemporaryDirectory(prefix="vxl-leg-") as tmp:
             cfg, out = Path(tmp) / "config.json", Path(tmp) / "out.json"
@@ -411,7 +558,7 @@ def _drive(args: argparse.Namespace) -> int:
     if "rows" not in outputs.get("teacher", {}):
         print(f"error: the teacher leg did not run: {outputs.get('teacher')}", file=sys.stderr)
         return 1
-    results = evaluate(outputs, legs, len(prompts))
+    results = evaluate(outputs, legs, len(prompts), _graph_expectation(target, draft, args))
     block = outputs["teacher"]["block_size"]
     teacher_rows = outputs["teacher"]["rows"]
     rollover = [i for i, (p, r) in enumerate(zip(prompts, teacher_rows))
@@ -430,8 +577,8 @@ def _drive(args: argparse.Namespace) -> int:
     print(table(results))
     print(f"rollover prompts (output crosses a {block}-token KV block): {len(rollover)}/{len(prompts)}; "
           f"report: {report_path}")
-    failed = [r for r in results if r.status not in ("passed", NOT_RUN_NO_GRAPHS)]
-    ran = [r for r in results if r.status == "passed"]
+    failed = [r for r in results if r.status not in (*PASSED, NOT_RUN_NO_GRAPHS)]
+    ran = [r for r in results if r.status in PASSED]
     print(f"{len(ran)} passed, {len(failed)} failed, {len(results) - len(ran) - len(failed)} not run")
     return 1 if failed else 0
 
