@@ -30,7 +30,6 @@ from vllm.compilation.xpu_breakable_graph import (
     reachable_tensor_identities,
 )
 
-
 BACKEND = DeviceGraphBackend(name="recording", graph_factory=RecordingGraph)
 
 
@@ -106,10 +105,9 @@ def test_ceiling_refuses_and_releases_capture_slot() -> None:
     )
     assert cap.max_segments == 6
     x = torch.ones(2)
-    with pytest.raises(CaptureCeilingError, match="ceiling of 6 segments"):
-        with cap:
-            for _ in range(4):
-                cap.add_eager(lambda: torch.mul(x, 2, out=x))
+    with pytest.raises(CaptureCeilingError, match="ceiling of 6 segments"), cap:
+        for _ in range(4):
+            cap.add_eager(lambda: torch.mul(x, 2, out=x))
     assert BreakableCUDAGraphCapture.current() is None
     assert cap.num_eager_breaks == 3  # refused at the 3rd break (7 > 6)
 
@@ -290,9 +288,7 @@ def test_v2_paths_reach_the_refusal(monkeypatch) -> None:
     for picked in (by_env, by_mixed_draft):
         assert picked is True
         with pytest.raises(BreakableGraphConfigError, match="V2 model runner"):
-            configure_breakable_graph(
-                _config_stand_in(picked), _PlatformStandIn("xpu")
-            )
+            configure_breakable_graph(_config_stand_in(picked), _PlatformStandIn("xpu"))
 
 
 def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:

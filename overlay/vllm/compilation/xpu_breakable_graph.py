@@ -162,10 +162,10 @@ class DeviceGraphBackend:
 # One capture stream per device module for the whole process: target and
 # drafter captures (and every captured shape) run on the same stream, which
 # a shared graph memory pool needs to reuse memory between them.
-_capture_streams: dict[str, Any] = {}
+_capture_streams: dict[str, torch.Stream] = {}
 
 
-def shared_capture_stream(device_module: ModuleType) -> Any:
+def shared_capture_stream(device_module: ModuleType) -> torch.Stream:
     stream = _capture_streams.get(device_module.__name__)
     if stream is None:
         stream = device_module.Stream()
@@ -388,9 +388,7 @@ def static_input_identities(
     return ids
 
 
-def static_input_pointers(
-    args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> list[int]:
+def static_input_pointers(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
     """Cheap every-replay form of :func:`static_input_identities`: the
     addresses of the top-level tensor arguments and of the slot mapping."""
     ptrs = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
@@ -586,9 +584,7 @@ class XpuBreakableGraphCapture(BreakableCUDAGraphCapture):
     def check_topology(self) -> None:
         """Raise unless the counts match the expected topology (if known)."""
         if self._num_graphs != self._num_eager_breaks + 1:
-            raise TopologyMismatchError(
-                f"graphs must be breaks + 1: {self.describe()}"
-            )
+            raise TopologyMismatchError(f"graphs must be breaks + 1: {self.describe()}")
         exp = self.expected
         if exp is None:
             return
@@ -634,9 +630,7 @@ def all_reduce_into(
     return out
 
 
-def breakable_all_reduce(
-    input_: torch.Tensor, group: GroupCoordinator
-) -> torch.Tensor:
+def breakable_all_reduce(input_: torch.Tensor, group: GroupCoordinator) -> torch.Tensor:
     """Tensor-parallel all-reduce for breakable graphs.
 
     Outside a capture it is the group's normal all-reduce. During a capture
@@ -668,9 +662,7 @@ def breakable_all_reduce(
             )
         return all_reduce_into(input_, owned[0], group)
 
-    return capture.add_eager(
-        reduce_in_place, kind=BreakKind.COLLECTIVE, in_place=True
-    )
+    return capture.add_eager(reduce_in_place, kind=BreakKind.COLLECTIVE, in_place=True)
 
 
 # ---------------------------------------------------------------------------
@@ -809,9 +801,12 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         diff = first_difference(
             entry.input_identities, static_input_identities(args, kwargs)
         )
-        if diff is None and entry.input_pointers is not None:
-            if static_input_pointers(args, kwargs) != entry.input_pointers:
-                diff = "a tensor argument or the slot mapping moved"
+        if (
+            diff is None
+            and entry.input_pointers is not None
+            and static_input_pointers(args, kwargs) != entry.input_pointers
+        ):
+            diff = "a tensor argument or the slot mapping moved"
         if diff is not None:
             raise StaticInputMismatchError(
                 f"static input moved since capture for {entry.batch_descriptor}: "
@@ -891,7 +886,10 @@ def graph_accounting(runner: GPUModelRunner) -> dict[str, Any]:
     """Accounting of the runner's breakable-graph wrappers (target and
     drafter); empty when none is installed."""
     out: dict[str, Any] = {}
-    for label, holder in (("target", runner), ("drafter", getattr(runner, "drafter", None))):
+    for label, holder in (
+        ("target", runner),
+        ("drafter", getattr(runner, "drafter", None)),
+    ):
         model = getattr(holder, "model", None) if holder is not None else None
         if isinstance(model, XpuBreakableGraphWrapper):
             out[label] = model.accounting()
@@ -976,12 +974,15 @@ def configure_breakable_graph(
     if getattr(pc, "use_ubatching", False):
         fail("does not support micro-batching (DBO)")
     sc = vllm_config.speculative_config
-    if sc is not None and sc.num_speculative_tokens is not None:
-        if 1 + sc.num_speculative_tokens > width:
-            fail(
-                f"verify batch of {1 + sc.num_speculative_tokens} tokens exceeds "
-                f"VLLM_XPU_LAGUNA_VERIFY_WIDTH={width}"
-            )
+    if (
+        sc is not None
+        and sc.num_speculative_tokens is not None
+        and 1 + sc.num_speculative_tokens > width
+    ):
+        fail(
+            f"verify batch of {1 + sc.num_speculative_tokens} tokens exceeds "
+            f"VLLM_XPU_LAGUNA_VERIFY_WIDTH={width}"
+        )
     sched = vllm_config.scheduler_config
     if sched is not None and sched.max_num_batched_tokens < width:
         fail(f"max_num_batched_tokens {sched.max_num_batched_tokens} < width {width}")
