@@ -59,6 +59,7 @@ LAYER_TYPES = (
 )
 HEADS_PER_LAYER = (4, 4, 4, 2)
 SLIDING_WINDOW = 32
+MAX_POSITIONS = 8192  # room for the matrix's long-context prompt (> 4096 tokens)
 NUM_EXPERTS = 8
 EXPERTS_PER_TOKEN = 2
 MOE_INTERMEDIATE = 32
@@ -184,7 +185,7 @@ def _build_target(
         num_attention_heads_per_layer=list(HEADS_PER_LAYER),
         num_key_value_heads=NUM_KV_HEADS,
         head_dim=HEAD_DIM,
-        max_position_embeddings=1024,
+        max_position_embeddings=MAX_POSITIONS,
         layer_types=list(LAYER_TYPES),
         mlp_layer_types=["dense"] + ["sparse"] * (n - 1),
         sliding_window=SLIDING_WINDOW,

@@ -92,15 +92,20 @@ def test_table_shows_graph_counts_of_target_and_drafter() -> None:
     assert gc.graph_counts({}) == "-"
 
 
-def test_long_prompt_is_past_4k_words_by_default_and_sizes_the_model_len() -> None:
+def test_long_prompt_is_past_4k_tokens_by_default_and_sizes_the_model_len() -> None:
     args = gc.build_parser().parse_args([])
-    prompts = gc.prompts_for(args)
+
+    def encode(text: str) -> list[int]:
+        return [len(word) for word in text.split()]
+
+    prompts = gc.prompts_for(args, encode)
     assert len(prompts) == 1 + args.prompts
-    assert len(prompts[0].split()) == args.long_prompt_tokens > 4096
-    assert gc.max_model_len(args) > 2 * 4096 + args.tokens
+    assert len(prompts[0]["prompt_token_ids"]) == args.long_prompt_tokens > 4096
+    assert gc.max_model_len(args) >= 4096 + args.tokens
     assert args.min_cycles >= 200
     args = gc.build_parser().parse_args(["--long-prompt-tokens", "0"])
-    assert len(gc.prompts_for(args)) == args.prompts and gc.max_model_len(args) == 512
+    assert len(gc.prompts_for(args, encode)) == args.prompts
+    assert gc.max_model_len(args) == 512
 
 
 def test_no_device_is_reported_as_not_run(tmp_path: Path) -> None:

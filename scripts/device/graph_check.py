@@ -44,6 +44,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Leg", "LegResult", "plan_legs", "validate", "main"]
@@ -62,21 +63,31 @@ LONG_WORDS = (
 ).split()
 
 
-def long_prompt(words: int) -> str:
-    """A deterministic prompt of ``words`` words (at least as many tokens)."""
+def long_prompt_text(words: int) -> str:
+    """Deterministic text of ``words`` words."""
     return " ".join(LONG_WORDS[(i * 7 + i // 20) % len(LONG_WORDS)] for i in range(words))
 
 
-def prompts_for(args: argparse.Namespace) -> list[str]:
-    short = list(PROMPTS[: args.prompts])
-    return [long_prompt(args.long_prompt_tokens), *short] if args.long_prompt_tokens else short
+def long_prompt_ids(encode: Callable[[str], list[int]], tokens: int) -> list[int]:
+    """Exactly ``tokens`` token ids: the long text's ids, repeated as needed."""
+    ids = encode(long_prompt_text(max(16, tokens // 2)))
+    return (ids * (tokens // max(len(ids), 1) + 1))[:tokens]
+
+
+def prompts_for(
+    args: argparse.Namespace, encode: Callable[[str], list[int]]
+) -> list[Any]:
+    """The long prompt (token ids, when asked for) first, then the short ones."""
+    short: list[Any] = list(PROMPTS[: args.prompts])
+    if not args.long_prompt_tokens:
+        return short
+    return [{"prompt_token_ids": long_prompt_ids(encode, args.long_prompt_tokens)}, *short]
 
 
 def max_model_len(args: argparse.Namespace) -> int:
     if not args.long_prompt_tokens:
         return 512
-    # Words tokenize to one or more tokens each: leave room for up to 2 per word.
-    return 2 * args.long_prompt_tokens + args.tokens + 2 * args.width + 64
+    return args.long_prompt_tokens + args.tokens + 2 * args.width + 64
 
 
 class CheckError(Exception):
@@ -268,7 +279,8 @@ def run_leg(args: argparse.Namespace, leg: Leg) -> dict[str, Any]:
         step_ms: list[float] = []
         prefill_ms: list[float] = []
         prompt_tokens: list[int] = []
-        for i, prompt in enumerate(prompts_for(args)):
+        tokenizer = llm.get_tokenizer()
+        for i, prompt in enumerate(prompts_for(args, tokenizer.encode)):
             rid = f"graph-check-{i}"
             engine.add_request(rid, prompt, params)
             first = True
@@ -446,8 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="print the legs and their environments, run nothing")
     p.add_argument("--long-prompt-tokens", type=int, default=4608,
-                   help="words of a long first prompt (at least as many tokens; "
-                   "past 4K by default); 0: no long prompt")
+                   help="tokens of a long first prompt (past 4K by default); "
+                   "0: no long prompt")
     p.add_argument("--min-cycles", type=int, default=200,
                    help="every leg must run at least this many engine steps")
     p.add_argument("--emulate-graphs", action="store_true",
