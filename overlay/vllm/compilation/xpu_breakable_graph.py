@@ -44,6 +44,7 @@ import contextlib
 import dataclasses
 import enum
 import gc
+import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -677,6 +678,10 @@ class _XpuEntry(_BreakableEntry):
 
 
 _AUTO: Any = object()
+# One accounting line (``ACCOUNTING_MARK`` + JSON) per capture and every
+# ``ACCOUNTING_EVERY`` replays: what records read from server logs.
+ACCOUNTING_MARK = "XPU_LAGUNA_GRAPH_ACCOUNTING "
+ACCOUNTING_EVERY = 1000
 
 
 class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
@@ -776,7 +781,11 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         entry.output = output
         entry.input_identities = input_ids
         entry.input_pointers = static_input_pointers(args, kwargs)
+        self._log_accounting()
         return output
+
+    def _log_accounting(self) -> None:
+        logger.info("%s%s", ACCOUNTING_MARK, json.dumps(self.accounting()))
 
     def _replay(
         self, entry: _BreakableEntry, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -790,6 +799,8 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         get_offloader().sync_prev_onload()
         capture.replay(debug)
         self.replays += 1
+        if self.replays % ACCOUNTING_EVERY == 0:
+            self._log_accounting()
         return entry.output
 
     @staticmethod
