@@ -192,25 +192,30 @@ def _inject_stale_input(llm: Any, guarded: bool) -> None:
     (``guarded=False``) the replay reads the stale buffer and the tokens must go wrong."""
 
     def inject(worker: Any) -> None:
-        import types
+        from vllm.forward_context import get_forward_context, is_forward_context_available
 
         wrapper = worker.model_runner.model
-        real_replay = type(wrapper)._replay
+        real = type(wrapper)
         previous: list[Any] = []
 
-        def replay(self: Any, entry: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            buffer = kwargs["input_ids"]
-            fresh = buffer.clone()
-            if previous:
-                buffer.copy_(previous[0])  # the captured buffer is not refreshed...
-            previous[:] = [fresh.clone()]
-            kwargs = dict(kwargs, input_ids=fresh)  # ...the new ids come in a new tensor
-            if not guarded:
-                entry.input_pointers = None  # the cheap pointer guard is bypassed
-                self._check_static_inputs = lambda *a: None  # and the full check
-            return real_replay(self, entry, args, kwargs)
+        class StaleInput(real):  # type: ignore[misc,valid-type]
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                entry = (self.entries.get(get_forward_context().batch_descriptor)
+                         if is_forward_context_available() else None)
+                if entry is None or entry.capture is None:
+                    return real.__call__(self, *args, **kwargs)  # eager or capture
+                buffer = kwargs["input_ids"]
+                fresh = buffer.clone()
+                if previous:
+                    buffer.copy_(previous[0])  # the captured buffer is not refreshed...
+                previous[:] = [fresh.clone()]
+                kwargs = dict(kwargs, input_ids=fresh)  # ...the new ids come in a new tensor
+                if not guarded:
+                    entry.input_pointers = None  # the cheap pointer guard is bypassed
+                    self._check_static_inputs = lambda *a: None  # and the full check
+                return real.__call__(self, *args, **kwargs)
 
-        wrapper._replay = types.MethodType(replay, wrapper)
+        wrapper.__class__ = StaleInput
 
     llm.llm_engine.collective_rpc(inject)
 

@@ -389,17 +389,41 @@ def static_input_identities(
     return ids
 
 
-def static_input_pointers(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
+def slot_mapping_representatives(slot_mapping: object) -> tuple[str, ...]:
+    """One layer name per distinct slot-mapping buffer: the runner builds one
+    slot mapping per KV-cache group and hands it to all the group's layers."""
+    if not isinstance(slot_mapping, dict):
+        return ()
+    first: dict[int, str] = {}
+    for name, tensor in slot_mapping.items():
+        if isinstance(tensor, torch.Tensor):
+            first.setdefault(tensor.data_ptr(), name)
+    return tuple(first.values())
+
+
+_data_ptr = torch.Tensor.data_ptr
+
+
+def static_input_pointers(
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    slot_mapping: object,
+    slot_names: tuple[str, ...],
+) -> list[int]:
     """Cheap every-replay form of :func:`static_input_identities`: the
-    addresses of the top-level tensor arguments and of the slot mapping."""
-    ptrs = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
-    ptrs += [v.data_ptr() for v in kwargs.values() if isinstance(v, torch.Tensor)]
-    if is_forward_context_available():
-        slot_mapping = get_forward_context().slot_mapping
-        if isinstance(slot_mapping, dict):
-            ptrs += [v.data_ptr() for v in slot_mapping.values()]
-        elif isinstance(slot_mapping, torch.Tensor):
-            ptrs.append(slot_mapping.data_ptr())
+    addresses of the top-level tensor arguments and of the slot mapping of
+    one layer per KV-cache group (``slot_names``, taken at capture; every
+    layer's is compared in debug mode)."""
+    ptrs = [_data_ptr(a) for a in args if isinstance(a, torch.Tensor)] if args else []
+    for value in kwargs.values():
+        if isinstance(value, torch.Tensor):
+            ptrs.append(_data_ptr(value))
+    if isinstance(slot_mapping, dict):
+        for tensor in map(slot_mapping.get, slot_names):
+            ptrs.append(_data_ptr(tensor) if tensor is not None else -1)
+        ptrs.append(len(slot_mapping))
+    elif isinstance(slot_mapping, torch.Tensor):
+        ptrs.append(_data_ptr(slot_mapping))
     return ptrs
 
 
@@ -675,6 +699,7 @@ def breakable_all_reduce(input_: torch.Tensor, group: GroupCoordinator) -> torch
 class _XpuEntry(_BreakableEntry):
     input_identities: list[TensorIdentity] | None = None
     input_pointers: list[int] | None = None
+    slot_names: tuple[str, ...] = ()
 
 
 _AUTO: Any = object()
@@ -740,7 +765,23 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
             self.entries[descriptor] = entry
         if entry.capture is None:
             return self._capture(entry, args, kwargs)
-        return self._replay(entry, args, kwargs)
+        # Replay (inlined: this is the per-step host path).
+        capture = entry.capture
+        debug = self.is_debugging_mode
+        if (
+            debug
+            or static_input_pointers(
+                args, kwargs, forward_context.slot_mapping, entry.slot_names
+            )
+            != entry.input_pointers
+        ):
+            self._check_static_inputs(entry, args, kwargs)
+        get_offloader().sync_prev_onload()
+        capture.replay(debug)
+        self.replays += 1
+        if self.replays % ACCOUNTING_EVERY == 0:
+            self._log_accounting()
+        return entry.output
 
     def _capture(
         self, entry: _BreakableEntry, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -780,7 +821,11 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         entry.capture = capture
         entry.output = output
         entry.input_identities = input_ids
-        entry.input_pointers = static_input_pointers(args, kwargs)
+        slot_mapping = get_forward_context().slot_mapping
+        entry.slot_names = slot_mapping_representatives(slot_mapping)
+        entry.input_pointers = static_input_pointers(
+            args, kwargs, slot_mapping, entry.slot_names
+        )
         self._log_accounting()
         return output
 
@@ -790,18 +835,9 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
     def _replay(
         self, entry: _BreakableEntry, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        assert isinstance(entry, _XpuEntry)
-        capture = entry.capture
-        assert isinstance(capture, XpuBreakableGraphCapture)
-        debug = self.is_debugging_mode
-        if debug or static_input_pointers(args, kwargs) != entry.input_pointers:
-            self._check_static_inputs(entry, args, kwargs)
-        get_offloader().sync_prev_onload()
-        capture.replay(debug)
-        self.replays += 1
-        if self.replays % ACCOUNTING_EVERY == 0:
-            self._log_accounting()
-        return entry.output
+        """Upstream's entry point; ``__call__`` inlines the same steps."""
+        assert entry.capture is not None
+        return self(*args, **kwargs)
 
     @staticmethod
     def _check_static_inputs(
@@ -815,7 +851,10 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         if (
             diff is None
             and entry.input_pointers is not None
-            and static_input_pointers(args, kwargs) != entry.input_pointers
+            and static_input_pointers(
+                args, kwargs, get_forward_context().slot_mapping, entry.slot_names
+            )
+            != entry.input_pointers
         ):
             diff = "a tensor argument or the slot mapping moved"
         if diff is not None:
