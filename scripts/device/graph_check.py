@@ -42,9 +42,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Leg", "LegResult", "plan_legs", "validate", "main"]
@@ -57,10 +57,9 @@ PROMPTS = (
 )
 NO_DEVICE_EXIT = 3
 AUDIT_MARK = "graph captured"
-LONG_WORDS = (
-    "amber basalt cedar delta ember fjord granite harbor iris juniper kestrel "
-    "lagoon meadow nimbus orchid prairie quartz river summit tundra"
-).split()
+LONG_WORDS = ("amber", "basalt", "cedar", "delta", "ember", "fjord", "granite", "harbor",
+              "iris", "juniper", "kestrel", "lagoon", "meadow", "nimbus", "orchid", "prairie",
+              "quartz", "river", "summit", "tundra")
 
 
 def long_prompt_text(words: int) -> str:
