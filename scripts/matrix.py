@@ -4,7 +4,11 @@ Legs (each a fresh engine in its own process, prefix caching off, no warm-up gen
 teacher (no speculation, eager) and DFlash M8 with graph {off, on} x prebuilt metadata
 {off, on}. Every leg must equal the teacher token for token (teacher-exact) and the other legs
 (cross-leg); cached tokens must be zero. Graph legs need device graphs: on a machine without
-an XPU or CUDA device they are reported as "not run", never as passed.
+an XPU or CUDA device they run through the recording stand-in graph (emulated device graphs,
+``vllm/compilation/xpu_breakable_graph_emulation.py``) and pass as "passed (emulated graphs)",
+never as plain "passed" (``--no-emulated-graphs``: reported as "not run"). Every graph leg must
+show, from the wrappers' own accounting, target and drafter captured with the graphs and breaks
+that the models' layer counts and the TP size imply, and enough replays.
 
 Logprob gate: every leg requests the logprobs of the sampled token and the top-k; they are
 compared with the teacher's bitwise (``float.hex``) per position. On CPU every leg with the
@@ -50,6 +54,11 @@ NO_PLAN_ENV = "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN"
 LOGPROBS_TOPK = 5  # top-k logprobs compared per position (plus the sampled token's)
 LONG_PROMPT_TOKENS = 4200  # > 4096: past the split-count divergence (~2.2K) of the global layer
 NOT_RUN_NO_GRAPHS = "not run (no device graphs)"
+# Graph legs on a machine without device graphs run through the recording stand-in graph
+# (vllm/compilation/xpu_breakable_graph_emulation.py): their verdict says so, never plain "passed".
+PASSED_EMULATED_GRAPHS = "passed (emulated graphs)"
+EMULATED_GRAPH_CLASS = "RecordingGraph"
+PASSED = ("passed", PASSED_EMULATED_GRAPHS)
 
 _WORDS = ("amber basalt cedar delta ember fjord granite harbor iris juniper kestrel lagoon meadow "
           "nimbus orchid prairie quartz river summit tundra umber valley willow xenon yarrow zephyr").split()
@@ -161,7 +170,11 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "PIECEWISE",
                                         "cudagraph_capture_sizes": [WIDTH]}
     counts = _route_and_count(config.get("cpu_flash_attn", False))
+    if leg.graph and config.get("emulate_graphs"):
+        _install_graph_emulation()
     llm = LLM(**kwargs)
+    if leg.graph and config.get("fault"):
+        _inject_stale_input(llm, guarded=config["fault"] == "stale-input")
     rows = []
     try:
         for spec in config["prompts"]:
@@ -184,6 +197,7 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
             elif name == "vllm:spec_decode_num_accepted_tokens":
                 accepted = int(getattr(metric, "value", 0))
         block_size = llm.llm_engine.vllm_config.cache_config.block_size
+        graphs = _collect_graph_accounting(llm) if leg.graph else {}
     finally:
         try:
             llm.llm_engine.engine_core.shutdown()
@@ -193,7 +207,69 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         gc.collect()
     return {"rows": rows, "draft_tokens": drafts, "accepted_tokens": accepted,
             "acceptance_rate": (accepted / drafts) if drafts else None, "block_size": block_size,
-            "attention": _read_counts(counts)}
+            "attention": _read_counts(counts), "graphs": graphs}
+
+
+# ---------------------------------------------------------------- graph legs (child process)
+
+def _install_graph_emulation() -> None:
+    """CPU: breakable graphs through the recording stand-in (emulated device graphs).
+
+    Needs the in-process engine (the driver sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and
+    ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` (the leg's environment).
+    """
+    from vllm.compilation.xpu_breakable_graph_emulation import install_cpu_emulation
+
+    install_cpu_emulation()
+
+
+FAULTS = ("stale-input", "stale-input-unguarded")
+
+
+def _inject_stale_input(llm: Any, guarded: bool) -> None:
+    """Negative control: the target's input ids are handed over in a new tensor each step
+    while the captured buffer keeps the previous step's ids (a refreshed tensor replaced
+    instead of written in place). With the guard the replay must refuse; without it
+    (``guarded=False``) the replay reads the stale buffer and the tokens must go wrong."""
+
+    def inject(worker: Any) -> None:
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        wrapper = worker.model_runner.model
+        real = type(wrapper)
+        previous: list[Any] = []
+
+        class StaleInput(real):  # type: ignore[misc,valid-type]
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                entry = (self.entries.get(get_forward_context().batch_descriptor)
+                         if is_forward_context_available() else None)
+                if entry is None or entry.capture is None:
+                    return real.__call__(self, *args, **kwargs)  # eager or capture
+                buffer = kwargs["input_ids"]
+                fresh = buffer.clone()
+                if previous:
+                    buffer.copy_(previous[0])  # the captured buffer is not refreshed...
+                previous[:] = [fresh.clone()]
+                kwargs = dict(kwargs, input_ids=fresh)  # ...the new ids come in a new tensor
+                if not guarded:
+                    entry.input_pointers = None  # the cheap pointer guard is bypassed
+                    self._check_static_inputs = lambda *a: None  # and the full check
+                return real.__call__(self, *args, **kwargs)
+
+        wrapper.__class__ = StaleInput
+
+    llm.llm_engine.collective_rpc(inject)
+
+
+def _runner_graph_accounting(worker: Any) -> dict[str, Any]:
+    from vllm.compilation.xpu_breakable_graph import graph_accounting
+
+    return graph_accounting(worker.model_runner)
+
+
+def _collect_graph_accounting(llm: Any) -> dict[str, Any]:
+    """The breakable-graph wrappers' own accounting (target and drafter) from rank 0."""
+    return llm.llm_engine.collective_rpc(_runner_graph_accounting)[0]
 
 
 def _route_and_count(cpu_flash_attn: bool) -> dict[str, Any]:
@@ -242,6 +318,7 @@ class LegResult:
     attention: dict[str, Any] = field(default_factory=dict)
     logprobs: dict[str, Any] = field(default_factory=dict)  # see logprob_verdict()
     longest_context: int = 0  # prompt + generated tokens of the longest request
+    graphs: dict[str, Any] = field(default_factory=dict)
 
 
 def logprob_verdict(result: LegResult, leg: Leg, teacher_rows: list[dict[str, Any]],
@@ -293,7 +370,8 @@ def compare(teacher: list[list[int]], leg: list[list[int]], what: str) -> tuple[
 
 
 def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompts: int,
-             require_bitwise: bool = True, report_only: frozenset[int] = frozenset()) -> list[LegResult]:
+             require_bitwise: bool = True, report_only: frozenset[int] = frozenset(),
+             graph_expectation: GraphExpectation | None = None) -> list[LegResult]:
     teacher = outputs["teacher"]
     teacher_tokens = [r["token_ids"] for r in teacher["rows"]]
     reference_leg: list[list[int]] | None = None
@@ -335,9 +413,86 @@ def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompt
         result.accepted_tokens = data.get("accepted_tokens", 0)
         result.seconds = sum(r["seconds"] for r in data["rows"])
         result.attention = data.get("attention", {})
-        result.status = "failed" if result.mismatches else "passed"
+        emulated = False
+        if leg.graph:
+            result.graphs = data.get("graphs", {})
+            result.mismatches += check_graph_accounting(result.graphs, graph_expectation)
+            emulated = graph_leg_is_emulated(result.graphs)
+        result.status = "failed" if result.mismatches else (PASSED_EMULATED_GRAPHS if emulated else "passed")
         results.append(result)
     return results
+
+
+# ---------------------------------------------------------------- graph legs: accounting checks (pure)
+
+@dataclass(frozen=True)
+class Topology:
+    """Graphs and eager breaks one captured forward of a decoder must have."""
+
+    attention: int
+    collective: int
+
+    @property
+    def graphs(self) -> int:
+        return self.attention + self.collective + 1
+
+
+def decoder_topology(num_layers: int, tp: int) -> Topology:
+    """A decoder breaks at every attention layer and, at TP > 1, at every all-reduce: the
+    embedding's and two per layer (attention output, MLP/MoE output)."""
+    return Topology(attention=num_layers, collective=2 * num_layers + 1 if tp > 1 else 0)
+
+
+@dataclass(frozen=True)
+class GraphExpectation:
+    target: Topology
+    drafter: Topology
+    min_replays: int
+
+
+def graph_leg_is_emulated(graphs: dict[str, Any]) -> bool:
+    return any(EMULATED_GRAPH_CLASS in str(acc.get("graph_class", "")) for acc in graphs.values())
+
+
+def check_graph_accounting(graphs: dict[str, Any], expected: GraphExpectation | None) -> list[str]:
+    """Mismatches between the wrappers' own accounting and the expected topology: both target
+    and drafter wrapped, every captured shape with the expected graphs and breaks by kind, and at
+    least ``min_replays`` replays of each."""
+    notes: list[str] = []
+    for label in ("target", "drafter"):
+        acc = graphs.get(label)
+        if not acc:
+            notes.append(f"graphs: no breakable-graph wrapper accounting for the {label}")
+            continue
+        if not acc.get("captures"):
+            notes.append(f"graphs: the {label} captured nothing")
+            continue
+        if expected is None:
+            continue
+        want: Topology = getattr(expected, label)
+        for cap in acc["captures"]:
+            kinds = cap.get("breaks_by_kind", {})
+            got = (cap.get("graphs"), kinds.get("attention"), kinds.get("collective"))
+            if got != (want.graphs, want.attention, want.collective):
+                notes.append(f"graphs: {label} captured graphs={got[0]} attention={got[1]} collective={got[2]}, "
+                             f"expected graphs={want.graphs} attention={want.attention} "
+                             f"collective={want.collective}")
+        if acc.get("replays", 0) < expected.min_replays:
+            notes.append(f"graphs: {label} replayed {acc.get('replays', 0)} times, "
+                         f"fewer than the {expected.min_replays} required")
+    return notes
+
+
+def graph_lines(graphs: dict[str, Any]) -> list[str]:
+    lines = []
+    for label, acc in graphs.items():
+        kinds: dict[str, int] = {}
+        for cap in acc.get("captures", []):
+            for kind, count in cap.get("breaks_by_kind", {}).items():
+                kinds[kind] = kinds.get(kind, 0) + count
+        lines.append(f"    graphs {label}: {acc.get('graph_class')}: captures {len(acc.get('captures', []))}, "
+                     f"graphs {acc.get('graphs')}, breaks {acc.get('breaks')} {kinds}, replays {acc.get('replays')}")
+    return lines
 
 
 def table(results: list[LegResult]) -> str:
@@ -364,6 +519,7 @@ def table(results: list[LegResult]) -> str:
                              f"{lc['positions']} bitwise equal, tokens {lc['tokens_equal']}/{lc['positions']}")
         if r.longest_context:
             lines.append(f"    longest context {r.longest_context} tokens")
+        lines += graph_lines(r.graphs)
         lines += [f"    {m}" for m in r.mismatches[:5]]
     return "\n".join(lines)
 
@@ -419,6 +575,16 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--report", default="build/matrix-report.json", help="JSON report path")
     run.add_argument("--check-only", action="store_true",
                      help="check the options (paths, config.json, sizes) and exit; nothing is installed or run")
+    run.add_argument("--min-graph-replays", type=int, default=200,
+                     help="each graph leg fails unless target and drafter each replayed at least this often")
+    run.add_argument("--inject-fault", choices=FAULTS, default=None,
+                     help="negative control for the graph legs: hand the target its input ids in a new "
+                          "tensor while the captured buffer stays stale; 'stale-input' must trip the replay "
+                          "guard, 'stale-input-unguarded' (guard bypassed) must break teacher-exactness "
+                          "(default: none)")
+    run.add_argument("--no-emulated-graphs", action="store_true",
+                     help="on CPU, report the graph legs as not run instead of running them through the "
+                          "recording stand-in graph (emulated device graphs)")
     leg = sub.add_parser("leg", help="(internal) run one leg from a JSON config file", formatter_class=HelpFormatter)
     leg.add_argument("config", help="leg config JSON (written by run)")
     leg.add_argument("output", help="where the leg writes its JSON result")
@@ -492,6 +658,21 @@ def validate_run(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _num_layers(model_dir: str) -> int:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = config.get("text_config", config)
+    return int(config["num_hidden_layers"])
+
+
+def _graph_expectation(target: str, draft: str, args: argparse.Namespace) -> GraphExpectation | None:
+    """Expected topology from the models' own config files (not from the code under test)."""
+    if args.method != "dflash":
+        return None
+    return GraphExpectation(target=decoder_topology(_num_layers(target), args.tp),
+                            drafter=decoder_topology(_num_layers(draft), args.tp),
+                            min_replays=args.min_graph_replays)
+
+
 def _drive(args: argparse.Namespace) -> int:
     device = device_kind()
     series = _series_info()  # fail early, before any engine runs
@@ -517,14 +698,15 @@ def _drive(args: argparse.Namespace) -> int:
     outputs: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
     for number, leg in enumerate(legs, 1):
-        if leg.graph and device == "cpu":
+        if leg.graph and device == "cpu" and args.no_emulated_graphs:
             outputs[leg.name] = {"status": NOT_RUN_NO_GRAPHS}
             print(f"==> [{number}/{len(legs)}] {leg.name}: {NOT_RUN_NO_GRAPHS}", file=sys.stderr)
             continue
         config = {"leg": asdict(leg), "target": target, "draft": draft, "method": args.method, "dtype": dtype,
                   "tp": args.tp, "max_model_len": args.max_model_len,
                   "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
-                  "cpu_flash_attn": device == "cpu",
+                  "cpu_flash_attn": device == "cpu", "emulate_graphs": device == "cpu",
+                  "fault": args.inject_fault,
                   "prompts": [asdict(p) for p in prompts]}
         with tempfile.TemporaryDirectory(prefix="vxl-leg-") as tmp:
             cfg, out = Path(tmp) / "config.json", Path(tmp) / "out.json"
@@ -544,7 +726,8 @@ def _drive(args: argparse.Namespace) -> int:
         print(f"error: the teacher leg did not run: {outputs.get('teacher')}", file=sys.stderr)
         return 1
     long_ones = frozenset(i for i, p in enumerate(prompts) if p.role == "long-context")
-    results = evaluate(outputs, legs, len(prompts), require_bitwise=device == "cpu", report_only=long_ones)
+    results = evaluate(outputs, legs, len(prompts), require_bitwise=device == "cpu", report_only=long_ones,
+                       graph_expectation=_graph_expectation(target, draft, args))
     block = outputs["teacher"]["block_size"]
     teacher_rows = outputs["teacher"]["rows"]
     rollover = [i for i, (p, r) in enumerate(zip(prompts, teacher_rows))
@@ -566,8 +749,8 @@ def _drive(args: argparse.Namespace) -> int:
     print(table(results))
     print(f"rollover prompts (output crosses a {block}-token KV block): {len(rollover)}/{len(prompts)}; "
           f"report: {report_path}")
-    failed = [r for r in results if r.status not in ("passed", NOT_RUN_NO_GRAPHS)]
-    ran = [r for r in results if r.status == "passed"]
+    failed = [r for r in results if r.status not in (*PASSED, NOT_RUN_NO_GRAPHS)]
+    ran = [r for r in results if r.status in PASSED]
     print(f"{len(ran)} passed, {len(failed)} failed, {len(results) - len(ran) - len(failed)} not run")
     return 1 if failed else 0
 

@@ -40,6 +40,8 @@ def test_help() -> None:
         (["--prompts", "9"], "--prompts must be 1..4"),
         (["--models", "/nonexistent"], "no target/ folder"),
         (["--leg-timeout", "5"], "--leg-timeout must be >= 30"),
+        (["--long-prompt-tokens", "-1"], "--long-prompt-tokens must be 0..16384"),
+        (["--min-cycles", "-1"], "--min-cycles must be >= 0"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(argv: list[str], message: str) -> None:
@@ -77,7 +79,33 @@ def test_table_marks_token_mismatch_and_speedup() -> None:
     rows = table.splitlines()
     assert rows[2].split()[3] == "yes"  # the reference itself
     assert rows[3].split()[3] == "NO"
-    assert rows[3].split()[-1] == "3.00x"
+    assert rows[3].split()[8] == "3.00x"
+
+
+def test_table_shows_graph_counts_of_target_and_drafter() -> None:
+    acc = {"target": {"graphs": 146, "breaks": 145, "replays": 300, "captures": [{}]},
+           "drafter": {"graphs": 4, "breaks": 3, "replays": 301, "captures": [{}]}}
+    leg = gc.LegResult(leg=gc.Leg(graphs=True, metadata=False), tokens=[[1]], step_ms=[1.0],
+                       graphs=acc)
+    row = gc.render_table([leg]).splitlines()[2]
+    assert row.endswith("T 146/145/300 D 4/3/301")
+    assert gc.graph_counts({}) == "-"
+
+
+def test_long_prompt_is_past_4k_tokens_by_default_and_sizes_the_model_len() -> None:
+    args = gc.build_parser().parse_args([])
+
+    def encode(text: str) -> list[int]:
+        return [len(word) for word in text.split()]
+
+    prompts = gc.prompts_for(args, encode)
+    assert len(prompts) == 1 + args.prompts
+    assert len(prompts[0]["prompt_token_ids"]) == args.long_prompt_tokens > 4096
+    assert gc.max_model_len(args) >= 4096 + args.tokens
+    assert args.min_cycles >= 200
+    args = gc.build_parser().parse_args(["--long-prompt-tokens", "0"])
+    assert len(gc.prompts_for(args, encode)) == args.prompts
+    assert gc.max_model_len(args) == 512
 
 
 def test_no_device_is_reported_as_not_run(tmp_path: Path) -> None:

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from scripts.matrix import LEGS, NOT_RUN_NO_GRAPHS, evaluate, first_difference, make_prompts, table
+from scripts.matrix import (
+    LEGS,
+    NOT_RUN_NO_GRAPHS,
+    PASSED_EMULATED_GRAPHS,
+    GraphExpectation,
+    LegResult,
+    Topology,
+    decoder_topology,
+    evaluate,
+    first_difference,
+    make_prompts,
+    table,
+)
 
 
 def _logprobs(tokens: list[int]) -> list:
@@ -58,3 +70,53 @@ def test_evaluate_fails_when_cached_tokens_were_used() -> None:
     outputs = {"teacher": _rows(teacher), "dflash-graph0-meta0": _rows(teacher, cached=16)}
     result = evaluate(outputs, LEGS[:2], 1)[1]
     assert result.status == "failed" and result.cached_tokens_zero == "0/1"
+
+
+def _graph_accounting(graphs: int = 5, attention: int = 4, collective: int = 0, replays: int = 300,
+                      graph_class: str = "RecordingGraph (emulated device graph)") -> dict:
+    capture = {"graphs": graphs, "breaks": attention + collective,
+               "breaks_by_kind": {"attention": attention, "collective": collective}, "replays": replays}
+    return {"graph_class": graph_class, "captures": [capture], "graphs": graphs,
+            "breaks": attention + collective, "replays": replays}
+
+
+# tiny target: 4 layers, drafter: 1 layer, TP 1 (numbers written out, not derived by the code under test)
+EXPECT = GraphExpectation(target=Topology(attention=4, collective=0), drafter=Topology(attention=1, collective=0),
+                          min_replays=200)
+
+
+def _graph_leg(graphs: dict) -> LegResult:
+    teacher = [[1, 2, 3]]
+    outputs = {"teacher": _rows(teacher), "dflash-graph1-meta0": {**_rows(teacher), "graphs": graphs}}
+    return evaluate(outputs, (LEGS[0], LEGS[3]), 1, EXPECT)[1]
+
+
+def test_decoder_topology_matches_the_laguna_counts() -> None:
+    assert decoder_topology(48, 4) == Topology(attention=48, collective=97)
+    assert decoder_topology(48, 4).graphs == 146
+    assert decoder_topology(4, 1).graphs == 5
+
+
+def test_emulated_graph_leg_passes_labelled_and_never_plain_passed() -> None:
+    result = _graph_leg({"target": _graph_accounting(), "drafter": _graph_accounting(2, 1)})
+    assert result.status == PASSED_EMULATED_GRAPHS, result.mismatches
+    assert "RecordingGraph" in table([result]) and "replays 300" in table([result])
+
+
+def test_device_graph_leg_passes_plain() -> None:
+    device = "torch.xpu.XPUGraph"
+    result = _graph_leg({"target": _graph_accounting(graph_class=device),
+                         "drafter": _graph_accounting(2, 1, graph_class=device)})
+    assert result.status == "passed"
+
+
+def test_graph_leg_fails_on_wrong_topology_missing_drafter_or_few_replays() -> None:
+    wrong = _graph_leg({"target": _graph_accounting(6, 5), "drafter": _graph_accounting(2, 1)})
+    assert wrong.status == "failed"
+    assert "target captured graphs=6 attention=5 collective=0, expected graphs=5 attention=4" in wrong.mismatches[0]
+    missing = _graph_leg({"target": _graph_accounting()})
+    assert missing.status == "failed" and "for the drafter" in missing.mismatches[0]
+    few = _graph_leg({"target": _graph_accounting(), "drafter": _graph_accounting(2, 1, replays=10)})
+    assert few.status == "failed" and "drafter replayed 10 times" in few.mismatches[0]
+    nothing = _graph_leg({})
+    assert nothing.status == "failed" and len(nothing.mismatches) == 2

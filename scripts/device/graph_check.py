@@ -9,19 +9,27 @@ leg, each leg in its own process and one engine at a time:
 * with ``--metadata both`` also ``off-md1`` / ``on-md1``
   (``VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA=1``).
 
-Each leg generates greedily and times every engine step. The parent prints a
-table (greedy tokens equal to the reference, median / p90 decode step
-latency, tokens per second, speed-up over the eager leg of the same
-metadata setting) and the audited capture lines of the graph legs, and exits
-0 only when every leg is token-identical to the reference and every graph
-leg captured.
+Each leg generates greedily and times every engine step (cycle). By default
+the first prompt is a long one past 4K tokens (``--long-prompt-tokens``),
+followed by short ones (long-then-next), with DFlash M8 drafting. The parent
+prints a table (greedy tokens equal to the reference, cycles, median / p90
+decode step latency, tokens per second, speed-up over the eager leg of the
+same metadata setting, and the breakable-graph wrappers' own accounting:
+graphs / breaks / replays of the target and of the drafter) and the audited
+capture lines of the graph legs, and exits 0 only when every leg is
+token-identical to the reference, every graph leg captured target and
+drafter, and every leg ran at least ``--min-cycles`` cycles.
+
+``--emulate-graphs`` runs the graph legs on CPU through the recording
+stand-in graph (vllm/compilation/xpu_breakable_graph_emulation.py): a self
+test of this script, reported as emulated, never as a device result.
 
 Without a device the legs refuse with one line (exit 3); ``--help``,
 argument validation and ``--dry-run`` (the plan: legs and their
 environments) need no torch.
 
     python3 -m scripts.device.graph_check --dry-run
-    python3 -m scripts.device.graph_check --tokens 64 --spec dflash --metadata both
+    python3 -m scripts.device.graph_check --tokens 128 --spec dflash --metadata both
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +57,36 @@ PROMPTS = (
 )
 NO_DEVICE_EXIT = 3
 AUDIT_MARK = "graph captured"
+LONG_WORDS = ("amber", "basalt", "cedar", "delta", "ember", "fjord", "granite", "harbor",
+              "iris", "juniper", "kestrel", "lagoon", "meadow", "nimbus", "orchid", "prairie",
+              "quartz", "river", "summit", "tundra")
+
+
+def long_prompt_text(words: int) -> str:
+    """Deterministic text of ``words`` words."""
+    return " ".join(LONG_WORDS[(i * 7 + i // 20) % len(LONG_WORDS)] for i in range(words))
+
+
+def long_prompt_ids(encode: Callable[[str], list[int]], tokens: int) -> list[int]:
+    """Exactly ``tokens`` token ids: the long text's ids, repeated as needed."""
+    ids = encode(long_prompt_text(max(16, tokens // 2)))
+    return (ids * (tokens // max(len(ids), 1) + 1))[:tokens]
+
+
+def prompts_for(
+    args: argparse.Namespace, encode: Callable[[str], list[int]]
+) -> list[Any]:
+    """The long prompt (token ids, when asked for) first, then the short ones."""
+    short: list[Any] = list(PROMPTS[: args.prompts])
+    if not args.long_prompt_tokens:
+        return short
+    return [{"prompt_token_ids": long_prompt_ids(encode, args.long_prompt_tokens)}, *short]
+
+
+def max_model_len(args: argparse.Namespace) -> int:
+    if not args.long_prompt_tokens:
+        return 512
+    return args.long_prompt_tokens + args.tokens + 2 * args.width + 64
 
 
 class CheckError(Exception):
@@ -88,7 +127,13 @@ class LegResult:
     prefill_ms: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     audit: list[str] = field(default_factory=list)
+    graphs: dict[str, Any] = field(default_factory=dict)
+    prompt_tokens: list[int] = field(default_factory=list)
     error: str | None = None
+
+    @property
+    def cycles(self) -> int:
+        return len(self.step_ms)
 
     @property
     def decode_tokens(self) -> int:
@@ -128,6 +173,12 @@ def validate(args: argparse.Namespace) -> None:
         raise CheckError("a leg needs --models")
     if args.leg_timeout < 30:
         raise CheckError(f"--leg-timeout must be >= 30 s, not {args.leg_timeout}")
+    if not 0 <= args.long_prompt_tokens <= 16384:
+        raise CheckError(
+            f"--long-prompt-tokens must be 0..16384, not {args.long_prompt_tokens}"
+        )
+    if args.min_cycles < 0:
+        raise CheckError(f"--min-cycles must be >= 0, not {args.min_cycles}")
 
 
 def plan_legs(metadata: str) -> list[Leg]:
@@ -178,21 +229,44 @@ def _speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
     return None
 
 
+def _accounting(worker: Any) -> dict[str, Any]:
+    from vllm.compilation.xpu_breakable_graph import graph_accounting
+
+    return graph_accounting(worker.model_runner)
+
+
 def run_leg(args: argparse.Namespace, leg: Leg) -> dict[str, Any]:
-    device = _detect_device(args.device, allow_cpu=args.cpu_plumbing)
-    if device == "cpu" and leg.graphs:
+    cpu = args.cpu_plumbing or args.emulate_graphs
+    device = _detect_device(args.device, allow_cpu=cpu)
+    if device == "cpu" and leg.graphs and not args.emulate_graphs:
         raise CheckError("graph legs need a CUDA or XPU device: not run")
     from vllm import LLM, SamplingParams
 
+    if device == "cpu" and leg.graphs:
+        from vllm.compilation.xpu_breakable_graph_emulation import (
+            install_cpu_emulation,
+        )
+
+        install_cpu_emulation()
+    extra: dict[str, Any] = {}
+    if leg.graphs:
+        w = args.width
+        extra["compilation_config"] = {
+            "mode": 0,
+            "cudagraph_mode": "PIECEWISE",
+            "cudagraph_capture_sizes": [w],
+        }
     llm = LLM(
         model=str(args.models / "target"),
         dtype=args.dtype,
         seed=0,
         enforce_eager=not leg.graphs,
-        max_model_len=512,
+        max_model_len=max_model_len(args),
         max_num_seqs=1,
-        kv_cache_memory_bytes=256 << 20,
+        kv_cache_memory_bytes=512 << 20,
+        enable_prefix_caching=False,
         speculative_config=_speculative_config(args),
+        **extra,
     )
     try:
         engine = llm.llm_engine
@@ -203,7 +277,9 @@ def run_leg(args: argparse.Namespace, leg: Leg) -> dict[str, Any]:
         tokens: list[list[int]] = []
         step_ms: list[float] = []
         prefill_ms: list[float] = []
-        for i, prompt in enumerate(PROMPTS[: args.prompts]):
+        prompt_tokens: list[int] = []
+        tokenizer = llm.get_tokenizer()
+        for i, prompt in enumerate(prompts_for(args, tokenizer.encode)):
             rid = f"graph-check-{i}"
             engine.add_request(rid, prompt, params)
             first = True
@@ -217,13 +293,17 @@ def run_leg(args: argparse.Namespace, leg: Leg) -> dict[str, Any]:
                 for out in outs:
                     if out.request_id == rid and out.finished:
                         final = list(out.outputs[0].token_ids)
+                        prompt_tokens.append(len(out.prompt_token_ids or []))
             tokens.append(final)
+        graphs = engine.collective_rpc(_accounting)[0] if leg.graphs else {}
         return {
             "leg": leg.name,
             "device": device,
             "tokens": tokens,
             "step_ms": step_ms,
             "prefill_ms": prefill_ms,
+            "prompt_tokens": prompt_tokens,
+            "graphs": graphs,
         }
     finally:
         llm.llm_engine.engine_core.shutdown()
@@ -256,9 +336,13 @@ def _child_argv(args: argparse.Namespace, leg: Leg) -> list[str]:
         args.device,
         "--dtype",
         args.dtype,
+        "--long-prompt-tokens",
+        str(args.long_prompt_tokens),
     ]
     if args.cpu_plumbing:
         argv.append("--cpu-plumbing")
+    if args.emulate_graphs:
+        argv.append("--emulate-graphs")
     return argv
 
 
@@ -301,6 +385,8 @@ def _run_child(
     res.tokens = data["tokens"]
     res.step_ms = data["step_ms"]
     res.prefill_ms = data["prefill_ms"]
+    res.prompt_tokens = data.get("prompt_tokens", [])
+    res.graphs = data.get("graphs", {})
     return res
 
 
@@ -309,12 +395,22 @@ def _guess_device() -> str:
     return "xpu" if Path("/dev/dri").exists() and not Path("/dev/nvidia0").exists() else "cuda"
 
 
+def graph_counts(graphs: dict[str, Any]) -> str:
+    """``target g/b/r drafter g/b/r``: graphs, breaks, replays per wrapper."""
+    parts = [
+        f"{label[0].upper()} {acc.get('graphs')}/{acc.get('breaks')}/{acc.get('replays')}"
+        for label, acc in sorted(graphs.items(), key=lambda kv: kv[0] != "target")
+    ]
+    return " ".join(parts) or "-"
+
+
 def render_table(results: list[LegResult]) -> str:
     ref = results[0]
     eager = {r.leg.metadata: r for r in results if not r.leg.graphs}
     head = (
         f"{'leg':<8} {'graphs':<6} {'md':<3} {'tokens==ref':<11} {'steps':>5} "
-        f"{'median ms':>9} {'p90 ms':>8} {'tok/s':>8} {'speed-up':>8}"
+        f"{'median ms':>9} {'p90 ms':>8} {'tok/s':>8} {'speed-up':>8} "
+        "graphs/breaks/replays (T target, D drafter)"
     )
     rows = [head, "-" * len(head)]
     for r in results:
@@ -332,7 +428,7 @@ def render_table(results: list[LegResult]) -> str:
             f"{r.leg.name:<8} {'on' if r.leg.graphs else 'off':<6} "
             f"{int(r.leg.metadata):<3} {same:<11} {len(r.step_ms):>5} "
             f"{r.median_ms():>9.2f} {r.p90_ms():>8.2f} {r.tok_per_s():>8.1f} "
-            f"{speed:>8}"
+            f"{speed:>8} {graph_counts(r.graphs)}"
         )
     return "\n".join(rows)
 
@@ -347,8 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
         "and per-step latency (CUDA GPU or XPU).",
     )
     p.add_argument("--models", type=Path, help="folder from scripts.tiny_laguna "
-                   "(target/, draft/); default: generated in a temp folder")
-    p.add_argument("--tokens", type=int, default=64, help="tokens per prompt")
+                   "(target/, draft/); generated in a temp folder if absent")
+    p.add_argument("--tokens", type=int, default=128, help="tokens per prompt")
     p.add_argument("--prompts", type=int, default=2, help="number of prompts")
     p.add_argument("--width", type=int, default=8,
                    help="verify width = capture size (VLLM_XPU_LAGUNA_VERIFY_WIDTH)")
@@ -364,6 +460,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="also write the results here (default: not written)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the legs and their environments, run nothing")
+    p.add_argument("--long-prompt-tokens", type=int, default=4608,
+                   help="tokens of a long first prompt (past 4K by default); "
+                   "0: no long prompt")
+    p.add_argument("--min-cycles", type=int, default=200,
+                   help="every leg must run at least this many engine steps")
+    p.add_argument("--emulate-graphs", action="store_true",
+                   help="CPU self-test: run the graph legs through the recording "
+                   "stand-in graph (emulated, never a device result)")
     p.add_argument("--cpu-plumbing", action="store_true",
                    help="self-test of this script on CPU: runs only the graphs-off "
                    "legs (graph legs are reported as not run)")
@@ -392,7 +496,9 @@ def _main(argv: list[str] | None) -> int:
             print(f"  {leg.name:<7} {env}")
         return 0
     root = Path(__file__).resolve().parents[2]
-    device = _detect_device(args.device, allow_cpu=args.cpu_plumbing)
+    device = _detect_device(
+        args.device, allow_cpu=args.cpu_plumbing or args.emulate_graphs
+    )
     if args.cpu_plumbing:
         legs = [lg for lg in legs if not lg.graphs]
     with tempfile.TemporaryDirectory(prefix="graph-check-") as tmp:
@@ -412,19 +518,35 @@ def _main(argv: list[str] | None) -> int:
                 "tokens": r.tokens, "step_ms": r.step_ms, "prefill_ms": r.prefill_ms,
                 "median_ms": r.median_ms(), "p90_ms": r.p90_ms(),
                 "tok_per_s": r.tok_per_s(), "audit": r.audit,
+                "cycles": r.cycles, "prompt_tokens": r.prompt_tokens,
+                "graphs": r.graphs,
             }
             for r in results
         ], indent=1))
     ref = results[0]
     bad = [r.leg.name for r in results if r.error or r.tokens != ref.tokens]
-    uncaptured = [r.leg.name for r in results if r.leg.graphs and not r.audit]
+    uncaptured = [
+        r.leg.name
+        for r in results
+        if r.leg.graphs
+        and not (r.audit and all(r.graphs.get(k, {}).get("captures")
+                                 for k in ("target", "drafter")[: 1 + (args.spec == "dflash")]))
+    ]
+    short = [r.leg.name for r in results if not r.error and r.cycles < args.min_cycles]
+    print("prompt tokens: " + ", ".join(
+        f"{r.leg.name} {r.prompt_tokens}" for r in results if r.prompt_tokens))
     if args.cpu_plumbing and not bad:
         print("CPU plumbing self-test passed; graph legs NOT run (no device)")
         return NO_DEVICE_EXIT
-    if bad or uncaptured:
+    if bad or uncaptured or short:
         print(f"FAIL: differing/failed legs {bad}, graph legs without a capture "
-              f"{uncaptured}", file=sys.stderr)
+              f"{uncaptured}, legs under {args.min_cycles} cycles {short}",
+              file=sys.stderr)
         return 1
+    if device == "cpu":
+        print("OK (EMULATED graphs on CPU, not a device result): all legs "
+              "token-identical; graph legs captured")
+        return 0
     print("OK: all legs token-identical; graph legs captured")
     return 0
 

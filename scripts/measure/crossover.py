@@ -418,6 +418,7 @@ def main(argv: list[str]) -> int:
         artifacts={},
         sha256={},
         prior=_prior(args),
+        graph=_graph_section(out, servers),
     )
     manifest = {
         "config": config.to_json(),
@@ -443,6 +444,7 @@ def main(argv: list[str]) -> int:
             "treatment": meta.treatment,
             "speculative": meta.speculative,
             "prior": None if meta.prior is None else meta.prior.__dict__,
+            "graph": meta.graph,
         },
     }
     with step("analyze, plot and write the record"):
@@ -516,6 +518,7 @@ def reanalyze_main(argv: list[str]) -> int:
         artifacts={},
         sha256={},
         prior=None if stored["prior"] is None else Prior(**stored["prior"]),
+        graph=stored.get("graph"),
     )
     plot = None
     if not args.no_plot:
@@ -527,3 +530,18 @@ def reanalyze_main(argv: list[str]) -> int:
     analysis, record = finish_run(out, manifest, raw, meta, gates, plot)
     _report(analysis, record, out)
     return 0
+
+
+def _graph_section(out: Path, servers: dict[str, Any]) -> dict[str, Any] | None:
+    """The breakable-graph wrappers' own accounting from the legs' server logs (None: no leg
+    ran graphs, the record keeps ``measured: false``)."""
+    from scripts.measure.graphs import graph_section
+
+    logs = {}
+    for leg, server in servers.items():
+        path = out / server["log"]
+        logs[leg] = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+    try:
+        return graph_section(logs)
+    except ValueError as exc:
+        raise ToolError(f"graph accounting: {exc}") from exc

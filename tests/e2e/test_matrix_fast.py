@@ -1,13 +1,15 @@
 """Fast subset of the equivalence matrix on CPU (the full one is `nox -s matrix`).
 
 Runs the real driver end to end: teacher, DFlash M8 with prebuilt metadata off and on (fresh
-engine each), the graph legs, which must come back "not run" on a machine without device
-graphs, and the diagnostic leg with the exact verify off. Every exact leg that runs must equal
-the teacher token for token and its logprobs (sampled + top-5) bitwise at every position of the
-short prompts; one long-context prompt (>= 4200 tokens, 16 generated tokens) must be
-teacher-exact in tokens, its logprobs are reported (an open last-bit residual on CPU); the diagnostic leg
-must NOT be bitwise equal (the logprob gate's negative control). The leg without the KV split
-plan runs in the full matrix only (`nox -s matrix`).
+engine each) and the diagnostic leg with the exact verify off, on 13 prompts plus one
+long-context prompt (>= 4200 tokens, 16 generated tokens). Every exact leg must equal the teacher
+token for token and its logprobs (sampled + top-5) bitwise at every position of the short
+prompts; the long-context prompt must be teacher-exact in tokens, its logprobs are reported (an
+open last-bit residual on CPU); the diagnostic leg must NOT be bitwise equal (the logprob gate's
+negative control). The leg without the KV split plan runs in the full matrix only (`nox -s matrix`).
+The graph legs run on a small prompt subset (long, long-then-next, one plain prompt) through the
+emulated device graphs, which must come back "passed (emulated graphs)" with the expected capture
+topology and bitwise-equal logprobs; the stale-input negative controls must fail.
 """
 
 from __future__ import annotations
@@ -16,24 +18,32 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from scripts.matrix import LEGS, NOT_RUN_NO_GRAPHS
+from scripts.matrix import LEGS, NOT_RUN_NO_GRAPHS, PASSED_EMULATED_GRAPHS
 
 REPO = Path(__file__).resolve().parents[2]
+GRAPH_LEGS = ("dflash-graph1-meta0", "dflash-graph1-meta1")
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    report = tmp_path / "matrix.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.matrix", "run", "--tiny", str(tmp_path / "tiny"), "--report", str(report),
+         *args],
+        cwd=REPO, capture_output=True, text=True, timeout=1500)
+    print(proc.stdout[-4000:])
+    data = json.loads(report.read_text()) if report.exists() else {}
+    return proc, data
 
 
 CI_LEGS = ",".join(leg.name for leg in LEGS if leg.name != "dflash-noplan-diagnostic")
 
 
 def test_matrix_fast_subset(tmp_path: Path) -> None:
-    report = tmp_path / "matrix.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "scripts.matrix", "run", "--tiny", str(tmp_path / "tiny"), "--prompts", "13",
-         "--max-tokens", "64", "--report", str(report), "--legs", CI_LEGS],
-        cwd=REPO, capture_output=True, text=True, timeout=1500)
-    print(proc.stdout[-4000:])
+    proc, data = _run(tmp_path, "--prompts", "13", "--max-tokens", "64", "--legs", CI_LEGS,
+                      "--no-emulated-graphs")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    data = json.loads(report.read_text())
     legs = {leg["name"]: leg for leg in data["legs"]}
     assert data["device"] == "cpu" and len(data["prompts"]) == 14  # 13 + the long-context prompt
     (long_context,) = data["long_context_prompts"]
@@ -50,7 +60,7 @@ def test_matrix_fast_subset(tmp_path: Path) -> None:
         lc = lp["long_context"]
         assert lc["positions"] >= 8 and lc["tokens_equal"] == lc["positions"], lc
         assert legs[name]["acceptance_rate"] and legs[name]["acceptance_rate"] > 0
-    for name in ("dflash-graph1-meta0", "dflash-graph1-meta1"):
+    for name in GRAPH_LEGS:
         assert legs[name]["status"] == NOT_RUN_NO_GRAPHS
     diagnostic = legs["dflash-exact0-diagnostic"]
     assert diagnostic["status"] == "passed", diagnostic["mismatches"]
@@ -58,3 +68,45 @@ def test_matrix_fast_subset(tmp_path: Path) -> None:
     assert lp["logprobs_bitwise_equal"] < lp["positions"], "negative control: exact verify off matched bitwise"
     assert data["rollover_prompts"], "no prompt crossed a KV block boundary"
     print(f"acceptance rates: { {n: legs[n]['acceptance_rate'] for n in legs if legs[n]['acceptance_rate']} }")
+
+
+def test_matrix_emulated_graph_legs(tmp_path: Path) -> None:
+    proc, data = _run(tmp_path, "--prompts", "3", "--max-tokens", "128", "--min-graph-replays", "200",
+                      "--long-prompt-tokens", "0", "--legs", ",".join(("teacher", *GRAPH_LEGS)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    legs = {leg["name"]: leg for leg in data["legs"]}
+    assert [p["role"] for p in data["prompts"]] == ["long", "long-then-next", "plain"]
+    assert 0 in data["rollover_prompts"], "the long prompt did not cross a KV block boundary"
+    for name in GRAPH_LEGS:
+        leg = legs[name]
+        assert leg["status"] == PASSED_EMULATED_GRAPHS, leg["mismatches"]
+        assert leg["teacher_exact"] == "3/3" and leg["cross_leg_exact"].startswith("3/3")
+        lp = leg["logprobs"]  # emulated replays change no bit of the logprobs
+        assert lp["positions"] > 0 and lp["logprobs_bitwise_equal"] == lp["positions"], lp
+        for label, layers in (("target", 4), ("drafter", 1)):  # tiny_laguna: 4 target layers, 1 draft layer
+            acc = leg["graphs"][label]
+            assert "RecordingGraph" in acc["graph_class"]
+            assert [(c["graphs"], c["breaks_by_kind"]) for c in acc["captures"]] == [
+                (layers + 1, {"attention": layers, "collective": 0})]
+            assert acc["replays"] >= 200
+    meta1 = legs["dflash-graph1-meta1"]["attention"]
+    assert meta1["prebuilt_calls"] > 0 and meta1["prebuilt_calls"] == sum(meta1["exact_calls_by_width"].values())
+
+
+def test_matrix_stale_input_negative_controls(tmp_path: Path) -> None:
+    """A refreshed input replaced instead of written in place: the guard refuses the replay; with
+    the guard bypassed the emulated graph replays the stale buffer and the tokens go wrong."""
+    common = ("--prompts", "3", "--max-tokens", "16", "--min-graph-replays", "1", "--long-prompt-tokens", "0",
+              "--legs", "teacher,dflash-graph1-meta0")
+    proc, data = _run(tmp_path / "guarded", "--inject-fault", "stale-input", *common)
+    assert proc.returncode == 1
+    leg = {leg["name"]: leg for leg in data["legs"]}["dflash-graph1-meta0"]
+    assert leg["status"].startswith("error: leg process exited"), leg
+    assert "StaticInputMismatchError" in proc.stderr and "kwargs['input_ids']" in proc.stderr
+
+    proc, data = _run(tmp_path / "unguarded", "--inject-fault", "stale-input-unguarded", *common)
+    assert proc.returncode == 1
+    leg = {leg["name"]: leg for leg in data["legs"]}["dflash-graph1-meta0"]
+    assert leg["status"] == "failed"
+    assert leg["teacher_exact"] != "3/3"
+    assert any("teacher-exact" in m for m in leg["mismatches"])

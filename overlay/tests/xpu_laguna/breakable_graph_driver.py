@@ -386,8 +386,11 @@ def run_numerics(h: Harness, num_layers: int, tp: int) -> dict[str, Any]:
     inputs = h.inputs()
 
     def run(graphs: bool):
-        with torch.no_grad(), forward_ctx(
-            vllm_config, attn_metadata=metadata, graphs=graphs, slot_mapping=slots
+        with (
+            torch.no_grad(),
+            forward_ctx(
+                vllm_config, attn_metadata=metadata, graphs=graphs, slot_mapping=slots
+            ),
         ):
             return wrapper(**inputs)
 
@@ -486,8 +489,9 @@ def run_guard(h: Harness) -> dict[str, Any]:
         return {n: md for n in names}
 
     def call(inp, meta=None, slots=None):
-        with torch.no_grad(), forward_ctx(
-            vllm_config, attn_metadata=meta, slot_mapping=slots
+        with (
+            torch.no_grad(),
+            forward_ctx(vllm_config, attn_metadata=meta, slot_mapping=slots),
         ):
             return wrapper(**inp)
 
@@ -514,9 +518,7 @@ def run_guard(h: Harness) -> dict[str, Any]:
         lambda: call(dict(inputs, positions=backing[::2]), meta_same)
     )
     fresh = _Meta(seq[:1], table[:1].clone(), 9)
-    res["metadata_moved"] = expect_error(
-        lambda: call(inputs, per_layer(fresh))
-    )
+    res["metadata_moved"] = expect_error(lambda: call(inputs, per_layer(fresh)))
     # The KV-cache slot mapping is read inside a graph segment: it must be
     # the captured one (here: none at capture, one now).
     slots = {n: torch.zeros(8, dtype=torch.int64) for n in names}
@@ -525,9 +527,7 @@ def run_guard(h: Harness) -> dict[str, Any]:
     wider = _Meta(seq[:2], table[:2], 9)
     res["metadata_new_layout"] = expect_error(lambda: call(inputs, per_layer(wider)))
     # ...checked from then on, while the first layout still replays.
-    res["metadata_first_layout_again"] = expect_error(
-        lambda: call(inputs, meta_same)
-    )
+    res["metadata_first_layout_again"] = expect_error(lambda: call(inputs, meta_same))
     wider_moved = _Meta(seq[:2], table[:2].clone(), 9)
     res["metadata_new_layout_moved"] = expect_error(
         lambda: call(inputs, per_layer(wider_moved))
@@ -535,6 +535,23 @@ def run_guard(h: Harness) -> dict[str, Any]:
     # Same pointer, other storage offset: refused.
     shifted = _Meta(seq[1:2], table[:1], 9)
     res["metadata_offset"] = expect_error(lambda: call(inputs, per_layer(shifted)))
+    # Same pointer, other stride: the cheap every-replay check compares
+    # addresses only; the debug-mode check compares the full structure.
+    backing = torch.zeros(16, dtype=inputs["positions"].dtype)
+    strided = dict(inputs, positions=backing[:8])
+    debug = XpuBreakableGraphWrapper(
+        model, vllm_config, backend=stand_in_backend(), debug=False
+    )
+
+    def call_debug(inp):
+        with torch.no_grad(), forward_ctx(vllm_config):
+            return debug(**inp)
+
+    call_debug(strided)  # capture
+    same_ptr = dict(strided, positions=backing[::2])
+    res["same_pointer_other_stride"] = expect_error(lambda: call_debug(same_ptr))
+    debug.is_debugging_mode = True
+    res["same_pointer_other_stride_debug"] = expect_error(lambda: call_debug(same_ptr))
     return res
 
 
@@ -625,11 +642,15 @@ def run_config() -> dict[str, Any]:
         "max": cc.max_cudagraph_capture_size,
         "env": os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH"),
     }
-    res["cuda_again"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CudaLike()))
+    res["cuda_again"] = expect_error(
+        lambda: xbg.configure_breakable_graph(cfg, CudaLike())
+    )
     from vllm.config import CUDAGraphMode
 
     cc.cudagraph_mode = CUDAGraphMode.FULL
-    res["full_mode"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CudaLike()))
+    res["full_mode"] = expect_error(
+        lambda: xbg.configure_breakable_graph(cfg, CudaLike())
+    )
     cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
     cc.cudagraph_capture_sizes = [1, 2, 4, 8]
     res["sizes"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CudaLike()))

@@ -30,7 +30,6 @@ from vllm.compilation.xpu_breakable_graph import (
     reachable_tensor_identities,
 )
 
-
 BACKEND = DeviceGraphBackend(name="recording", graph_factory=RecordingGraph)
 
 
@@ -106,10 +105,9 @@ def test_ceiling_refuses_and_releases_capture_slot() -> None:
     )
     assert cap.max_segments == 6
     x = torch.ones(2)
-    with pytest.raises(CaptureCeilingError, match="ceiling of 6 segments"):
-        with cap:
-            for _ in range(4):
-                cap.add_eager(lambda: torch.mul(x, 2, out=x))
+    with pytest.raises(CaptureCeilingError, match="ceiling of 6 segments"), cap:
+        for _ in range(4):
+            cap.add_eager(lambda: torch.mul(x, 2, out=x))
     assert BreakableCUDAGraphCapture.current() is None
     assert cap.num_eager_breaks == 3  # refused at the 3rd break (7 > 6)
 
@@ -146,30 +144,57 @@ def test_identities_cover_nested_metadata() -> None:
     assert first_difference(ids, reachable_tensor_identities(obj, "m")) is None
 
 
-def test_eager_only_metadata_fields_are_not_guarded() -> None:
-    """FlashAttention 3's AOT schedule is a fresh tensor every step and is
-    read only by the eager attention kernel: it must not trip the guard;
-    every other metadata tensor must."""
-    import dataclasses
+def test_in_place_breaks_skip_the_result_check_unless_debug() -> None:
+    """Default replay checks only breaks whose result the next segment reads
+    and that are not in place by construction; debug checks them all."""
+    x = torch.arange(4, dtype=torch.float32)
+    fresh = []
 
-    from vllm.compilation.xpu_breakable_graph import EAGER_ONLY_METADATA_FIELDS
+    def out_of_place_but_declared_in_place():
+        fresh.append(x + 1)
+        return fresh[-1]
 
-    @dataclasses.dataclass
-    class Meta:
-        seq_lens: torch.Tensor
-        scheduler_metadata: torch.Tensor
+    cap = XpuBreakableGraphCapture(backend=BACKEND)
+    with cap:
+        cap.add_eager(out_of_place_but_declared_in_place, in_place=True)
+    cap.finish()
+    cap.replay()  # trusted: not checked
+    with pytest.raises(OutOfPlaceBreakError):
+        cap.replay(debug=True)
+    assert cap.replays == 2
 
-    seq = torch.zeros(4, dtype=torch.int32)
 
-    def ids(m):
-        return reachable_tensor_identities(
-            m, "md", skip_fields=EAGER_ONLY_METADATA_FIELDS
-        )
+def test_shared_capture_stream_for_every_capture() -> None:
+    """Target and drafter captures run on one stream (a shared pool needs
+    it); a new stream per capture was the old behaviour."""
+    from types import ModuleType
 
-    a = ids(Meta(seq[:1], torch.zeros(3)))
-    assert [i[0] for i in a] == ["md.seq_lens"]
-    assert first_difference(a, ids(Meta(seq[:1], torch.zeros(3)))) is None
-    assert first_difference(a, ids(Meta(seq[1:2], torch.zeros(3)))) is not None
+    from vllm.compilation.xpu_breakable_graph import _side_stream_capture
+
+    class _Stream:
+        def wait_stream(self, other) -> None:
+            pass
+
+    used = []
+    device = ModuleType("fake_device_for_stream_test")
+    device.Stream = _Stream
+    device.current_stream = _Stream
+
+    class _Use:
+        def __init__(self, stream) -> None:
+            used.append(stream)
+
+        def __enter__(self) -> None:
+            pass
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    device.stream = _Use
+    for _ in range(3):  # e.g. target, drafter, target at another shape
+        with _side_stream_capture(device):
+            pass
+    assert len(used) == 3 and used[0] is used[1] is used[2]
 
 
 class _PlatformStandIn:
@@ -214,3 +239,67 @@ def test_runner_wrapper_choice_follows_the_toggle(monkeypatch) -> None:
     monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", True, raising=False)
     assert breakable_graph_wrapper_cls() is XpuBreakableGraphWrapper
     assert is_breakable_cudagraph_enabled()  # arms the upstream decorator too
+
+
+def _config_stand_in(use_v2: bool):
+    from types import SimpleNamespace
+
+    from vllm.config import CompilationConfig
+
+    return SimpleNamespace(
+        use_v2_model_runner=use_v2,
+        compilation_config=CompilationConfig(),
+        model_config=None,
+        parallel_config=SimpleNamespace(pipeline_parallel_size=1),
+        speculative_config=None,
+        scheduler_config=None,
+    )
+
+
+def test_v2_model_runner_is_refused_with_how_to_pick_v1() -> None:
+    from vllm.compilation.xpu_breakable_graph import configure_breakable_graph
+
+    with pytest.raises(BreakableGraphConfigError) as err:
+        configure_breakable_graph(_config_stand_in(True), _PlatformStandIn("cuda"))
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in str(err.value)
+    assert "\n" not in str(err.value)
+    ok = _config_stand_in(False)
+    configure_breakable_graph(ok, _PlatformStandIn("cuda"))  # V1: accepted
+    assert ok.compilation_config.cudagraph_capture_sizes == [8]
+
+
+def test_v2_paths_reach_the_refusal(monkeypatch) -> None:
+    """Both ways vLLM 0.26.0 picks V2 for this model: the env var, and a
+    DFlash draft that mixes sliding and full layers (several KV groups)."""
+    from types import SimpleNamespace
+
+    from vllm.compilation.xpu_breakable_graph import configure_breakable_graph
+    from vllm.config import VllmConfig
+
+    use_v2 = VllmConfig.use_v2_model_runner.fget
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    by_env = use_v2(SimpleNamespace())
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    mixed = SimpleNamespace(
+        speculative_config=SimpleNamespace(method="dflash"),
+        _dflash_needs_multi_kv_group=lambda: True,
+    )
+    by_mixed_draft = use_v2(mixed)
+    for picked in (by_env, by_mixed_draft):
+        assert picked is True
+        with pytest.raises(BreakableGraphConfigError, match="V2 model runner"):
+            configure_breakable_graph(_config_stand_in(picked), _PlatformStandIn("xpu"))
+
+
+def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
+    from vllm.compilation import xpu_breakable_graph as bg
+    from vllm.compilation.xpu_breakable_graph_emulation import recording_backend
+
+    with pytest.raises(BreakableGraphConfigError, match="XPU or CUDA"):
+        bg.configure_breakable_graph(_config_stand_in(False), _PlatformStandIn("cpu"))
+    bg.set_device_graph_backend_override(recording_backend())
+    try:
+        bg.configure_breakable_graph(_config_stand_in(False), _PlatformStandIn("cpu"))
+        assert "RecordingGraph" in bg.device_graph_backend().graph_class_name
+    finally:
+        bg.set_device_graph_backend_override(None)

