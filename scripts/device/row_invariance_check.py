@@ -43,6 +43,7 @@ def _install_hooks(model: Any) -> None:
         pos = kwargs.get("positions", args[1] if len(args) > 1 else None)
         _CURRENT["keys"] = (list(zip(pos.reshape(-1).tolist(), ids.reshape(-1).tolist()))
                             if ids is not None and pos is not None else None)
+        _CURRENT["seen"] = set()  # a module shared by several layers records its first call only
 
     def make(name: str) -> Any:
         def hook(_module: Any, _inputs: Any, output: Any) -> None:
@@ -50,6 +51,9 @@ def _install_hooks(model: Any) -> None:
             out = output[0] if isinstance(output, (tuple, list)) and output else output
             if keys is None or not hasattr(out, "shape") or out.dim() == 0 or out.shape[0] != len(keys):
                 return
+            if name in _CURRENT["seen"]:
+                return
+            _CURRENT["seen"].add(name)
             rows = out.detach().reshape(len(keys), -1).contiguous().cpu()
             executed = _CURRENT["executed"]  # completion order: children before parents
             executed.setdefault(name, len(executed))
