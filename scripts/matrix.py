@@ -148,6 +148,11 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         max_model_len=config["max_model_len"], disable_log_stats=False,
         tensor_parallel_size=config["tp"], enforce_eager=not leg.graph,
     )
+    # The same token budget in every leg; by default max_model_len, so every prompt is prefilled
+    # in one chunk. With the CPU default (4096) the long-context prompt is prefilled in chunks and
+    # the speculative legs' logprobs then differ from the teacher's in the last bit (README,
+    # "Long-context prompt on CPU"); --max-num-batched-tokens 4096 reproduces that.
+    kwargs["max_num_batched_tokens"] = config.get("max_num_batched_tokens") or config["max_model_len"]
     if config.get("kv_cache_memory_bytes"):
         kwargs["kv_cache_memory_bytes"] = config["kv_cache_memory_bytes"]
     if leg.speculative:
@@ -183,6 +188,9 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
             elif name == "vllm:spec_decode_num_accepted_tokens":
                 accepted = int(getattr(metric, "value", 0))
         block_size = llm.llm_engine.vllm_config.cache_config.block_size
+        sched = llm.llm_engine.vllm_config.scheduler_config
+        print(f"    scheduler: max_num_batched_tokens={sched.max_num_batched_tokens} "
+              f"chunked_prefill={sched.enable_chunked_prefill}", file=sys.stderr, flush=True)
     finally:
         try:
             llm.llm_engine.engine_core.shutdown()
@@ -245,31 +253,26 @@ class LegResult:
 
 def logprob_verdict(result: LegResult, leg: Leg, teacher_rows: list[dict[str, Any]],
                     rows: list[dict[str, Any]], require_bitwise: bool,
-                    report_only: frozenset[int] = frozenset()) -> None:
+                    long_context: frozenset[int] = frozenset()) -> None:
     """The logprob gate for one leg (scripts.matrix_logprobs): fills ``result.logprobs`` and
     adds any problem to ``result.mismatches``.
 
-    Prompts in ``report_only`` (the long-context prompt: an open residual on CPU, see the
-    README) are compared and reported under ``long_context`` but not gated; the leg without the
-    split plan differs from the exact legs only there, so its verdict is reported, not gated.
+    Every prompt is gated. The prompts in ``long_context`` are also reported on their own under
+    ``long_context``: the leg without the split plan differs from the teacher only there, so it
+    is that leg's negative control.
     """
-    def pick(source: list[dict[str, Any]], keep: bool) -> list[Any]:
-        return [r.get("logprobs", []) for i, r in enumerate(source) if (i in report_only) != keep]
-
-    comparison: LogprobComparison = compare_logprobs(pick(teacher_rows, True), pick(rows, True))
-    gated = leg.split_plan  # the no-plan leg only differs on the report-only prompt
-    verdict, problems = gate(comparison, expect_equal=not leg.diagnostic,
-                             require_bitwise=require_bitwise and gated)
-    if not gated:
-        verdict = "reported (diagnostic, not gated)"
+    comparison: LogprobComparison = compare_logprobs([r.get("logprobs", []) for r in teacher_rows],
+                                                     [r.get("logprobs", []) for r in rows])
+    verdict, problems = gate(comparison, expect_equal=not leg.diagnostic, require_bitwise=require_bitwise)
     result.logprobs = {"verdict": verdict, "positions": comparison.positions,
                        "tokens_equal": comparison.tokens_equal,
                        "logprobs_bitwise_equal": comparison.logprobs_bitwise_equal,
                        "first_difference": comparison.first_difference}
-    if report_only:
-        extra = compare_logprobs(pick(teacher_rows, False), pick(rows, False))
+    if long_context:
+        extra = compare_logprobs([r.get("logprobs", []) for i, r in enumerate(teacher_rows) if i in long_context],
+                                 [r.get("logprobs", []) for i, r in enumerate(rows) if i in long_context])
         result.logprobs["long_context"] = {
-            "verdict": "reported (not gated)", "positions": extra.positions, "tokens_equal": extra.tokens_equal,
+            "positions": extra.positions, "tokens_equal": extra.tokens_equal,
             "logprobs_bitwise_equal": extra.logprobs_bitwise_equal, "first_difference": extra.first_difference}
     result.mismatches += problems
 
@@ -302,7 +305,7 @@ def compare(teacher: list[list[int]], leg: list[list[int]], what: str) -> tuple[
 
 
 def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompts: int,
-             require_bitwise: bool = True, report_only: frozenset[int] = frozenset()) -> list[LegResult]:
+             require_bitwise: bool = True, long_context: frozenset[int] = frozenset()) -> list[LegResult]:
     teacher = outputs["teacher"]
     teacher_tokens = [r["token_ids"] for r in teacher["rows"]]
     reference_leg: list[list[int]] | None = None
@@ -319,7 +322,7 @@ def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompt
         result.teacher_exact = f"{equal}/{n_prompts}"
         result.longest_context = longest_context(data["rows"])
         if leg.diagnostic:  # tokens reported, only its negative control gates
-            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, report_only)
+            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context)
             result.attention = data.get("attention", {})
             result.status = "failed" if result.mismatches else "passed"
             results.append(result)
@@ -334,7 +337,7 @@ def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompt
                 result.cross_leg_exact = f"{equal_x}/{n_prompts}"
                 result.mismatches += notes_x
         if leg.speculative:
-            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, report_only)
+            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context)
         zero = sum(1 for r in data["rows"] if r["cached_tokens"] == 0)
         result.cached_tokens_zero = f"{zero}/{n_prompts}"
         if zero != n_prompts:
@@ -418,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--long-prompt-tokens", type=int, default=LONG_PROMPT_TOKENS,
                      help="add one prompt of at least this many tokens, generating max(8, max-tokens/4) "
                           "tokens (0: none; default: %(default)s)")
+    run.add_argument("--max-num-batched-tokens", type=int, default=None,
+                     help="engine token budget per step, the same in every leg (default: --max-model-len, "
+                          "so every prompt is prefilled in one chunk; 4096, the CPU default, reproduces "
+                          "the long-context last-bit residual)")
     run.add_argument("--kv-cache-bytes", type=int, default=512 << 20, help="CPU only")
     run.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh per run)")
     run.add_argument("--report", default="build/matrix-report.json")
@@ -433,6 +440,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _drive(args: argparse.Namespace) -> int:
+    if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < 1:
+        print(f"error: --max-num-batched-tokens must be positive, got {args.max_num_batched_tokens}",
+              file=sys.stderr)
+        return 2
     device = device_kind()
     series = _series_info()  # fail early, before any engine runs
     if args.tiny:
@@ -470,6 +481,7 @@ def _drive(args: argparse.Namespace) -> int:
             continue
         config = {"leg": asdict(leg), "target": target, "draft": draft, "method": args.method, "dtype": dtype,
                   "tp": args.tp, "max_model_len": args.max_model_len,
+                  "max_num_batched_tokens": args.max_num_batched_tokens,
                   "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
                   "cpu_flash_attn": device == "cpu",
                   "prompts": [asdict(p) for p in prompts]}
@@ -491,7 +503,7 @@ def _drive(args: argparse.Namespace) -> int:
         print(f"error: the teacher leg did not run: {outputs.get('teacher')}", file=sys.stderr)
         return 1
     long_ones = frozenset(i for i, p in enumerate(prompts) if p.role == "long-context")
-    results = evaluate(outputs, legs, len(prompts), require_bitwise=device == "cpu", report_only=long_ones)
+    results = evaluate(outputs, legs, len(prompts), require_bitwise=device == "cpu", long_context=long_ones)
     block = outputs["teacher"]["block_size"]
     teacher_rows = outputs["teacher"]["rows"]
     rollover = [i for i, (p, r) in enumerate(zip(prompts, teacher_rows))
