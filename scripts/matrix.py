@@ -18,9 +18,10 @@ the gate cannot tell exact from non-exact verify and the run fails), nor may
 ``dflash-noplan-diagnostic`` (exact verify without the KV split plan, a debug switch): only the
 long-context prompt separates that one from the exact legs. On a device the counts are
 reported, not gated. One prompt of at least ``--long-prompt-tokens`` tokens crosses the KV
-split-count divergence of the global layer: it must be teacher-exact in tokens; its logprobs are
-compared and reported separately, not gated (open on CPU: a last-bit residual at ~4.2K tokens,
-see the README). The longest context per leg is reported.
+split-count divergence of the global layer; it is gated like the others and its counts are also
+reported on their own. Every leg gets the same token budget (``--max-num-batched-tokens``,
+default ``--max-model-len``: every prompt prefilled in one chunk; a chunked prefill of that prompt
+leaves a last-bit logprob difference, see the README). The longest context per leg is reported.
 
 ``python -m scripts.matrix run ...`` is the driver (it needs vLLM importable, i.e. the CPU
 runtime on this machine); ``python -m scripts.matrix leg CONFIG`` runs one leg.
@@ -158,6 +159,11 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         max_model_len=config["max_model_len"], disable_log_stats=False,
         tensor_parallel_size=config["tp"], enforce_eager=not leg.graph,
     )
+    # The same token budget in every leg; by default max_model_len, so every prompt is prefilled
+    # in one chunk. With the CPU default (4096) the long-context prompt is prefilled in chunks and
+    # the speculative legs' logprobs then differ from the teacher's in the last bit (README,
+    # "Long-context prompt on CPU"); --max-num-batched-tokens 4096 reproduces that.
+    kwargs["max_num_batched_tokens"] = config.get("max_num_batched_tokens") or config["max_model_len"]
     if config.get("kv_cache_memory_bytes"):
         kwargs["kv_cache_memory_bytes"] = config["kv_cache_memory_bytes"]
     if leg.speculative:
@@ -197,6 +203,9 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
             elif name == "vllm:spec_decode_num_accepted_tokens":
                 accepted = int(getattr(metric, "value", 0))
         block_size = llm.llm_engine.vllm_config.cache_config.block_size
+        sched = llm.llm_engine.vllm_config.scheduler_config
+        print(f"    scheduler: max_num_batched_tokens={sched.max_num_batched_tokens} "
+              f"chunked_prefill={sched.enable_chunked_prefill}", file=sys.stderr, flush=True)
         graphs = _collect_graph_accounting(llm) if leg.graph else {}
     finally:
         try:
@@ -323,31 +332,26 @@ class LegResult:
 
 def logprob_verdict(result: LegResult, leg: Leg, teacher_rows: list[dict[str, Any]],
                     rows: list[dict[str, Any]], require_bitwise: bool,
-                    report_only: frozenset[int] = frozenset()) -> None:
+                    long_context: frozenset[int] = frozenset()) -> None:
     """The logprob gate for one leg (scripts.matrix_logprobs): fills ``result.logprobs`` and
     adds any problem to ``result.mismatches``.
 
-    Prompts in ``report_only`` (the long-context prompt: an open residual on CPU, see the
-    README) are compared and reported under ``long_context`` but not gated; the leg without the
-    split plan differs from the exact legs only there, so its verdict is reported, not gated.
+    Every prompt is gated. The prompts in ``long_context`` are also reported on their own under
+    ``long_context``: the leg without the split plan differs from the teacher only there, so it
+    is that leg's negative control.
     """
-    def pick(source: list[dict[str, Any]], keep: bool) -> list[Any]:
-        return [r.get("logprobs", []) for i, r in enumerate(source) if (i in report_only) != keep]
-
-    comparison: LogprobComparison = compare_logprobs(pick(teacher_rows, True), pick(rows, True))
-    gated = leg.split_plan  # the no-plan leg only differs on the report-only prompt
-    verdict, problems = gate(comparison, expect_equal=not leg.diagnostic,
-                             require_bitwise=require_bitwise and gated)
-    if not gated:
-        verdict = "reported (diagnostic, not gated)"
+    comparison: LogprobComparison = compare_logprobs([r.get("logprobs", []) for r in teacher_rows],
+                                                     [r.get("logprobs", []) for r in rows])
+    verdict, problems = gate(comparison, expect_equal=not leg.diagnostic, require_bitwise=require_bitwise)
     result.logprobs = {"verdict": verdict, "positions": comparison.positions,
                        "tokens_equal": comparison.tokens_equal,
                        "logprobs_bitwise_equal": comparison.logprobs_bitwise_equal,
                        "first_difference": comparison.first_difference}
-    if report_only:
-        extra = compare_logprobs(pick(teacher_rows, False), pick(rows, False))
+    if long_context:
+        extra = compare_logprobs([r.get("logprobs", []) for i, r in enumerate(teacher_rows) if i in long_context],
+                                 [r.get("logprobs", []) for i, r in enumerate(rows) if i in long_context])
         result.logprobs["long_context"] = {
-            "verdict": "reported (not gated)", "positions": extra.positions, "tokens_equal": extra.tokens_equal,
+            "positions": extra.positions, "tokens_equal": extra.tokens_equal,
             "logprobs_bitwise_equal": extra.logprobs_bitwise_equal, "first_difference": extra.first_difference}
     result.mismatches += problems
 
@@ -370,7 +374,7 @@ def compare(teacher: list[list[int]], leg: list[list[int]], what: str) -> tuple[
 
 
 def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompts: int,
-             require_bitwise: bool = True, report_only: frozenset[int] = frozenset(),
+             require_bitwise: bool = True, long_context: frozenset[int] = frozenset(),
              graph_expectation: GraphExpectation | None = None) -> list[LegResult]:
     teacher = outputs["teacher"]
     teacher_tokens = [r["token_ids"] for r in teacher["rows"]]
@@ -388,7 +392,7 @@ def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompt
         result.teacher_exact = f"{equal}/{n_prompts}"
         result.longest_context = longest_context(data["rows"])
         if leg.diagnostic:  # tokens reported, only its negative control gates
-            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, report_only)
+            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context)
             result.attention = data.get("attention", {})
             result.status = "failed" if result.mismatches else "passed"
             results.append(result)
@@ -403,7 +407,7 @@ def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompt
                 result.cross_leg_exact = f"{equal_x}/{n_prompts}"
                 result.mismatches += notes_x
         if leg.speculative:
-            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, report_only)
+            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context)
         zero = sum(1 for r in data["rows"] if r["cached_tokens"] == 0)
         result.cached_tokens_zero = f"{zero}/{n_prompts}"
         if zero != n_prompts:
@@ -515,7 +519,7 @@ def table(results: list[LegResult]) -> str:
                             if lp["first_difference"] else ""))
             if "long_context" in lp:
                 lc = lp["long_context"]
-                lines.append(f"    long-context prompt logprobs (reported, not gated): {lc['logprobs_bitwise_equal']}/"
+                lines.append(f"    long-context prompt logprobs: {lc['logprobs_bitwise_equal']}/"
                              f"{lc['positions']} bitwise equal, tokens {lc['tokens_equal']}/{lc['positions']}")
         if r.longest_context:
             lines.append(f"    longest context {r.longest_context} tokens")
@@ -570,6 +574,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--long-prompt-tokens", type=int, default=LONG_PROMPT_TOKENS,
                      help="add one prompt of at least this many tokens, generating max(8, max-tokens/4) "
                           "tokens (0: none; default: %(default)s)")
+    run.add_argument("--max-num-batched-tokens", type=int, default=None,
+                     help="engine token budget per step, the same in every leg (default: --max-model-len, "
+                          "so every prompt is prefilled in one chunk; 4096, the CPU default, reproduces "
+                          "the long-context last-bit residual)")
     run.add_argument("--kv-cache-bytes", type=int, default=512 << 20, help="KV cache bytes (CPU only)")
     run.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh per run)")
     run.add_argument("--report", default="build/matrix-report.json", help="JSON report path")
@@ -652,6 +660,8 @@ def validate_run(args: argparse.Namespace) -> str | None:
         return (f"--max-model-len {args.max_model_len} cannot hold the long-context prompt (>= "
                 f"{args.long_prompt_tokens} tokens + {max(8, args.max_tokens // 4)} generated); raise it or "
                 "pass --long-prompt-tokens 0")
+    if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < 1:
+        return f"--max-num-batched-tokens must be positive, got {args.max_num_batched_tokens}"
     report = Path(args.report)
     if report.is_dir():
         return f"--report {args.report}: is a directory"
@@ -704,6 +714,7 @@ def _drive(args: argparse.Namespace) -> int:
             continue
         config = {"leg": asdict(leg), "target": target, "draft": draft, "method": args.method, "dtype": dtype,
                   "tp": args.tp, "max_model_len": args.max_model_len,
+                  "max_num_batched_tokens": args.max_num_batched_tokens,
                   "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
                   "cpu_flash_attn": device == "cpu", "emulate_graphs": device == "cpu",
                   "fault": args.inject_fault,
@@ -726,7 +737,7 @@ def _drive(args: argparse.Namespace) -> int:
         print(f"error: the teacher leg did not run: {outputs.get('teacher')}", file=sys.stderr)
         return 1
     long_ones = frozenset(i for i, p in enumerate(prompts) if p.role == "long-context")
-    results = evaluate(outputs, legs, len(prompts), require_bitwise=device == "cpu", report_only=long_ones,
+    results = evaluate(outputs, legs, len(prompts), require_bitwise=device == "cpu", long_context=long_ones,
                        graph_expectation=_graph_expectation(target, draft, args))
     block = outputs["teacher"]["block_size"]
     teacher_rows = outputs["teacher"]["rows"]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from scripts.matrix import (
     LEGS,
     NOT_RUN_NO_GRAPHS,
@@ -70,6 +74,15 @@ def test_evaluate_fails_when_cached_tokens_were_used() -> None:
     outputs = {"teacher": _rows(teacher), "dflash-graph0-meta0": _rows(teacher, cached=16)}
     result = evaluate(outputs, LEGS[:2], 1)[1]
     assert result.status == "failed" and result.cached_tokens_zero == "0/1"
+
+
+def test_a_non_positive_token_budget_is_refused_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from scripts.matrix import main
+
+    assert main(["run", "--tiny", str(tmp_path / "tiny"), "--max-num-batched-tokens", "0"]) == 2
+    assert "--max-num-batched-tokens must be positive" in capsys.readouterr().err
+    assert not (tmp_path / "tiny").exists()
 
 
 def _graph_accounting(graphs: int = 5, attention: int = 4, collective: int = 0, replays: int = 300,

@@ -90,9 +90,12 @@ def test_evaluate_gates_exact_and_diagnostic_legs() -> None:
     assert results["dflash-graph0-meta0"].logprobs["logprobs_bitwise_equal"] == 3
     assert results["dflash-graph0-meta0"].longest_context == 4102
     assert results["dflash-exact0-diagnostic"].status == "passed"  # differs: the control holds
-    # the no-plan leg differs only on the long-context prompt: reported, not gated
+    # the no-plan leg is a negative control too: equal to the teacher means the gate is blind
+    assert results["dflash-noplan-diagnostic"].status == "failed"
+    assert results["dflash-noplan-diagnostic"].logprobs["verdict"] == "negative control FAILED"
+    outputs["dflash-noplan-diagnostic"] = _out(differs)
+    results = {r.name: r for r in evaluate(outputs, legs, 2, require_bitwise=True)}
     assert results["dflash-noplan-diagnostic"].status == "passed"
-    assert results["dflash-noplan-diagnostic"].logprobs["verdict"] == "reported (diagnostic, not gated)"
     # an exact leg that differs fails
     outputs["dflash-graph0-meta0"] = _out(differs)
     results = {r.name: r for r in evaluate(outputs, legs, 2, require_bitwise=True)}
@@ -100,15 +103,18 @@ def test_evaluate_gates_exact_and_diagnostic_legs() -> None:
     assert any("logprobs: 2/3 bitwise" in m for m in results["dflash-graph0-meta0"].mismatches)
 
 
-def test_report_only_prompts_are_compared_but_not_gated() -> None:
+def test_long_context_prompts_are_gated_and_reported_on_their_own() -> None:
     differs = copy.deepcopy(TEACHER)
-    differs[1][0][1] = (-0.1251).hex()  # prompt 1 differs
+    differs[1][0][1] = (-0.1251).hex()  # prompt 1 (the long-context one) differs
     legs = (LEG["teacher"], LEG["dflash-graph0-meta0"])
     outputs = {"teacher": _out(TEACHER), "dflash-graph0-meta0": _out(differs)}
-    result = evaluate(outputs, legs, 2, require_bitwise=True, report_only=frozenset({1}))[1]
-    assert result.status == "passed"
-    assert result.logprobs["positions"] == 2 and result.logprobs["logprobs_bitwise_equal"] == 2
+    result = evaluate(outputs, legs, 2, require_bitwise=True, long_context=frozenset({1}))[1]
+    assert result.status == "failed"
+    assert any("logprobs: 2/3 bitwise" in m for m in result.mismatches)
+    assert result.logprobs["positions"] == 3 and result.logprobs["logprobs_bitwise_equal"] == 2
     assert result.logprobs["long_context"]["positions"] == 1
     assert result.logprobs["long_context"]["logprobs_bitwise_equal"] == 0
-    # gated when it is not report-only
-    assert evaluate(outputs, legs, 2, require_bitwise=True)[1].status == "failed"
+    # equal everywhere: passes, and the long-context breakdown says so
+    outputs["dflash-graph0-meta0"] = _out(copy.deepcopy(TEACHER))
+    result = evaluate(outputs, legs, 2, require_bitwise=True, long_context=frozenset({1}))[1]
+    assert result.status == "passed" and result.logprobs["long_context"]["logprobs_bitwise_equal"] == 1
