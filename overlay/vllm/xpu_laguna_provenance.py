@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Provenance of this vLLM build: which upstream, patches and overlay it was made from.
+"""Provenance of this vLLM build: the upstream, patches and overlay it was made from.
 
-The XPU Laguna series writes ``xpu_laguna_provenance.json`` next to this module when it
-builds a wheel (pins, each patch's name and sha256, overlay file hashes, the tool revision).
-``python -m vllm.xpu_laguna_provenance`` prints it; the series' ``verify`` command checks it.
+The XPU Laguna series writes ``xpu_laguna_provenance.json`` next to this module when
+it builds a wheel (pins, each patch's name and sha256, overlay file hashes, the tool
+revision). ``python -m vllm.xpu_laguna_provenance`` prints it; the series' ``verify``
+command checks it.
 """
 
 import json
@@ -30,8 +31,14 @@ def summary(record: dict[str, Any]) -> str:
         f"{record.get('label')}",
         f"tool revision {record.get('tool', {}).get('revision')}",
     ]
-    lines += [f"  patch {p['name']} sha256 {p['sha256'][:16]}" for p in record.get("patches", [])]
-    lines += [f"  overlay {o['path']} sha256 {o['sha256'][:16]}" for o in record.get("overlay", [])]
+    lines += [
+        f"  patch {p['name']} sha256 {p['sha256'][:16]}"
+        for p in record.get("patches", [])
+    ]
+    lines += [
+        f"  overlay {o['path']} sha256 {o['sha256'][:16]}"
+        for o in record.get("overlay", [])
+    ]
     return "\n".join(lines)
 
 
