@@ -18,8 +18,18 @@ nox.options.error_on_missing_interpreters = True
 
 TOOL_DEPS = ["unidiff>=0.7.5", "packaging>=24.2"]
 # torch: any CPU build stands in for the XPU one while building (2.13.0 is what pip has here).
-BUILD_DEPS = ["torch==2.13.0", "cmake>=3.26.1", "ninja", "packaging>=24.2", "setuptools>=77.0.3,<81.0.0",
-              "setuptools-scm>=8", "setuptools-rust>=1.9.0", "wheel", "jinja2", "numpy"]
+BUILD_DEPS = [
+    "torch==2.13.0",
+    "cmake>=3.26.1",
+    "ninja",
+    "packaging>=24.2",
+    "setuptools>=77.0.3,<81.0.0",
+    "setuptools-scm>=8",
+    "setuptools-rust>=1.9.0",
+    "wheel",
+    "jinja2",
+    "numpy",
+]
 RUFF = "ruff==0.14.0"  # the version vLLM 0.26.0's pre-commit runs
 # nox: test_readme.py; matplotlib: test_measure_plot.py; ruff: test_style.py
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "nox", "matplotlib", RUFF]
@@ -80,8 +90,9 @@ def bench(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Tooling tests: synthetic upstream (fast) and the real pinned sdist (apply, build, verify, export fixpoint)."""
     session.install(*TOOL_DEPS, *BUILD_DEPS, *TEST_DEPS)
-    session.run("python", "-m", "pytest", "-q", "-ra", "--timeout=1200", "tests", "--ignore=tests/e2e",
-                *session.posargs)
+    session.run(
+        "python", "-m", "pytest", "-q", "-ra", "--timeout=1200", "tests", "--ignore=tests/e2e", *session.posargs
+    )
 
 
 def _cpu_runtime(session: nox.Session) -> str:
@@ -108,7 +119,7 @@ def _installed_python(session: nox.Session) -> tuple[str | None, list[str]]:
     if index + 1 >= len(args):
         session.error("--python needs the path of an interpreter")
     python = args[index + 1]
-    del args[index:index + 2]
+    del args[index : index + 2]
     session.install(*TOOL_DEPS)
     session.run("python", "-m", "scripts", "verify", "installed", "--python", python)
     return python, args
@@ -121,9 +132,22 @@ def cpu_tests(session: nox.Session) -> None:
     tree_tests = str(REPO / "build" / "worktree" / "tests" / "xpu_laguna")
     # run from outside the tree so `import vllm` is the runtime's (with the patched files), not the source dir;
     # a -k that selects no patch test (exit 5) must not stop the e2e run
-    session.run(python, "-m", "pytest", "-q", "-ra", "--noconftest", "-p", "no:cacheprovider",
-                "--timeout=1200", tree_tests, *session.posargs, env={"PYTHONPATH": ""}, external=True,
-                success_codes=[0, 5] if session.posargs else [0])
+    session.run(
+        python,
+        "-m",
+        "pytest",
+        "-q",
+        "-ra",
+        "--noconftest",
+        "-p",
+        "no:cacheprovider",
+        "--timeout=1200",
+        tree_tests,
+        *session.posargs,
+        env={"PYTHONPATH": ""},
+        external=True,
+        success_codes=[0, 5] if session.posargs else [0],
+    )
     session.run(python, "-m", "pytest", "-q", "-ra", "--timeout=1800", "tests/e2e", *session.posargs, external=True)
 
 
@@ -151,8 +175,9 @@ def _tiny_default(args: list[str]) -> list[str]:
 def readme(session: nox.Session) -> None:
     """Run the README's crossover and series-editing snippets as written (the crossover starts five servers: minutes)."""
     session.install(*TOOL_DEPS, *TEST_DEPS)
-    session.run("python", "-m", "pytest", "-q", "-ra", "tests/test_readme.py", *session.posargs,
-                env={"VXL_README_FULL": "1"})
+    session.run(
+        "python", "-m", "pytest", "-q", "-ra", "tests/test_readme.py", *session.posargs, env={"VXL_README_FULL": "1"}
+    )
 
 
 @nox.session(name="verify-record", reuse_venv=True, default=False)

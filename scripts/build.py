@@ -13,8 +13,8 @@ from pathlib import Path
 from scripts.errors import ToolError
 from scripts.git import git
 from scripts.log import detail, info, step
-from scripts.source import GIT_EXCLUDE
 from scripts.provenance import RECORD_PATH, make_record, version_for
+from scripts.source import GIT_EXCLUDE
 from scripts.worktree import Layout, load_inputs, read_state, tree_problems
 
 # What `pip wheel --no-build-isolation` needs in the building environment is noxfile.BUILD_DEPS
@@ -23,16 +23,18 @@ from scripts.worktree import Layout, load_inputs, read_state, tree_problems
 
 def build_env(version: str, epoch: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "VLLM_TARGET_DEVICE": "xpu",
-        "VLLM_VERSION_OVERRIDE": version,
-        "SOURCE_DATE_EPOCH": str(epoch),
-        "CARGO": "/bin/false",  # skip the optional Rust frontend
-        "MAX_JOBS": env.get("MAX_JOBS", str(os.cpu_count() or 2)),
-        "PIP_NO_INPUT": "1",
-        # the building interpreter's scripts (cmake, ninja from pip) before the system ones
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-    })
+    env.update(
+        {
+            "VLLM_TARGET_DEVICE": "xpu",
+            "VLLM_VERSION_OVERRIDE": version,
+            "SOURCE_DATE_EPOCH": str(epoch),
+            "CARGO": "/bin/false",  # skip the optional Rust frontend
+            "MAX_JOBS": env.get("MAX_JOBS", str(os.cpu_count() or 2)),
+            "PIP_NO_INPUT": "1",
+            # the building interpreter's scripts (cmake, ninja from pip) before the system ones
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        }
+    )
     return env
 
 
@@ -58,8 +60,9 @@ def build(layout: Layout | None = None, dist: Path | None = None) -> Path:
         if src.exists():
             shutil.rmtree(src)
         git(layout.build, "clone", "-q", "--local", str(tree), str(src))
-        shutil.copy2(tree / "vllm" / "_version.py", src / "vllm" / "_version.py") \
-            if (tree / "vllm" / "_version.py").exists() else None
+        shutil.copy2(tree / "vllm" / "_version.py", src / "vllm" / "_version.py") if (
+            tree / "vllm" / "_version.py"
+        ).exists() else None
         (src / ".git" / "info" / "exclude").write_text(GIT_EXCLUDE)
         record = make_record(inputs, worktree_head=state.head)
         (src / RECORD_PATH).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -70,18 +73,40 @@ def build(layout: Layout | None = None, dist: Path | None = None) -> Path:
     dist.mkdir(parents=True, exist_ok=True)
     out = layout.build / "wheel-out"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
-           "-w", str(out), "--config-settings=--build-option=--py-limited-api=cp38", "."]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-cache-dir",
+        "-w",
+        str(out),
+        "--config-settings=--build-option=--py-limited-api=cp38",
+        ".",
+    ]
     with step(f"pip wheel vllm {version} for VLLM_TARGET_DEVICE=xpu (log: {layout.build / 'wheel-build.log'})"):
         log_path = layout.build / "wheel-build.log"
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, cwd=src, env=build_env(version, epoch), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.Popen(
+                cmd, cwd=src, env=build_env(version, epoch), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
             assert proc.stdout is not None
             for line in proc.stdout:
                 log.write(line)
-                if any(k in line for k in ("Building wheel", "Running command", "Created wheel", "-- Build files",
-                                           "Built target", "error:", "ERROR")):
+                if any(
+                    k in line
+                    for k in (
+                        "Building wheel",
+                        "Running command",
+                        "Created wheel",
+                        "-- Build files",
+                        "Built target",
+                        "error:",
+                        "ERROR",
+                    )
+                ):
                     detail(line.strip()[:160])
             code = proc.wait()
         if code != 0:

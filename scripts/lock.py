@@ -43,8 +43,10 @@ def build_lock(layout: Layout, command: str, wait: bool = True) -> Iterator[None
         except BlockingIOError:
             holder = _holder(fd)
             if not wait:
-                raise ToolError(f"{layout.build} is in use by {holder}; run again when it has finished "
-                                "(without --no-wait to wait for it)") from None
+                raise ToolError(
+                    f"{layout.build} is in use by {holder}; run again when it has finished "
+                    "(without --no-wait to wait for it)"
+                ) from None
             info(f"waiting for {holder} to finish with {layout.build} ...")
             fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, 0)

@@ -61,8 +61,10 @@ PASSED_EMULATED_GRAPHS = "passed (emulated graphs)"
 EMULATED_GRAPH_CLASS = "RecordingGraph"
 PASSED = ("passed", PASSED_EMULATED_GRAPHS)
 
-_WORDS = ("amber basalt cedar delta ember fjord granite harbor iris juniper kestrel lagoon meadow "
-          "nimbus orchid prairie quartz river summit tundra umber valley willow xenon yarrow zephyr").split()
+_WORDS = (
+    "amber basalt cedar delta ember fjord granite harbor iris juniper kestrel lagoon meadow "
+    "nimbus orchid prairie quartz river summit tundra umber valley willow xenon yarrow zephyr"
+).split()
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,11 @@ class Leg:
         return not (self.exact and self.split_plan)
 
     def env(self) -> dict[str, str]:
-        env = {GRAPH_ENV: "1" if self.graph else "0", META_ENV: "1" if self.metadata else "0",
-               EXACT_ENV: "1" if self.exact else "0"}
+        env = {
+            GRAPH_ENV: "1" if self.graph else "0",
+            META_ENV: "1" if self.metadata else "0",
+            EXACT_ENV: "1" if self.exact else "0",
+        }
         if not self.split_plan:
             env[NO_PLAN_ENV] = "1"
         return env
@@ -149,15 +154,21 @@ def device_kind() -> str:
 
 # ---------------------------------------------------------------- one leg (child process)
 
+
 def run_leg(config: dict[str, Any]) -> dict[str, Any]:
     """Run one leg in this process: a fresh engine, one request at a time."""
     from vllm import LLM, SamplingParams
 
     leg = Leg(**config["leg"])
     kwargs: dict[str, Any] = dict(
-        model=config["target"], dtype=config["dtype"], seed=0, enable_prefix_caching=False,
-        max_model_len=config["max_model_len"], disable_log_stats=False,
-        tensor_parallel_size=config["tp"], enforce_eager=not leg.graph,
+        model=config["target"],
+        dtype=config["dtype"],
+        seed=0,
+        enable_prefix_caching=False,
+        max_model_len=config["max_model_len"],
+        disable_log_stats=False,
+        tensor_parallel_size=config["tp"],
+        enforce_eager=not leg.graph,
     )
     # The same token budget in every leg; by default max_model_len, so every prompt is prefilled
     # in one chunk. With the CPU default (4096) the long-context prompt is prefilled in chunks and
@@ -173,8 +184,7 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         else:
             kwargs["speculative_config"].update(prompt_lookup_min=2, prompt_lookup_max=5)
     if leg.graph:
-        kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "PIECEWISE",
-                                        "cudagraph_capture_sizes": [WIDTH]}
+        kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [WIDTH]}
     counts = _route_and_count(config.get("cpu_flash_attn", False))
     if leg.graph and config.get("emulate_graphs"):
         _install_graph_emulation()
@@ -184,17 +194,20 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
     rows = []
     try:
         for spec in config["prompts"]:
-            params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True,
-                                    logprobs=LOGPROBS_TOPK)
+            params = SamplingParams(
+                temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True, logprobs=LOGPROBS_TOPK
+            )
             start = time.monotonic()
             out = llm.generate([spec["text"]], params, use_tqdm=False)[0]
-            rows.append({
-                "prompt_tokens": len(out.prompt_token_ids or []),
-                "token_ids": list(out.outputs[0].token_ids),
-                "cached_tokens": int(out.num_cached_tokens or 0),
-                "seconds": time.monotonic() - start,
-                "logprobs": collect_logprobs(out.outputs[0].logprobs, LOGPROBS_TOPK),
-            })
+            rows.append(
+                {
+                    "prompt_tokens": len(out.prompt_token_ids or []),
+                    "token_ids": list(out.outputs[0].token_ids),
+                    "cached_tokens": int(out.num_cached_tokens or 0),
+                    "seconds": time.monotonic() - start,
+                    "logprobs": collect_logprobs(out.outputs[0].logprobs, LOGPROBS_TOPK),
+                }
+            )
         drafts = accepted = 0
         for metric in llm.get_metrics():
             name = metric.name.removesuffix("_total")
@@ -204,8 +217,12 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
                 accepted = int(getattr(metric, "value", 0))
         block_size = llm.llm_engine.vllm_config.cache_config.block_size
         sched = llm.llm_engine.vllm_config.scheduler_config
-        print(f"    scheduler: max_num_batched_tokens={sched.max_num_batched_tokens} "
-              f"chunked_prefill={sched.enable_chunked_prefill}", file=sys.stderr, flush=True)
+        print(
+            f"    scheduler: max_num_batched_tokens={sched.max_num_batched_tokens} "
+            f"chunked_prefill={sched.enable_chunked_prefill}",
+            file=sys.stderr,
+            flush=True,
+        )
         graphs = _collect_graph_accounting(llm) if leg.graph else {}
     finally:
         try:
@@ -214,12 +231,19 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
             pass
         del llm
         gc.collect()
-    return {"rows": rows, "draft_tokens": drafts, "accepted_tokens": accepted,
-            "acceptance_rate": (accepted / drafts) if drafts else None, "block_size": block_size,
-            "attention": _read_counts(counts), "graphs": graphs}
+    return {
+        "rows": rows,
+        "draft_tokens": drafts,
+        "accepted_tokens": accepted,
+        "acceptance_rate": (accepted / drafts) if drafts else None,
+        "block_size": block_size,
+        "attention": _read_counts(counts),
+        "graphs": graphs,
+    }
 
 
 # ---------------------------------------------------------------- graph legs (child process)
+
 
 def _install_graph_emulation() -> None:
     """CPU: breakable graphs through the recording stand-in (emulated device graphs).
@@ -250,8 +274,9 @@ def _inject_stale_input(llm: Any, guarded: bool) -> None:
 
         class StaleInput(real):  # type: ignore[misc,valid-type]
             def __call__(self, *args: Any, **kwargs: Any) -> Any:
-                entry = (self.entries.get(get_forward_context().batch_descriptor)
-                         if is_forward_context_available() else None)
+                entry = (
+                    self.entries.get(get_forward_context().batch_descriptor) if is_forward_context_available() else None
+                )
                 if entry is None or entry.capture is None:
                     return real.__call__(self, *args, **kwargs)  # eager or capture
                 buffer = kwargs["input_ids"]
@@ -311,6 +336,7 @@ def _read_counts(counts: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- comparison (pure)
 
+
 @dataclass
 class LegResult:
     name: str
@@ -330,9 +356,14 @@ class LegResult:
     graphs: dict[str, Any] = field(default_factory=dict)
 
 
-def logprob_verdict(result: LegResult, leg: Leg, teacher_rows: list[dict[str, Any]],
-                    rows: list[dict[str, Any]], require_bitwise: bool,
-                    long_context: frozenset[int] = frozenset()) -> None:
+def logprob_verdict(
+    result: LegResult,
+    leg: Leg,
+    teacher_rows: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    require_bitwise: bool,
+    long_context: frozenset[int] = frozenset(),
+) -> None:
     """The logprob gate for one leg (scripts.matrix_logprobs): fills ``result.logprobs`` and
     adds any problem to ``result.mismatches``.
 
@@ -340,19 +371,28 @@ def logprob_verdict(result: LegResult, leg: Leg, teacher_rows: list[dict[str, An
     ``long_context``: the leg without the split plan differs from the teacher only there, so it
     is that leg's negative control.
     """
-    comparison: LogprobComparison = compare_logprobs([r.get("logprobs", []) for r in teacher_rows],
-                                                     [r.get("logprobs", []) for r in rows])
+    comparison: LogprobComparison = compare_logprobs(
+        [r.get("logprobs", []) for r in teacher_rows], [r.get("logprobs", []) for r in rows]
+    )
     verdict, problems = gate(comparison, expect_equal=not leg.diagnostic, require_bitwise=require_bitwise)
-    result.logprobs = {"verdict": verdict, "positions": comparison.positions,
-                       "tokens_equal": comparison.tokens_equal,
-                       "logprobs_bitwise_equal": comparison.logprobs_bitwise_equal,
-                       "first_difference": comparison.first_difference}
+    result.logprobs = {
+        "verdict": verdict,
+        "positions": comparison.positions,
+        "tokens_equal": comparison.tokens_equal,
+        "logprobs_bitwise_equal": comparison.logprobs_bitwise_equal,
+        "first_difference": comparison.first_difference,
+    }
     if long_context:
-        extra = compare_logprobs([r.get("logprobs", []) for i, r in enumerate(teacher_rows) if i in long_context],
-                                 [r.get("logprobs", []) for i, r in enumerate(rows) if i in long_context])
+        extra = compare_logprobs(
+            [r.get("logprobs", []) for i, r in enumerate(teacher_rows) if i in long_context],
+            [r.get("logprobs", []) for i, r in enumerate(rows) if i in long_context],
+        )
         result.logprobs["long_context"] = {
-            "positions": extra.positions, "tokens_equal": extra.tokens_equal,
-            "logprobs_bitwise_equal": extra.logprobs_bitwise_equal, "first_difference": extra.first_difference}
+            "positions": extra.positions,
+            "tokens_equal": extra.tokens_equal,
+            "logprobs_bitwise_equal": extra.logprobs_bitwise_equal,
+            "first_difference": extra.first_difference,
+        }
     result.mismatches += problems
 
 
@@ -373,9 +413,14 @@ def compare(teacher: list[list[int]], leg: list[list[int]], what: str) -> tuple[
     return equal, notes
 
 
-def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompts: int,
-             require_bitwise: bool = True, long_context: frozenset[int] = frozenset(),
-             graph_expectation: GraphExpectation | None = None) -> list[LegResult]:
+def evaluate(
+    outputs: dict[str, dict[str, Any]],
+    legs: tuple[Leg, ...],
+    n_prompts: int,
+    require_bitwise: bool = True,
+    long_context: frozenset[int] = frozenset(),
+    graph_expectation: GraphExpectation | None = None,
+) -> list[LegResult]:
     teacher = outputs["teacher"]
     teacher_tokens = [r["token_ids"] for r in teacher["rows"]]
     reference_leg: list[list[int]] | None = None
@@ -429,6 +474,7 @@ def evaluate(outputs: dict[str, dict[str, Any]], legs: tuple[Leg, ...], n_prompt
 
 # ---------------------------------------------------------------- graph legs: accounting checks (pure)
 
+
 @dataclass(frozen=True)
 class Topology:
     """Graphs and eager breaks one captured forward of a decoder must have."""
@@ -478,12 +524,16 @@ def check_graph_accounting(graphs: dict[str, Any], expected: GraphExpectation | 
             kinds = cap.get("breaks_by_kind", {})
             got = (cap.get("graphs"), kinds.get("attention"), kinds.get("collective"))
             if got != (want.graphs, want.attention, want.collective):
-                notes.append(f"graphs: {label} captured graphs={got[0]} attention={got[1]} collective={got[2]}, "
-                             f"expected graphs={want.graphs} attention={want.attention} "
-                             f"collective={want.collective}")
+                notes.append(
+                    f"graphs: {label} captured graphs={got[0]} attention={got[1]} collective={got[2]}, "
+                    f"expected graphs={want.graphs} attention={want.attention} "
+                    f"collective={want.collective}"
+                )
         if acc.get("replays", 0) < expected.min_replays:
-            notes.append(f"graphs: {label} replayed {acc.get('replays', 0)} times, "
-                         f"fewer than the {expected.min_replays} required")
+            notes.append(
+                f"graphs: {label} replayed {acc.get('replays', 0)} times, "
+                f"fewer than the {expected.min_replays} required"
+            )
     return notes
 
 
@@ -494,8 +544,10 @@ def graph_lines(graphs: dict[str, Any]) -> list[str]:
         for cap in acc.get("captures", []):
             for kind, count in cap.get("breaks_by_kind", {}).items():
                 kinds[kind] = kinds.get(kind, 0) + count
-        lines.append(f"    graphs {label}: {acc.get('graph_class')}: captures {len(acc.get('captures', []))}, "
-                     f"graphs {acc.get('graphs')}, breaks {acc.get('breaks')} {kinds}, replays {acc.get('replays')}")
+        lines.append(
+            f"    graphs {label}: {acc.get('graph_class')}: captures {len(acc.get('captures', []))}, "
+            f"graphs {acc.get('graphs')}, breaks {acc.get('breaks')} {kinds}, replays {acc.get('replays')}"
+        )
     return lines
 
 
@@ -504,23 +556,34 @@ def table(results: list[LegResult]) -> str:
     lines = [head, "-" * len(head)]
     for r in results:
         rate = f"{r.acceptance_rate:.3f}" if r.acceptance_rate is not None else "-"
-        lines.append(f"{r.name:<22} {r.status[:28]:<28} {r.teacher_exact or '-':>8} {r.cross_leg_exact or '-':>16} "
-                     f"{r.cached_tokens_zero or '-':>8} {rate:>7}")
+        lines.append(
+            f"{r.name:<22} {r.status[:28]:<28} {r.teacher_exact or '-':>8} {r.cross_leg_exact or '-':>16} "
+            f"{r.cached_tokens_zero or '-':>8} {rate:>7}"
+        )
         if r.attention.get("exact_calls_by_width"):
-            lines.append(f"    exact verify calls by width {r.attention['exact_calls_by_width']}, "
-                         f"kernel calls {r.attention.get('kernel_calls_by_width', {})}, "
-                         f"prebuilt {r.attention.get('prebuilt_calls', 0)}")
+            lines.append(
+                f"    exact verify calls by width {r.attention['exact_calls_by_width']}, "
+                f"kernel calls {r.attention.get('kernel_calls_by_width', {})}, "
+                f"prebuilt {r.attention.get('prebuilt_calls', 0)}"
+            )
         if r.logprobs:
             lp = r.logprobs
-            lines.append(f"    logprobs: {lp['logprobs_bitwise_equal']}/{lp['positions']} positions bitwise equal, "
-                         f"tokens {lp['tokens_equal']}/{lp['positions']}: {lp['verdict']}"
-                         + (f"; first difference {lp['first_difference']['prompt']}:"
-                            f"{lp['first_difference']['position']} ({lp['first_difference']['what']})"
-                            if lp["first_difference"] else ""))
+            lines.append(
+                f"    logprobs: {lp['logprobs_bitwise_equal']}/{lp['positions']} positions bitwise equal, "
+                f"tokens {lp['tokens_equal']}/{lp['positions']}: {lp['verdict']}"
+                + (
+                    f"; first difference {lp['first_difference']['prompt']}:"
+                    f"{lp['first_difference']['position']} ({lp['first_difference']['what']})"
+                    if lp["first_difference"]
+                    else ""
+                )
+            )
             if "long_context" in lp:
                 lc = lp["long_context"]
-                lines.append(f"    long-context prompt logprobs: {lc['logprobs_bitwise_equal']}/"
-                             f"{lc['positions']} bitwise equal, tokens {lc['tokens_equal']}/{lc['positions']}")
+                lines.append(
+                    f"    long-context prompt logprobs: {lc['logprobs_bitwise_equal']}/"
+                    f"{lc['positions']} bitwise equal, tokens {lc['tokens_equal']}/{lc['positions']}"
+                )
         if r.longest_context:
             lines.append(f"    longest context {r.longest_context} tokens")
         lines += graph_lines(r.graphs)
@@ -529,6 +592,7 @@ def table(results: list[LegResult]) -> str:
 
 
 # ---------------------------------------------------------------- driver
+
 
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
@@ -546,53 +610,88 @@ def _series_info() -> dict[str, Any]:
     from scripts.worktree import Layout, load_inputs
 
     inputs = load_inputs(Layout())
-    return {"label": inputs.label, "pins": inputs.pins.as_dict(),
-            "patches": [{"name": p.name, "sha256": p.sha256} for p in inputs.patches]}
+    return {
+        "label": inputs.label,
+        "pins": inputs.pins.as_dict(),
+        "patches": [{"name": p.name, "sha256": p.sha256} for p in inputs.patches],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     from scripts.cli import HelpFormatter
 
-    parser = argparse.ArgumentParser(prog="python -m scripts.matrix", description=__doc__.split("\n\n")[0],
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.matrix", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the matrix and write the report", formatter_class=HelpFormatter,
-                         description="Run the equivalence matrix and write the report. Options are checked "
-                         "before any engine starts.")
+    run = sub.add_parser(
+        "run",
+        help="run the matrix and write the report",
+        formatter_class=HelpFormatter,
+        description="Run the equivalence matrix and write the report. Options are checked before any engine starts.",
+    )
     models = run.add_mutually_exclusive_group(required=True)
     models.add_argument("--tiny", metavar="DIR", help="generate (or reuse) the tiny random Laguna pair in DIR")
     models.add_argument("--model-dir", help="local target model (e.g. the pinned Laguna-S-2.1-INT4)")
-    run.add_argument("--draft-dir", help="local DFlash drafter (required with --model-dir; default: none, --tiny brings its own)")
+    run.add_argument(
+        "--draft-dir", help="local DFlash drafter (required with --model-dir; default: none, --tiny brings its own)"
+    )
     run.add_argument("--method", default="dflash", choices=("dflash", "ngram"), help="speculative method")
     run.add_argument("--prompts", type=int, default=13, help="fresh prompts per leg")
     run.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt")
     run.add_argument("--legs", default=",".join(leg.name for leg in LEGS), help="comma-separated leg names")
     run.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     run.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on devices")
-    run.add_argument("--max-model-len", type=int, default=8192,
-                     help="engine max_model_len; must hold the long-context prompt (default: %(default)s)")
-    run.add_argument("--long-prompt-tokens", type=int, default=LONG_PROMPT_TOKENS,
-                     help="add one prompt of at least this many tokens, generating max(8, max-tokens/4) "
-                          "tokens (0: none; default: %(default)s)")
-    run.add_argument("--max-num-batched-tokens", type=int, default=None,
-                     help="engine token budget per step, the same in every leg (default: --max-model-len, "
-                          "so every prompt is prefilled in one chunk; 4096, the CPU default, reproduces "
-                          "the long-context last-bit residual)")
+    run.add_argument(
+        "--max-model-len",
+        type=int,
+        default=8192,
+        help="engine max_model_len; must hold the long-context prompt (default: %(default)s)",
+    )
+    run.add_argument(
+        "--long-prompt-tokens",
+        type=int,
+        default=LONG_PROMPT_TOKENS,
+        help="add one prompt of at least this many tokens, generating max(8, max-tokens/4) "
+        "tokens (0: none; default: %(default)s)",
+    )
+    run.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="engine token budget per step, the same in every leg (default: --max-model-len, "
+        "so every prompt is prefilled in one chunk; 4096, the CPU default, reproduces "
+        "the long-context last-bit residual)",
+    )
     run.add_argument("--kv-cache-bytes", type=int, default=512 << 20, help="KV cache bytes (CPU only)")
     run.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh per run)")
     run.add_argument("--report", default="build/matrix-report.json", help="JSON report path")
-    run.add_argument("--check-only", action="store_true",
-                     help="check the options (paths, config.json, sizes) and exit; nothing is installed or run")
-    run.add_argument("--min-graph-replays", type=int, default=200,
-                     help="each graph leg fails unless target and drafter each replayed at least this often")
-    run.add_argument("--inject-fault", choices=FAULTS, default=None,
-                     help="negative control for the graph legs: hand the target its input ids in a new "
-                          "tensor while the captured buffer stays stale; 'stale-input' must trip the replay "
-                          "guard, 'stale-input-unguarded' (guard bypassed) must break teacher-exactness "
-                          "(default: none)")
-    run.add_argument("--no-emulated-graphs", action="store_true",
-                     help="on CPU, report the graph legs as not run instead of running them through the "
-                          "recording stand-in graph (emulated device graphs)")
+    run.add_argument(
+        "--check-only",
+        action="store_true",
+        help="check the options (paths, config.json, sizes) and exit; nothing is installed or run",
+    )
+    run.add_argument(
+        "--min-graph-replays",
+        type=int,
+        default=200,
+        help="each graph leg fails unless target and drafter each replayed at least this often",
+    )
+    run.add_argument(
+        "--inject-fault",
+        choices=FAULTS,
+        default=None,
+        help="negative control for the graph legs: hand the target its input ids in a new "
+        "tensor while the captured buffer stays stale; 'stale-input' must trip the replay "
+        "guard, 'stale-input-unguarded' (guard bypassed) must break teacher-exactness "
+        "(default: none)",
+    )
+    run.add_argument(
+        "--no-emulated-graphs",
+        action="store_true",
+        help="on CPU, report the graph legs as not run instead of running them through the "
+        "recording stand-in graph (emulated device graphs)",
+    )
     leg = sub.add_parser("leg", help="(internal) run one leg from a JSON config file", formatter_class=HelpFormatter)
     leg.add_argument("config", help="leg config JSON (written by run)")
     leg.add_argument("output", help="where the leg writes its JSON result")
@@ -652,14 +751,18 @@ def validate_run(args: argparse.Namespace) -> str | None:
     if args.tp < 1:
         return f"--tp {args.tp}: must be >= 1"
     if not 1 <= args.max_tokens < args.max_model_len:
-        return (f"--max-tokens {args.max_tokens} must be >= 1 and leave room for the prompt in "
-                f"--max-model-len {args.max_model_len}")
+        return (
+            f"--max-tokens {args.max_tokens} must be >= 1 and leave room for the prompt in "
+            f"--max-model-len {args.max_model_len}"
+        )
     if args.long_prompt_tokens < 0:
         return f"--long-prompt-tokens {args.long_prompt_tokens}: must be >= 0 (0: no long-context prompt)"
     if args.long_prompt_tokens and args.long_prompt_tokens + max(8, args.max_tokens // 4) + 64 > args.max_model_len:
-        return (f"--max-model-len {args.max_model_len} cannot hold the long-context prompt (>= "
-                f"{args.long_prompt_tokens} tokens + {max(8, args.max_tokens // 4)} generated); raise it or "
-                "pass --long-prompt-tokens 0")
+        return (
+            f"--max-model-len {args.max_model_len} cannot hold the long-context prompt (>= "
+            f"{args.long_prompt_tokens} tokens + {max(8, args.max_tokens // 4)} generated); raise it or "
+            "pass --long-prompt-tokens 0"
+        )
     if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < 1:
         return f"--max-num-batched-tokens must be positive, got {args.max_num_batched_tokens}"
     report = Path(args.report)
@@ -678,9 +781,11 @@ def _graph_expectation(target: str, draft: str, args: argparse.Namespace) -> Gra
     """Expected topology from the models' own config files (not from the code under test)."""
     if args.method != "dflash":
         return None
-    return GraphExpectation(target=decoder_topology(_num_layers(target), args.tp),
-                            drafter=decoder_topology(_num_layers(draft), args.tp),
-                            min_replays=args.min_graph_replays)
+    return GraphExpectation(
+        target=decoder_topology(_num_layers(target), args.tp),
+        drafter=decoder_topology(_num_layers(draft), args.tp),
+        min_replays=args.min_graph_replays,
+    )
 
 
 def _drive(args: argparse.Namespace) -> int:
@@ -700,8 +805,11 @@ def _drive(args: argparse.Namespace) -> int:
     if args.long_prompt_tokens > 0:
         spec = long_context_prompt(target, args.long_prompt_tokens, args.max_tokens, args.seed)
         if spec.max_tokens + args.long_prompt_tokens + 64 > args.max_model_len:
-            print(f"error: --max-model-len {args.max_model_len} cannot hold the long-context prompt "
-                  f"(>= {args.long_prompt_tokens} tokens + {spec.max_tokens} generated)", file=sys.stderr)
+            print(
+                f"error: --max-model-len {args.max_model_len} cannot hold the long-context prompt "
+                f"(>= {args.long_prompt_tokens} tokens + {spec.max_tokens} generated)",
+                file=sys.stderr,
+            )
             return 2
         prompts.append(spec)
     dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
@@ -712,54 +820,93 @@ def _drive(args: argparse.Namespace) -> int:
             outputs[leg.name] = {"status": NOT_RUN_NO_GRAPHS}
             print(f"==> [{number}/{len(legs)}] {leg.name}: {NOT_RUN_NO_GRAPHS}", file=sys.stderr)
             continue
-        config = {"leg": asdict(leg), "target": target, "draft": draft, "method": args.method, "dtype": dtype,
-                  "tp": args.tp, "max_model_len": args.max_model_len,
-                  "max_num_batched_tokens": args.max_num_batched_tokens,
-                  "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
-                  "cpu_flash_attn": device == "cpu", "emulate_graphs": device == "cpu",
-                  "fault": args.inject_fault,
-                  "prompts": [asdict(p) for p in prompts]}
+        config = {
+            "leg": asdict(leg),
+            "target": target,
+            "draft": draft,
+            "method": args.method,
+            "dtype": dtype,
+            "tp": args.tp,
+            "max_model_len": args.max_model_len,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
+            "cpu_flash_attn": device == "cpu",
+            "emulate_graphs": device == "cpu",
+            "fault": args.inject_fault,
+            "prompts": [asdict(p) for p in prompts],
+        }
         with tempfile.TemporaryDirectory(prefix="vxl-leg-") as tmp:
             cfg, out = Path(tmp) / "config.json", Path(tmp) / "out.json"
             cfg.write_text(json.dumps(config))
             env = {**os.environ, **leg.env()}
             if device == "cpu":
                 env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: the backend override applies
-            print(f"==> [{number}/{len(legs)}] {leg.name}: fresh engine, {len(prompts)} prompts, "
-                  f"{' '.join(f'{k}={v}' for k, v in leg.env().items())}", file=sys.stderr, flush=True)
+            print(
+                f"==> [{number}/{len(legs)}] {leg.name}: fresh engine, {len(prompts)} prompts, "
+                f"{' '.join(f'{k}={v}' for k, v in leg.env().items())}",
+                file=sys.stderr,
+                flush=True,
+            )
             t0 = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "scripts.matrix", "leg", str(cfg), str(out)], env=env,
-                                  check=False)
+            proc = subprocess.run(
+                [sys.executable, "-m", "scripts.matrix", "leg", str(cfg), str(out)], env=env, check=False
+            )
             print(f"    {leg.name} took {time.monotonic() - t0:.1f}s (exit {proc.returncode})", file=sys.stderr)
-            outputs[leg.name] = json.loads(out.read_text()) if proc.returncode == 0 and out.exists() else \
-                {"status": f"error: leg process exited {proc.returncode}"}
+            outputs[leg.name] = (
+                json.loads(out.read_text())
+                if proc.returncode == 0 and out.exists()
+                else {"status": f"error: leg process exited {proc.returncode}"}
+            )
     if "rows" not in outputs.get("teacher", {}):
         print(f"error: the teacher leg did not run: {outputs.get('teacher')}", file=sys.stderr)
         return 1
     long_ones = frozenset(i for i, p in enumerate(prompts) if p.role == "long-context")
-    results = evaluate(outputs, legs, len(prompts), require_bitwise=device == "cpu", long_context=long_ones,
-                       graph_expectation=_graph_expectation(target, draft, args))
+    results = evaluate(
+        outputs,
+        legs,
+        len(prompts),
+        require_bitwise=device == "cpu",
+        long_context=long_ones,
+        graph_expectation=_graph_expectation(target, draft, args),
+    )
     block = outputs["teacher"]["block_size"]
     teacher_rows = outputs["teacher"]["rows"]
-    rollover = [i for i, (p, r) in enumerate(zip(prompts, teacher_rows))
-                if r["prompt_tokens"] // block != (r["prompt_tokens"] + len(r["token_ids"]) - 1) // block]
+    rollover = [
+        i
+        for i, (p, r) in enumerate(zip(prompts, teacher_rows))
+        if r["prompt_tokens"] // block != (r["prompt_tokens"] + len(r["token_ids"]) - 1) // block
+    ]
     report = {
-        "schema": SCHEMA, "created_unix": int(time.time()), "device": device, "versions": _versions(),
-        "series": series, "method": args.method, "width": WIDTH, "dtype": dtype,
-        "prompts": [asdict(p) for p in prompts], "block_size": block,
-        "rollover_prompts": rollover, "long_then_next_prompt": 1,
-        "long_context_prompts": [{"prompt": i, "prompt_tokens": r["prompt_tokens"]}
-                                 for i, (p, r) in enumerate(zip(prompts, teacher_rows)) if p.role == "long-context"],
+        "schema": SCHEMA,
+        "created_unix": int(time.time()),
+        "device": device,
+        "versions": _versions(),
+        "series": series,
+        "method": args.method,
+        "width": WIDTH,
+        "dtype": dtype,
+        "prompts": [asdict(p) for p in prompts],
+        "block_size": block,
+        "rollover_prompts": rollover,
+        "long_then_next_prompt": 1,
+        "long_context_prompts": [
+            {"prompt": i, "prompt_tokens": r["prompt_tokens"]}
+            for i, (p, r) in enumerate(zip(prompts, teacher_rows))
+            if p.role == "long-context"
+        ],
         "logprobs_top_k": LOGPROBS_TOPK,
-        "legs": [asdict(r) for r in results], "outputs": outputs,
+        "legs": [asdict(r) for r in results],
+        "outputs": outputs,
         "seconds": time.monotonic() - started,
     }
     report_path = Path(args.report)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     print(table(results))
-    print(f"rollover prompts (output crosses a {block}-token KV block): {len(rollover)}/{len(prompts)}; "
-          f"report: {report_path}")
+    print(
+        f"rollover prompts (output crosses a {block}-token KV block): {len(rollover)}/{len(prompts)}; "
+        f"report: {report_path}"
+    )
     failed = [r for r in results if r.status not in (*PASSED, NOT_RUN_NO_GRAPHS)]
     ran = [r for r in results if r.status in PASSED]
     print(f"{len(ran)} passed, {len(failed)} failed, {len(results) - len(ran) - len(failed)} not run")

@@ -31,8 +31,11 @@ def collect_logprobs(logprobs: Any, top_k: int) -> list[Position]:
     for entry in logprobs or []:
         items = list(entry.items())
         sampled_token, sampled = items[0]
-        top = sorted((lp.rank, tok, float(lp.logprob).hex()) for tok, lp in items
-                     if lp.rank is not None and 1 <= lp.rank <= top_k)
+        top = sorted(
+            (lp.rank, tok, float(lp.logprob).hex())
+            for tok, lp in items
+            if lp.rank is not None and 1 <= lp.rank <= top_k
+        )
         out.append([sampled_token, float(sampled.logprob).hex(), [[tok, value] for _, tok, value in top]])
     return out
 
@@ -49,8 +52,7 @@ class LogprobComparison:
         return self.positions > 0 and self.logprobs_bitwise_equal == self.positions
 
     def summary(self) -> str:
-        return (f"{self.logprobs_bitwise_equal}/{self.positions} bitwise, "
-                f"tokens {self.tokens_equal}/{self.positions}")
+        return f"{self.logprobs_bitwise_equal}/{self.positions} bitwise, tokens {self.tokens_equal}/{self.positions}"
 
 
 def compare_logprobs(teacher: list[list[Position]], leg: list[list[Position]]) -> LogprobComparison:
@@ -65,8 +67,13 @@ def compare_logprobs(teacher: list[list[Position]], leg: list[list[Position]]) -
             if same_token and got == want:
                 result.logprobs_bitwise_equal += 1
             elif result.first_difference is None:
-                result.first_difference = {"prompt": prompt, "position": pos, "teacher": want, "leg": got,
-                                           "what": "token" if not same_token else _what_differs(want, got)}
+                result.first_difference = {
+                    "prompt": prompt,
+                    "position": pos,
+                    "teacher": want,
+                    "leg": got,
+                    "what": "token" if not same_token else _what_differs(want, got),
+                }
     return result
 
 
@@ -87,18 +94,23 @@ def gate(comparison: LogprobComparison, *, expect_equal: bool, require_bitwise: 
             return "bitwise equal at every position", []
         first = comparison.first_difference or {}
         return "NOT bitwise equal", [
-            (f"logprobs: {comparison.summary()}; first difference prompt {first.get('prompt')} "
-             f"position {first.get('position')} ({first.get('what')})")]
+            (
+                f"logprobs: {comparison.summary()}; first difference prompt {first.get('prompt')} "
+                f"position {first.get('position')} ({first.get('what')})"
+            )
+        ]
     if comparison.all_equal:
         return "negative control FAILED", [
-            ("logprobs: the diagnostic leg is bitwise equal to the teacher at every position: "
-             "the logprob gate cannot tell exact from non-exact verify")]
+            (
+                "logprobs: the diagnostic leg is bitwise equal to the teacher at every position: "
+                "the logprob gate cannot tell exact from non-exact verify"
+            )
+        ]
     differing = comparison.positions - comparison.logprobs_bitwise_equal
     return f"negative control holds (differs at {differing} positions)", []
 
 
-def long_prompt(tokenizer_dir: str, min_tokens: int, words: tuple[str, ...], nonce: str,
-                seed: int) -> tuple[str, int]:
+def long_prompt(tokenizer_dir: str, min_tokens: int, words: tuple[str, ...], nonce: str, seed: int) -> tuple[str, int]:
     """The shortest prompt of random ``words`` with at least ``min_tokens`` tokens (counted with
     the target's tokenizer); (text, token count)."""
     from transformers import AutoTokenizer

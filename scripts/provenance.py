@@ -22,8 +22,19 @@ RECORD_PATH = "vllm/xpu_laguna_provenance.json"
 
 def tool_revision(root: Path = REPO_ROOT) -> dict[str, Any]:
     revision = head_commit(root)
-    dirty = run_git(root, "status", "--porcelain", "--", "scripts", "patches", "overlay", "pins.toml",
-                    "overlay.toml", "noxfile.py", check=False)
+    dirty = run_git(
+        root,
+        "status",
+        "--porcelain",
+        "--",
+        "scripts",
+        "patches",
+        "overlay",
+        "pins.toml",
+        "overlay.toml",
+        "noxfile.py",
+        check=False,
+    )
     return {"revision": revision or "unknown", "dirty": bool(revision and dirty.stdout.strip())}
 
 
@@ -67,8 +78,10 @@ def _read_from_wheel(wheel: Path) -> tuple[dict[str, Any], dict[str, bytes], str
 
 def _read_installed(python: str | None) -> tuple[dict[str, Any], Path, str]:
     if python:
-        code = ("import importlib.util,importlib.metadata as m;s=importlib.util.find_spec('vllm');"
-                "print(s.submodule_search_locations[0]);print(m.version('vllm'))")
+        code = (
+            "import importlib.util,importlib.metadata as m;s=importlib.util.find_spec('vllm');"
+            "print(s.submodule_search_locations[0]);print(m.version('vllm'))"
+        )
         proc = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise ToolError(f"{python}: no installed vllm found")
@@ -95,9 +108,11 @@ def verify(target: str, layout: Layout | None = None, python: str | None = None)
     expected = make_record(inputs, worktree_head="")
     if target == "installed":
         record, root, version = _read_installed(python)
+
         def read(rel: str) -> bytes | None:
             p = root / rel
             return p.read_bytes() if p.is_file() else None
+
         where = f"installed vllm ({root})"
     else:
         wheel = Path(target)
@@ -123,7 +138,8 @@ def verify(target: str, layout: Layout | None = None, python: str | None = None)
             built, ours = str(got.get(name))[:12], str(want.get(name))[:12]
             problems.append(f"patch {name}: sha256 {built} in the build, {ours} in the repository")
     if [p["name"] for p in record.get("patches", [])] != [p["name"] for p in expected["patches"]] and not any(
-            p.startswith("patch ") for p in problems):
+        p.startswith("patch ") for p in problems
+    ):
         problems.append("patch order differs from patches/series")
     for item in inputs.overlay:
         if not item.relpath.startswith("vllm/"):
@@ -138,5 +154,7 @@ def verify(target: str, layout: Layout | None = None, python: str | None = None)
     if problems:
         raise ToolError(f"{where} does not match the repository: {len(problems)} mismatch(es), first: {problems[0]}")
     tool = record.get("tool", {})
-    info(f"OK: {where} is vLLM {version}, {len(want)} patch(es), tool revision {str(tool.get('revision'))[:12]}"
-         f"{' (dirty)' if tool.get('dirty') else ''}")
+    info(
+        f"OK: {where} is vLLM {version}, {len(want)} patch(es), tool revision {str(tool.get('revision'))[:12]}"
+        f"{' (dirty)' if tool.get('dirty') else ''}"
+    )

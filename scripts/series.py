@@ -93,8 +93,16 @@ def load_patch(path: Path) -> Patch:
     body = message.get_payload()
     if not isinstance(body, str):
         raise ToolError(f"{path.name}: unexpected multipart patch")
-    return Patch(name=path.name, path=path, author=message.get("From") or "", date=message.get("Date") or "",
-                 subject=subject, body=body, fields=parse_fields(body), raw=raw)
+    return Patch(
+        name=path.name,
+        path=path,
+        author=message.get("From") or "",
+        date=message.get("Date") or "",
+        subject=subject,
+        body=body,
+        fields=parse_fields(body),
+        raw=raw,
+    )
 
 
 def load_series(patches_dir: Path) -> list[Patch]:
@@ -119,7 +127,13 @@ def parse_diff(patch: Patch) -> PatchSet:
 def safe_relpath(path: str, where: str) -> str:
     """Reject absolute paths, ``..``, backslashes and git internals; return the normalised path."""
     pure = PurePosixPath(path)
-    if not path or pure.is_absolute() or "\\" in path or ".." in pure.parts or pure.parts[0] in (".git",) \
-            or any(part in ("", ".") for part in path.split("/")):
+    if (
+        not path
+        or pure.is_absolute()
+        or "\\" in path
+        or ".." in pure.parts
+        or pure.parts[0] in (".git",)
+        or any(part in ("", ".") for part in path.split("/"))
+    ):
         raise ToolError(f"{where}: unsafe path {path!r}")
     return str(pure)

@@ -52,7 +52,8 @@ def fetch_sdist(pin: VllmPin, offline: bool = False) -> Path:
     if offline:
         raise ToolError(
             f"--offline: {sdist_name(pin.version)} (sha256 {pin.sdist_sha256}) is not in the cache "
-            f"{cache_root()}; run once without --offline")
+            f"{cache_root()}; run once without --offline"
+        )
     with step(f"download {sdist_name(pin.version)} through pip's configured index"):
         item = find_file("vllm", sdist_name(pin.version))
         download(item, path, pin.sdist_sha256)
@@ -102,8 +103,11 @@ def _checked_members(tar: tarfile.TarFile, archive: Path, pin: VllmPin) -> tuple
         if member.issym() or member.islnk():
             target = PurePosixPath(member.linkname)
             resolved = (path.parent / target) if member.issym() else target
-            if target.is_absolute() or ".." in PurePosixPath(os.path.normpath(str(resolved))).parts \
-                    or PurePosixPath(os.path.normpath(str(resolved))).parts[:1] != (top,):
+            if (
+                target.is_absolute()
+                or ".." in PurePosixPath(os.path.normpath(str(resolved))).parts
+                or PurePosixPath(os.path.normpath(str(resolved))).parts[:1] != (top,)
+            ):
                 raise ToolError(f"unsafe archive: link {member.name!r} points outside the tree ({member.linkname!r})")
         elif not (member.isfile() or member.isdir()):
             raise ToolError(f"unsafe archive: special file {member.name!r}")
@@ -159,8 +163,11 @@ def import_sdist(archive: Path, bare: Path, pin: VllmPin, message: str, env: dic
             when = env.get("GIT_COMMITTER_DATE", "946684800 +0000")
             who = f"{env['GIT_COMMITTER_NAME']} <{env['GIT_COMMITTER_EMAIL']}>"
             msg = message.encode()
-            head = (f"commit refs/heads/pristine\nauthor {who} {when}\ncommitter {who} {when}\n"
-                    f"data {len(msg)}\n").encode() + msg + b"\n"
+            head = (
+                (f"commit refs/heads/pristine\nauthor {who} {when}\ncommitter {who} {when}\ndata {len(msg)}\n").encode()
+                + msg
+                + b"\n"
+            )
             proc.stdin.write(head)
             for rel, mode, mark in sorted(files):
                 proc.stdin.write(f"M {mode} :{mark} {rel}\n".encode())
@@ -202,8 +209,7 @@ def fetch_git(pin: VllmPin, dest: Path, offline: bool = False, url: str | None =
     archive_to(mirror, full, dest)
     version_file = dest / "vllm" / "_version.py"
     if not version_file.exists():  # a git checkout has no generated _version.py: write what setuptools-scm would
-        version_file.write_text(
-            f"__version__ = version = {pin.version!r}\n__commit_id__ = commit_id = 'g{full[:9]}'\n")
+        version_file.write_text(f"__version__ = version = {pin.version!r}\n__commit_id__ = commit_id = 'g{full[:9]}'\n")
     check_commit(full, pin, url)
     return full
 

@@ -17,8 +17,12 @@ _INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)", re.MULTILINE)
 _ZERO = re.compile(r"^0+$")
 
 
-def check_patch(patch: Patch, blob_of: Callable[[str], str | None], read: Callable[[str], bytes | None],
-                require_full_index: bool = True) -> None:
+def check_patch(
+    patch: Patch,
+    blob_of: Callable[[str], str | None],
+    read: Callable[[str], bytes | None],
+    require_full_index: bool = True,
+) -> None:
     """Raise ToolError naming the file and hunk that would not apply exactly."""
     diff = parse_diff(patch)
     if not len(diff):
@@ -57,10 +61,12 @@ def check_patch(patch: Patch, blob_of: Callable[[str], str | None], read: Callab
         for number, hunk in enumerate(pfile, 1):
             expected = [line.value.rstrip("\r\n") for line in hunk if line.is_context or line.is_removed]
             start = hunk.source_start - 1 if hunk.source_length else hunk.source_start
-            actual = lines[start:start + len(expected)]
+            actual = lines[start : start + len(expected)]
             if actual != expected:
                 where = f"{patch.name}: {path} hunk #{number} (@@ -{hunk.source_start},{hunk.source_length})"
-                raise ToolError(f"{where} does not match the tree at that line"
-                                f"{' (' + drift + ')' if drift else ''}; no fuzz or offset is allowed")
+                raise ToolError(
+                    f"{where} does not match the tree at that line"
+                    f"{' (' + drift + ')' if drift else ''}; no fuzz or offset is allowed"
+                )
         if drift:
             raise ToolError(f"{patch.name}: {path} drifted: {drift}")

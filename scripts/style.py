@@ -50,8 +50,11 @@ def check_overlay(layout: Layout | None = None, offline: bool = False) -> int:
         root = Path(tmp)
         archive_to(cached, "pristine", root)
         pyproject = root / "pyproject.toml"
-        ruff_settings = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}).get("ruff") \
-            if pyproject.is_file() else None
+        ruff_settings = (
+            tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}).get("ruff")
+            if pyproject.is_file()
+            else None
+        )
         if not ruff_settings:
             raise ToolError(f"vLLM {inputs.pins.vllm.version}'s pyproject.toml has no [tool.ruff] settings")
         for item in inputs.overlay:
@@ -60,16 +63,26 @@ def check_overlay(layout: Layout | None = None, offline: bool = False) -> int:
             shutil.copyfile(item.source, dest)
         problems: list[str] = []
         for args in RUFF_RUNS:
-            proc = subprocess.run([sys.executable, "-m", "ruff", *args, "--", *files], cwd=root,
-                                  capture_output=True, text=True, check=False)
+            proc = subprocess.run(
+                [sys.executable, "-m", "ruff", *args, "--", *files],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if proc.returncode != 0:
-                problems += [ln for ln in _overlay_paths(proc.stdout + proc.stderr, files)
-                             if ln.startswith(("overlay/", "Would reformat"))] or [proc.stderr.strip()]
+                problems += [
+                    ln
+                    for ln in _overlay_paths(proc.stdout + proc.stderr, files)
+                    if ln.startswith(("overlay/", "Would reformat"))
+                ] or [proc.stderr.strip()]
     for problem in problems:
         detail(problem)
     if problems:
-        raise ToolError(f"overlay/ is not ruff-clean with vLLM {inputs.pins.vllm.version}'s settings: "
-                        f"{len(problems)} finding(s), first: {problems[0]}")
+        raise ToolError(
+            f"overlay/ is not ruff-clean with vLLM {inputs.pins.vllm.version}'s settings: "
+            f"{len(problems)} finding(s), first: {problems[0]}"
+        )
     info(f"overlay/: {len(files)} Python file(s) ruff-clean with vLLM {inputs.pins.vllm.version}'s settings")
     return len(files)
 
@@ -78,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m scripts.style",
         description="ruff check and ruff format --check of overlay/ with vLLM's own settings, inside a "
-                    "copy of the pristine upstream tree (the pinned sdist, from the cache or pip's index).")
+        "copy of the pristine upstream tree (the pinned sdist, from the cache or pip's index).",
+    )
     parser.add_argument("--offline", action="store_true", help="use only the download cache (default: off)")
     args = parser.parse_args(argv)
     try:

@@ -126,9 +126,7 @@ def _train_tokenizer(seed: int) -> Any:
     padded = -(-size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     tok.add_special_tokens([f"<|unused_{i}|>" for i in range(padded - size)])
     if tok.get_vocab_size() != padded:
-        raise TinyLagunaError(
-            f"tokenizer vocab {tok.get_vocab_size()} is not padded to {padded}"
-        )
+        raise TinyLagunaError(f"tokenizer vocab {tok.get_vocab_size()} is not padded to {padded}")
     return tok
 
 
@@ -168,7 +166,11 @@ def _unit_direction(gen: torch.Generator) -> torch.Tensor:
 
 
 def _build_target(
-    out: Path, vocab: int, repeat_id: int, mask_id: int, special: dict[str, int],
+    out: Path,
+    vocab: int,
+    repeat_id: int,
+    mask_id: int,
+    special: dict[str, int],
     seed: int,
 ) -> torch.Tensor:
     """Save the target; return the shared direction used for the drafter."""
@@ -223,19 +225,14 @@ def _build_target(
         emb[repeat_id] = REPEAT_EMBED_NORM * d
         emb[mask_id] = REPEAT_EMBED_NORM * d
         model.lm_head.weight[repeat_id] = REPEAT_LM_HEAD_NORM * d
-        biases = [
-            p for n_, p in model.named_parameters()
-            if n_.endswith("e_score_correction_bias")
-        ]
+        biases = [p for n_, p in model.named_parameters() if n_.endswith("e_score_correction_bias")]
         if not biases or any(bool((b == 0).all()) for b in biases):
             raise TinyLagunaError("routing correction bias is missing or zero")
     model.save_pretrained(str(out), safe_serialization=True)
     return d
 
 
-def _build_draft(
-    out: Path, target_dir: Path, vocab: int, mask_id: int, seed: int
-) -> None:
+def _build_draft(out: Path, target_dir: Path, vocab: int, mask_id: int, seed: int) -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -326,9 +323,7 @@ def generate(out_dir: Path, seed: int = 0) -> TinyModels:
     special = {t: tok.token_to_id(t) for t in _SPECIAL_TOKENS}
     repeat_ids = tok.encode(REPEAT_WORD).ids
     if len(repeat_ids) != 1:
-        raise TinyLagunaError(
-            f"repeat word {REPEAT_WORD!r} is not a single token: {repeat_ids}"
-        )
+        raise TinyLagunaError(f"repeat word {REPEAT_WORD!r} is not a single token: {repeat_ids}")
     repeat_id = repeat_ids[0]
     mask_id = special[MASK_TOKEN]
 

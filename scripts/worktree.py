@@ -103,8 +103,11 @@ def tree_problems(tree: Path, state: State | None) -> str | None:
         return f"{tree} has {len(dirty)} uncommitted change(s) (first: {dirty[0].strip()})"
     head = git(tree, "rev-parse", "HEAD")
     if head != state.head:
-        count = git(tree, "rev-list", "--count", f"{state.head}..HEAD") if run_git(
-            tree, "cat-file", "-e", state.head, check=False).returncode == 0 else "?"
+        count = (
+            git(tree, "rev-list", "--count", f"{state.head}..HEAD")
+            if run_git(tree, "cat-file", "-e", state.head, check=False).returncode == 0
+            else "?"
+        )
         return f"{tree} has {count} commit(s) not exported to patches/ (HEAD moved from {state.head[:12]})"
     return None
 
@@ -112,14 +115,15 @@ def tree_problems(tree: Path, state: State | None) -> str | None:
 def keep_work_advice(problem: str) -> str:
     """What to do about ``tree_problems``' answer: steps that work, in order."""
     if "uncommitted" in problem:
-        return ("to keep it, commit it in the work tree (git commit --fixup <patch commit>, or a new commit for a "
-                "new patch), then nox -s export; or pass --force to discard it")
+        return (
+            "to keep it, commit it in the work tree (git commit --fixup <patch commit>, or a new commit for a "
+            "new patch), then nox -s export; or pass --force to discard it"
+        )
     return "to keep it, nox -s export; or pass --force to discard it"
 
 
 def pristine_message(pins: Pins, described: str) -> str:
-    return (f"upstream vLLM {pins.vllm.version} ({pins.vllm.commit}) pristine\n\n"
-            f"Source: {described}\n")
+    return f"upstream vLLM {pins.vllm.version} ({pins.vllm.commit}) pristine\n\nSource: {described}\n"
 
 
 def _pristine_cache(pins: Pins, source: str) -> Path:
@@ -130,8 +134,9 @@ def _pristine_cache(pins: Pins, source: str) -> Path:
 def pristine_repo(pins: Pins, source: str, offline: bool) -> Path:
     """A cached bare repo whose ``pristine`` branch is the upstream tree as one reproducible commit."""
     cached = _pristine_cache(pins, source)
-    if (cached / "refs" / "heads" / "pristine").exists() or \
-            (cached.exists() and run_git(cached, "rev-parse", "--verify", "--quiet", "pristine", check=False).returncode == 0):
+    if (cached / "refs" / "heads" / "pristine").exists() or (
+        cached.exists() and run_git(cached, "rev-parse", "--verify", "--quiet", "pristine", check=False).returncode == 0
+    ):
         detail(f"cached pristine upstream {cached.name}")
         return cached
     cached.parent.mkdir(parents=True, exist_ok=True)
@@ -142,8 +147,9 @@ def pristine_repo(pins: Pins, source: str, offline: bool) -> Path:
             with step(f"check {archive.name} and import it as the pristine commit"):
                 git(Path(tmp), "init", "-q", "--bare", str(bare))
                 described = f"sdist {archive.name} sha256 {pins.vllm.sdist_sha256}"
-                version = import_sdist(archive, bare, pins.vllm, pristine_message(pins, described),
-                                       git_env(_fast_import_date()))
+                version = import_sdist(
+                    archive, bare, pins.vllm, pristine_message(pins, described), git_env(_fast_import_date())
+                )
                 if version is not None:
                     (bare / "vllm_version.py").write_bytes(version)
             _publish(bare, cached)
@@ -200,11 +206,22 @@ def _checkout_pristine(cached: Path, dest: Path) -> str:
 
 def apply_patch(tree: Path, patch: Patch) -> str:
     """Strict check, then ``git am`` (author, date and message from the patch); returns the commit."""
-    check_patch(patch,
-                blob_of=lambda p: blob_at(tree, "HEAD", p),
-                read=lambda p: (tree / p).read_bytes() if (tree / p).is_file() else None)
-    proc = run_git(tree, "am", "--keep", "--keep-non-patch", "--committer-date-is-author-date",
-                   "--whitespace=nowarn", "--quiet", str(patch.path), check=False)
+    check_patch(
+        patch,
+        blob_of=lambda p: blob_at(tree, "HEAD", p),
+        read=lambda p: (tree / p).read_bytes() if (tree / p).is_file() else None,
+    )
+    proc = run_git(
+        tree,
+        "am",
+        "--keep",
+        "--keep-non-patch",
+        "--committer-date-is-author-date",
+        "--whitespace=nowarn",
+        "--quiet",
+        str(patch.path),
+        check=False,
+    )
     if proc.returncode != 0:
         run_git(tree, "am", "--abort", check=False)
         lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
@@ -223,8 +240,16 @@ def lay_overlay(tree: Path, inputs: Inputs) -> None:
         os.chmod(dest, 0o755 if os.access(item.source, os.X_OK) else 0o644)
     git(tree, "add", "--force", "--", *[i.relpath for i in inputs.overlay])
     body = "\n".join(f"  {i.relpath}" for i in inputs.overlay)
-    git(tree, "commit", "-q", "--no-verify", "--allow-empty", "-m", f"{OVERLAY_SUBJECT}\n\n{body}\n",
-        env=fixed_date_env())
+    git(
+        tree,
+        "commit",
+        "-q",
+        "--no-verify",
+        "--allow-empty",
+        "-m",
+        f"{OVERLAY_SUBJECT}\n\n{body}\n",
+        env=fixed_date_env(),
+    )
 
 
 def build_tree(inputs: Inputs, dest: Path, source: str, offline: bool) -> State:
@@ -238,8 +263,13 @@ def build_tree(inputs: Inputs, dest: Path, source: str, offline: bool) -> State:
             detail(f"[{number}/{len(inputs.patches)}] {patch.name}")
     with step(f"lay {len(inputs.overlay)} overlay file(s)"):
         lay_overlay(dest, inputs)
-    state = State(input_hash=inputs.input_hash, source=source, pristine=pristine, patch_commits=commits,
-                  head=git(dest, "rev-parse", "HEAD"))
+    state = State(
+        input_hash=inputs.input_hash,
+        source=source,
+        pristine=pristine,
+        patch_commits=commits,
+        head=git(dest, "rev-parse", "HEAD"),
+    )
     write_state(dest, state)
     return state
 
@@ -300,15 +330,16 @@ def apply(layout: Layout | None = None, force: bool = False, source: str = "sdis
     inputs = load_inputs(layout)
     tree = layout.worktree
     recover_interrupted_switch(layout)
-    info(f"series {inputs.label}: vLLM {inputs.pins.vllm.version}, {len(inputs.patches)} patch(es), "
-         f"{len(inputs.overlay)} overlay file(s)")
+    info(
+        f"series {inputs.label}: vLLM {inputs.pins.vllm.version}, {len(inputs.patches)} patch(es), "
+        f"{len(inputs.overlay)} overlay file(s)"
+    )
     if tree.exists():
         state = read_state(tree)
         problem = tree_problems(tree, state)
         if problem and not force:
             raise ToolError(f"{problem}; {keep_work_advice(problem)}")
-        if problem is None and state is not None and state.input_hash == inputs.input_hash \
-                and state.source == source:
+        if problem is None and state is not None and state.input_hash == inputs.input_hash and state.source == source:
             info(f"{tree} is up to date (HEAD {state.head[:12]}); nothing to do")
             return state
         if problem:

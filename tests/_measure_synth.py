@@ -74,8 +74,7 @@ def clean_legs() -> dict[str, list[Row]]:
     """No defects and B2 timed like B1: both pairs pass, every quality count is complete."""
     spans = {**SPANS, "B2": SPANS["B1"]}
     return {
-        leg: [make_row(leg, i, s, defects=False) for i, s in enumerate(leg_spans)]
-        for leg, leg_spans in spans.items()
+        leg: [make_row(leg, i, s, defects=False) for i, s in enumerate(leg_spans)] for leg, leg_spans in spans.items()
     }
 
 

@@ -20,7 +20,8 @@ import synthetic  # noqa: E402
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "real: integration test on the real pinned vLLM sdist (downloads it when not cached, builds a wheel)")
+        "markers", "real: integration test on the real pinned vLLM sdist (downloads it when not cached, builds a wheel)"
+    )
 
 
 @pytest.fixture
@@ -42,16 +43,18 @@ def _isolate(monkeypatch: pytest.MonkeyPatch, index: synthetic.SimpleIndex, tmp:
 
 
 @pytest.fixture
-def vxl_project(tmp_path: Path, vxl_index: synthetic.SimpleIndex,
-                monkeypatch: pytest.MonkeyPatch) -> synthetic.SyntheticProject:
+def vxl_project(
+    tmp_path: Path, vxl_index: synthetic.SimpleIndex, monkeypatch: pytest.MonkeyPatch
+) -> synthetic.SyntheticProject:
     """A synthetic repository root (pins, 2 patches, 2 overlay files) whose sdist is already cached."""
     _isolate(monkeypatch, vxl_index, tmp_path)
     return synthetic.new_project(tmp_path, vxl_index, seed=True)
 
 
 @pytest.fixture
-def vxl_cold_project(tmp_path: Path, vxl_index: synthetic.SimpleIndex,
-                     monkeypatch: pytest.MonkeyPatch) -> synthetic.SyntheticProject:
+def vxl_cold_project(
+    tmp_path: Path, vxl_index: synthetic.SimpleIndex, monkeypatch: pytest.MonkeyPatch
+) -> synthetic.SyntheticProject:
     """Like vxl_project, but with an empty download cache: the sdist comes from the loopback index."""
     _isolate(monkeypatch, vxl_index, tmp_path)
     return synthetic.new_project(tmp_path, vxl_index, seed=False)

@@ -60,6 +60,7 @@ def upstream_files(commit: str = COMMIT, version: str = VERSION) -> dict[str, st
 
 # --------------------------------------------------------------------------- archives
 
+
 @dataclass(frozen=True)
 class Member:
     """One tar member: a file (data), a directory, a symlink or hardlink (link), or a fifo."""
@@ -110,8 +111,7 @@ def sdist_members(files: dict[str, str], version: str = VERSION, extra: list[Mem
     return members + list(extra or [])
 
 
-def make_sdist(files: dict[str, str] | None = None, version: str = VERSION,
-               extra: list[Member] | None = None) -> bytes:
+def make_sdist(files: dict[str, str] | None = None, version: str = VERSION, extra: list[Member] | None = None) -> bytes:
     return tar_gz(sdist_members(files if files is not None else upstream_files(version=version), version, extra))
 
 
@@ -121,6 +121,7 @@ def sha256(data: bytes) -> str:
 
 # --------------------------------------------------------------------------- index server
 
+
 @dataclass
 class Served:
     body: bytes
@@ -129,7 +130,7 @@ class Served:
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    index: "SimpleIndex"
+    index: SimpleIndex
 
     def log_message(self, format: str, *args: object) -> None:  # keep test output clean
         pass
@@ -142,9 +143,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._send(index.page_status, b"index trouble", "text/plain")
                 return
             if index.json_api and "application/vnd.pypi.simple.v1+json" in (self.headers.get("Accept") or ""):
-                files = [{"filename": name, "url": f"../../files/{name}", "size": len(item.body),
-                          "hashes": {"sha256": item.listed_sha256} if item.listed_sha256 else {}}
-                         for name, item in sorted(index.files.items())]
+                files = [
+                    {
+                        "filename": name,
+                        "url": f"../../files/{name}",
+                        "size": len(item.body),
+                        "hashes": {"sha256": item.listed_sha256} if item.listed_sha256 else {},
+                    }
+                    for name, item in sorted(index.files.items())
+                ]
                 body = json.dumps({"meta": {"api-version": "1.1"}, "name": "vllm", "files": files}).encode()
                 self._send(200, body, "application/vnd.pypi.simple.v1+json")
                 return
@@ -152,12 +159,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             for name, item in sorted(index.files.items()):
                 frag = f"#sha256={item.listed_sha256}" if item.listed_sha256 else ""
                 links.append(f'<a href="../../files/{html.escape(name)}{frag}">{html.escape(name)}</a><br/>')
-            body = ("<!DOCTYPE html><html><body><h1>Links for vllm</h1>\n" + "\n".join(links)
-                    + "\n</body></html>\n").encode()
+            body = (
+                "<!DOCTYPE html><html><body><h1>Links for vllm</h1>\n" + "\n".join(links) + "\n</body></html>\n"
+            ).encode()
             self._send(200, body, "text/html")
             return
         if self.path.startswith("/files/"):
-            item = index.files.get(self.path[len("/files/"):])
+            item = index.files.get(self.path[len("/files/") :])
             if item is None:
                 self._send(404, b"not found", "text/plain")
                 return
@@ -166,7 +174,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.send_header("Content-Type", "application/octet-stream")
                 self.send_header("Content-Length", str(len(item.body)))
                 self.end_headers()
-                self.wfile.write(item.body[:item.drop_after])
+                self.wfile.write(item.body[: item.drop_after])
                 self.wfile.flush()
                 self.close_connection = True
                 return
@@ -197,22 +205,22 @@ class SimpleIndex:
         self.page_status = 200  # HTTP status of the project page
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.index = self  # type: ignore[attr-defined]
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
 
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}/simple/"
 
-    def serve(self, filename: str, body: bytes, listed_sha256: str | None = None,
-              drop_after: int | None = None) -> None:
+    def serve(
+        self, filename: str, body: bytes, listed_sha256: str | None = None, drop_after: int | None = None
+    ) -> None:
         self.files[filename] = Served(body, listed_sha256, drop_after)
 
     def downloads(self) -> list[str]:
         return [r for r in self.requests if r.startswith("/files/")]
 
-    def start(self) -> "SimpleIndex":
+    def start(self) -> SimpleIndex:
         self._thread.start()
         return self
 
@@ -223,12 +231,23 @@ class SimpleIndex:
 
 # --------------------------------------------------------------------------- git and patches
 
+
 def git_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C", "TZ": "UTC",
-                "GIT_AUTHOR_NAME": PATCH_AUTHOR_NAME, "GIT_AUTHOR_EMAIL": PATCH_AUTHOR_EMAIL,
-                "GIT_COMMITTER_NAME": PATCH_AUTHOR_NAME, "GIT_COMMITTER_EMAIL": PATCH_AUTHOR_EMAIL,
-                "GIT_AUTHOR_DATE": PATCH_DATE, "GIT_COMMITTER_DATE": PATCH_DATE})
+    env.update(
+        {
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "LC_ALL": "C",
+            "TZ": "UTC",
+            "GIT_AUTHOR_NAME": PATCH_AUTHOR_NAME,
+            "GIT_AUTHOR_EMAIL": PATCH_AUTHOR_EMAIL,
+            "GIT_COMMITTER_NAME": PATCH_AUTHOR_NAME,
+            "GIT_COMMITTER_EMAIL": PATCH_AUTHOR_EMAIL,
+            "GIT_AUTHOR_DATE": PATCH_DATE,
+            "GIT_COMMITTER_DATE": PATCH_DATE,
+        }
+    )
     for key in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         env.pop(key, None)
     return env
@@ -241,10 +260,12 @@ def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
     return proc.stdout.strip()
 
 
-HEADER = ("Why: the synthetic series needs it.\n"
-          "Upstream-Status: not-needed (test fixture)\n"
-          "Drop-When: never; it is a test.\n"
-          "Effect-Check: true\n")
+HEADER = (
+    "Why: the synthetic series needs it.\n"
+    "Upstream-Status: not-needed (test fixture)\n"
+    "Drop-When: never; it is a test.\n"
+    "Effect-Check: true\n"
+)
 
 
 @dataclass
@@ -291,13 +312,11 @@ def commit_change(repo: Path, change: Change) -> str:
 def format_patch(repo: Path, rev: str, number: int, out_dir: Path) -> Path:
     """``git format-patch`` of one commit with the exact flags scripts.export uses."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = git(repo, "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={number}", "-o", str(out_dir),
-               "-1", rev)
+    name = git(repo, "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={number}", "-o", str(out_dir), "-1", rev)
     return Path(name)
 
 
-def make_series(work: Path, base: dict[str, str], changes: list[Change], out_dir: Path,
-                first: int = 1) -> list[Path]:
+def make_series(work: Path, base: dict[str, str], changes: list[Change], out_dir: Path, first: int = 1) -> list[Path]:
     """Commit ``changes`` in order on ``base`` and export each as a numbered patch into ``out_dir``."""
     repo = patch_repo(work, base)
     revs = [commit_change(repo, change) for change in changes]
@@ -311,8 +330,10 @@ TOGGLE_LINE = '    "VLLM_TOY_XPU": lambda: os.getenv("VLLM_TOY_XPU", "0"),'
 def default_changes(files: dict[str, str]) -> list[Change]:
     envs = files["vllm/envs.py"].replace('    "VLLM_TOY_11"', TOGGLE_LINE + '\n    "VLLM_TOY_11"')
     init = files["vllm/__init__.py"] + "\nfrom vllm import toy_overlay  # noqa: F401\n"
-    return [Change("envs: declare the toy XPU toggle", {"vllm/envs.py": envs}),
-            Change("init: import the overlay module", {"vllm/__init__.py": init})]
+    return [
+        Change("envs: declare the toy XPU toggle", {"vllm/envs.py": envs}),
+        Change("init: import the overlay module", {"vllm/__init__.py": init}),
+    ]
 
 
 OVERLAY_FILES = {
@@ -348,12 +369,14 @@ revision = "5e07c246915c86dc6920fead03d019989224f2ba"
 """
 
 
-def pins_text(sha: str, version: str = VERSION, commit: str = COMMIT,
-              git_url: str = "file:///nonexistent/vllm.git") -> str:
+def pins_text(
+    sha: str, version: str = VERSION, commit: str = COMMIT, git_url: str = "file:///nonexistent/vllm.git"
+) -> str:
     return PINS_TEMPLATE.format(version=version, sha=sha, commit=commit, git_url=git_url)
 
 
 # --------------------------------------------------------------------------- the project
+
 
 @dataclass
 class SyntheticProject:
@@ -461,8 +484,14 @@ class SyntheticProject:
         env = dict(os.environ)
         env.update(self.env)
         env.pop("PYTHONPATH", None)
-        return subprocess.run([sys.executable, "-m", "scripts", *args], cwd=self.root, env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "scripts", *args],
+            cwd=self.root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     # ----- work tree inspection
     def tree_git(self, *args: str) -> str:
@@ -472,12 +501,24 @@ class SyntheticProject:
         return self.tree_git("rev-parse", "HEAD")
 
 
-def new_project(base: Path, index: SimpleIndex, files: dict[str, str] | None = None,
-                overlay: dict[str, str] | None = None, seed: bool = True) -> SyntheticProject:
+def new_project(
+    base: Path,
+    index: SimpleIndex,
+    files: dict[str, str] | None = None,
+    overlay: dict[str, str] | None = None,
+    seed: bool = True,
+) -> SyntheticProject:
     files = files if files is not None else upstream_files()
     sdist = make_sdist(files)
-    project = SyntheticProject(root=base / "repo", work=base / "work", cache=base / "cache",
-                               build=base / "build", index=index, files=files, sdist=sdist)
+    project = SyntheticProject(
+        root=base / "repo",
+        work=base / "work",
+        cache=base / "cache",
+        build=base / "build",
+        index=index,
+        files=files,
+        sdist=sdist,
+    )
     project.root.mkdir(parents=True)
     project.work.mkdir(parents=True)
     project.write_pins()
@@ -516,8 +557,11 @@ def running_index() -> Iterator[SimpleIndex]:
 
 def tree_snapshot(path: Path) -> dict[str, bytes]:
     """Every file under ``path`` except .git internals, for before/after comparisons."""
-    return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file() and ".git" not in p.relative_to(path).parts}
+    return {
+        p.relative_to(path).as_posix(): p.read_bytes()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(path).parts
+    }
 
 
 __all__ = ["Callable"]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import synthetic
-from synthetic import Change, tool_error
 from scripts.worktree import OVERLAY_SUBJECT, apply, read_state, state_path
+from synthetic import Change, tool_error
 
 ENVS = "vllm/envs.py"
 
@@ -35,6 +35,7 @@ def _failed_first_apply(project: synthetic.SyntheticProject, **kw) -> str:
 
 
 # --------------------------------------------------------------------------- structure
+
 
 def test_commit_structure(vxl_project) -> None:
     project = vxl_project
@@ -61,8 +62,9 @@ def test_commit_structure(vxl_project) -> None:
     assert project.tree_git("diff-tree", "--no-commit-id", "--name-only", "-r", commits[1][0]) == ENVS
     # 3. the overlay commit is last and lays exactly the overlay files
     assert commits[3][3] == OVERLAY_SUBJECT
-    assert set(project.tree_git("diff-tree", "--no-commit-id", "--name-only", "-r", commits[3][0]).splitlines()) \
-        == set(synthetic.OVERLAY_FILES)
+    assert set(project.tree_git("diff-tree", "--no-commit-id", "--name-only", "-r", commits[3][0]).splitlines()) == set(
+        synthetic.OVERLAY_FILES
+    )
     assert state.head == commits[3][0] == project.head()
     # the files
     assert synthetic.TOGGLE_LINE in (project.tree / ENVS).read_text()
@@ -122,8 +124,9 @@ def test_stale_tree_is_rebuilt_when_inputs_change(change: str, vxl_project) -> N
         project.write_series(project.series_names()[:1])
         (project.patches / sorted(project.patches.glob("0002-*"))[0].name).unlink()
     else:
-        (project.root / "pins.toml").write_text((project.root / "pins.toml").read_text().replace(
-            'torch = "2.11.0"', 'torch = "2.11.1"'))
+        (project.root / "pins.toml").write_text(
+            (project.root / "pins.toml").read_text().replace('torch = "2.11.0"', 'torch = "2.11.1"')
+        )
     new = _apply(project)
     assert new.input_hash != old.input_hash
     if change == "overlay-edit":
@@ -136,6 +139,7 @@ def test_stale_tree_is_rebuilt_when_inputs_change(change: str, vxl_project) -> N
 
 
 # --------------------------------------------------------------------------- strict application
+
 
 def _third_patch_on(project: synthetic.SyntheticProject, base: dict[str, str], edit) -> Path:
     """Patch 0003 made on ``base`` (normally the patched files) changing envs.py by ``edit``."""
@@ -159,8 +163,9 @@ def test_conflicting_patch_is_rejected(vxl_project) -> None:
 
 def test_offset_only_patch_is_rejected(vxl_project, tmp_path: Path) -> None:
     project = vxl_project
-    patch = _third_patch_on(project, project.patched_files(),
-                            lambda t: _replace_line(t, '"VLLM_TOY_21", "21"', '"VLLM_TOY_21", "x"'))
+    patch = _third_patch_on(
+        project, project.patched_files(), lambda t: _replace_line(t, '"VLLM_TOY_21", "21"', '"VLLM_TOY_21", "x"')
+    )
     text = patch.read_text()
     header = re.search(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@", text, re.MULTILINE)
     assert header
@@ -241,13 +246,17 @@ def test_absolute_path_in_a_patch_is_rejected(vxl_project) -> None:
 
 # --------------------------------------------------------------------------- series and patch files
 
-@pytest.mark.parametrize("entry,expect", [
-    ("patch1.patch", "malformed entry"),
-    ("0003_bad name.patch", "malformed entry"),
-    ("0003-x.diff", "malformed entry"),
-    ("../0003-x.patch", "malformed entry"),
-    ("0003-missing.patch", "does not exist"),
-])
+
+@pytest.mark.parametrize(
+    "entry,expect",
+    [
+        ("patch1.patch", "malformed entry"),
+        ("0003_bad name.patch", "malformed entry"),
+        ("0003-x.diff", "malformed entry"),
+        ("../0003-x.patch", "malformed entry"),
+        ("0003-missing.patch", "does not exist"),
+    ],
+)
 def test_malformed_series_entry_is_rejected(entry: str, expect: str, vxl_project) -> None:
     project = vxl_project
     (project.patches / "series").write_text((project.patches / "series").read_text() + entry + "\n")
@@ -279,7 +288,7 @@ def test_plain_diff_is_not_a_format_patch(vxl_project) -> None:
     project = vxl_project
     patch = sorted(project.patches.glob("0002-*"))[0]
     text = patch.read_text()
-    patch.write_text(text[text.index("diff --git "):])
+    patch.write_text(text[text.index("diff --git ") :])
     message = _failed_first_apply(project)
     assert patch.name in message and "not a git format-patch file" in message
 
@@ -288,7 +297,7 @@ def test_format_patch_without_a_diff_is_rejected(vxl_project) -> None:
     project = vxl_project
     patch = sorted(project.patches.glob("0002-*"))[0]
     text = patch.read_text()
-    patch.write_text(text[:text.index("diff --git ")])
+    patch.write_text(text[: text.index("diff --git ")])
     message = _failed_first_apply(project)
     assert patch.name in message and "no diff" in message
 
@@ -316,6 +325,7 @@ def test_garbled_hunk_is_rejected(vxl_project) -> None:
 
 
 # --------------------------------------------------------------------------- overlay rules
+
 
 def test_overlay_shadowing_upstream_without_declaration_is_rejected(vxl_project) -> None:
     project = vxl_project
@@ -358,12 +368,15 @@ def test_overlay_declaration_without_overlay_file_is_rejected(vxl_project) -> No
     assert "not in overlay/" in _failed_first_apply(project)
 
 
-@pytest.mark.parametrize("text,expect", [
-    ("[replaces\n", "not valid TOML"),
-    ('[other]\n"a" = "b"\n', "unknown table(s) other"),
-    ('[replaces]\n"vllm/utils.py" = "abc"\n', "40-hex git blob id"),
-    (f'[replaces]\n"../utils.py" = "{"1" * 40}"\n', "unsafe path"),
-])
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        ("[replaces\n", "not valid TOML"),
+        ('[other]\n"a" = "b"\n', "unknown table(s) other"),
+        ('[replaces]\n"vllm/utils.py" = "abc"\n', "40-hex git blob id"),
+        (f'[replaces]\n"../utils.py" = "{"1" * 40}"\n', "unsafe path"),
+    ],
+)
 def test_malformed_overlay_manifest_is_rejected(text: str, expect: str, vxl_project) -> None:
     (vxl_project.root / "overlay.toml").write_text(text)
     assert expect in _failed_first_apply(vxl_project)
@@ -383,6 +396,7 @@ def test_overlay_file_created_by_a_patch_is_shadowing(vxl_project) -> None:
 
 
 # --------------------------------------------------------------------------- never clobber work
+
 
 def _make_stale(project: synthetic.SyntheticProject) -> None:
     project.write_overlay({"vllm/toy_overlay.py": "VALUE = 43\n"})
@@ -508,11 +522,16 @@ def test_switching_source_rebuilds(vxl_project, tmp_path: Path) -> None:
     bare = tmp_path / "upstream.git"
     synthetic.git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
     text = (project.root / "pins.toml").read_text()
-    (project.root / "pins.toml").write_text(text.replace('commit = "abc1234"', f'commit = "{first[:9]}"').replace(
-        "file:///nonexistent/vllm.git", f"file://{bare}"))
+    (project.root / "pins.toml").write_text(
+        text.replace('commit = "abc1234"', f'commit = "{first[:9]}"').replace(
+            "file:///nonexistent/vllm.git", f"file://{bare}"
+        )
+    )
     git_state = _apply(project, source="git")
     assert git_state.source == "git" and git_state.head != sdist_state.head
     # the same upstream content either way: only the pristine commit message differs
     assert project.tree_git("rev-parse", f"{git_state.pristine}^{{tree}}") == sdist_tree
-    assert f"Source: git file://{bare} commit {first}" in project.tree_git("log", "-1", "--format=%B", git_state.pristine)
+    assert f"Source: git file://{bare} commit {first}" in project.tree_git(
+        "log", "-1", "--format=%B", git_state.pristine
+    )
     assert synthetic.TOGGLE_LINE in (project.tree / ENVS).read_text()

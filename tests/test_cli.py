@@ -101,7 +101,9 @@ def _unsafe_archive(p: synthetic.SyntheticProject) -> None:
 def _conflict(p: synthetic.SyntheticProject) -> None:
     base = p.patched_files()
     base[ENVS] = base[ENVS].replace('"VLLM_TOY_20", "20"', '"VLLM_TOY_20", "twenty"')
-    p.add_patch(Change("envs: conflict", {ENVS: base[ENVS].replace('"VLLM_TOY_21", "21"', '"VLLM_TOY_21", "x"')}), base, 3)
+    p.add_patch(
+        Change("envs: conflict", {ENVS: base[ENVS].replace('"VLLM_TOY_21", "21"', '"VLLM_TOY_21", "x"')}), base, 3
+    )
 
 
 def _malformed_series(p: synthetic.SyntheticProject) -> None:
@@ -160,7 +162,7 @@ def _series_missing_file(p: synthetic.SyntheticProject) -> None:
 def _patch_without_diff(p: synthetic.SyntheticProject) -> None:
     path = sorted(p.patches.glob("0002-*"))[0]
     text = path.read_text()
-    path.write_text(text[:text.index("diff --git ")])
+    path.write_text(text[: text.index("diff --git ")])
 
 
 def _archive(*extra: Member) -> Callable[[synthetic.SyntheticProject], None]:
@@ -169,6 +171,7 @@ def _archive(*extra: Member) -> Callable[[synthetic.SyntheticProject], None]:
         p.sdist = evil
         p.write_pins()
         p.index.serve(NAME, evil, listed_sha256=synthetic.sha256(evil))
+
     return setup
 
 
@@ -177,12 +180,24 @@ def _corrupt_cache_offline(p: synthetic.SyntheticProject) -> None:
 
 
 APPLY_ERRORS: dict[str, tuple[Callable[[synthetic.SyntheticProject], None], tuple[str, ...], str]] = {
-    "pins-unknown-key": (_write_pins(lambda p: synthetic.pins_text(p.sha).replace(
-        'commit = "abc1234"', 'commit = "abc1234"\ncolour = "red"')), (), "unknown key(s) colour"),
+    "pins-unknown-key": (
+        _write_pins(
+            lambda p: synthetic.pins_text(p.sha).replace('commit = "abc1234"', 'commit = "abc1234"\ncolour = "red"')
+        ),
+        (),
+        "unknown key(s) colour",
+    ),
     "pins-malformed-sha": (_write_pins(lambda p: synthetic.pins_text(p.sha.upper())), (), "sdist_sha256"),
-    "pins-malformed-version": (_write_pins(lambda p: synthetic.pins_text(p.sha, version="9.9")), (), "malformed version"),
-    "pins-missing-field": (_write_pins(lambda p: synthetic.pins_text(p.sha).replace('commit = "abc1234"\n', "")), (),
-                           "missing key(s) commit"),
+    "pins-malformed-version": (
+        _write_pins(lambda p: synthetic.pins_text(p.sha, version="9.9")),
+        (),
+        "malformed version",
+    ),
+    "pins-missing-field": (
+        _write_pins(lambda p: synthetic.pins_text(p.sha).replace('commit = "abc1234"\n', "")),
+        (),
+        "missing key(s) commit",
+    ),
     "pins-bad-toml": (_write_pins(lambda p: "[vllm\n"), (), "not valid TOML"),
     "offline-empty-cache": (lambda p: None, ("--offline",), f"{NAME} (sha256 "),
     "tampered-download": (_tamper, (), "sha256 mismatch"),
@@ -203,8 +218,11 @@ APPLY_ERRORS: dict[str, tuple[Callable[[synthetic.SyntheticProject], None], tupl
     "patch-without-diff": (_patch_without_diff, (), "not a git format-patch file"),
     "archive-dotdot": (_archive(Member("../x", b"x")), (), "unsafe archive: path escapes the tree"),
     "archive-absolute": (_archive(Member("/tmp/vxl-evil-cli", b"x")), (), "unsafe archive: absolute path"),
-    "archive-hardlink-outside": (_archive(Member(f"vllm-{synthetic.VERSION}/h", kind="hardlink", link="/etc/passwd")),
-                                 (), "unsafe archive: link"),
+    "archive-hardlink-outside": (
+        _archive(Member(f"vllm-{synthetic.VERSION}/h", kind="hardlink", link="/etc/passwd")),
+        (),
+        "unsafe archive: link",
+    ),
     "corrupt-cache-offline": (_corrupt_cache_offline, ("--offline",), "is not in the cache"),
 }
 
@@ -295,11 +313,17 @@ def test_verify_via_cli(vxl_cli, tmp_path: Path) -> None:
 
     # the CLI's record is made by its own copy of scripts/: build the wheel from the same inputs
     inputs = load_inputs(project.layout())
-    record = {"schema": "vllm-xpu-laguna-provenance-v1", "version": version_for(inputs), "label": inputs.label,
-              "input_hash": inputs.input_hash, "pins": inputs.pins.as_dict(),
-              "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject} for p in inputs.patches],
-              "overlay": [{"path": o.relpath, "sha256": o.sha256} for o in inputs.overlay],
-              "worktree_head": "", "tool": {"revision": "unknown", "dirty": False}}
+    record = {
+        "schema": "vllm-xpu-laguna-provenance-v1",
+        "version": version_for(inputs),
+        "label": inputs.label,
+        "input_hash": inputs.input_hash,
+        "pins": inputs.pins.as_dict(),
+        "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject} for p in inputs.patches],
+        "overlay": [{"path": o.relpath, "sha256": o.sha256} for o in inputs.overlay],
+        "worktree_head": "",
+        "tool": {"revision": "unknown", "dirty": False},
+    }
     version = version_for(inputs)
 
     def wheel(path: Path, overlay_text: bytes) -> Path:
@@ -349,12 +373,21 @@ def _patch_is_a_directory(p: synthetic.SyntheticProject) -> None:
 
 
 MALFORMED_INPUTS = {
-    "overlay-replaces-not-a-table": (_replaces_not_a_table, "overlay.toml",
-                                     "BUG: overlay.read_replaces calls .items() on a non-table [replaces]: AttributeError traceback"),
-    "series-not-utf8": (_series_not_utf8, "series",
-                        "BUG: series.read_series decodes without handling UnicodeDecodeError: traceback"),
-    "patch-is-a-directory": (_patch_is_a_directory, "0009-x.patch",
-                             "BUG: series.load_series checks exists(), not is_file(): IsADirectoryError traceback"),
+    "overlay-replaces-not-a-table": (
+        _replaces_not_a_table,
+        "overlay.toml",
+        "BUG: overlay.read_replaces calls .items() on a non-table [replaces]: AttributeError traceback",
+    ),
+    "series-not-utf8": (
+        _series_not_utf8,
+        "series",
+        "BUG: series.read_series decodes without handling UnicodeDecodeError: traceback",
+    ),
+    "patch-is-a-directory": (
+        _patch_is_a_directory,
+        "0009-x.patch",
+        "BUG: series.load_series checks exists(), not is_file(): IsADirectoryError traceback",
+    ),
 }
 
 

@@ -91,11 +91,19 @@ def test_negative_control_bare_options_are_caught() -> None:
 
 
 def test_top_level_help_lists_every_entry_point() -> None:
-    out = subprocess.run([sys.executable, "-m", "scripts", "--help"], cwd=REPO_ROOT, capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "scripts", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout
     modules = {cmd.split()[2] for cmd, _ in ENTRY_POINTS}
-    assert {"scripts", "scripts.measure", "scripts.matrix", "scripts.cpu_runtime", "scripts.tiny_laguna",
-            "scripts.device.xpu_attention_check", "scripts.device.graph_check"} <= modules
+    assert {
+        "scripts",
+        "scripts.measure",
+        "scripts.matrix",
+        "scripts.cpu_runtime",
+        "scripts.tiny_laguna",
+        "scripts.device.xpu_attention_check",
+        "scripts.device.graph_check",
+    } <= modules
     for module in modules:
         assert f"python -m {module}" in out
     packages = {p.stem for p in (REPO_ROOT / "scripts" / "device").glob("*.py") if p.stem != "__init__"}
@@ -103,8 +111,9 @@ def test_top_level_help_lists_every_entry_point() -> None:
 
 
 def test_measure_help_lists_its_commands() -> None:
-    out = subprocess.run([sys.executable, "-m", "scripts.measure", "--help"], cwd=REPO_ROOT,
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "scripts.measure", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+    )
     assert out.returncode == 0
     for command in ("crossover", "analyze", "verify-record"):
         assert command in out.stdout
@@ -114,8 +123,11 @@ def test_nox_sessions_have_a_one_line_description() -> None:
     import ast
 
     tree = ast.parse((REPO_ROOT / "noxfile.py").read_text(encoding="utf-8"))
-    sessions = [f for f in tree.body if isinstance(f, ast.FunctionDef)
-                and any("session" in ast.unparse(d) for d in f.decorator_list)]
+    sessions = [
+        f
+        for f in tree.body
+        if isinstance(f, ast.FunctionDef) and any("session" in ast.unparse(d) for d in f.decorator_list)
+    ]
     assert len(sessions) >= 13
     for func in sessions:
         doc = ast.get_docstring(func)

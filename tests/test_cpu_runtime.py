@@ -87,9 +87,7 @@ def test_filter_keeps_torch_when_not_dropped_and_rejects_garbage() -> None:
 
 def test_wheel_requires_dist_reads_metadata(tmp_path: Path) -> None:
     wheel = tmp_path / "demo-1.0-py3-none-any.whl"
-    meta = "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n" + "".join(
-        f"Requires-Dist: {r}\n" for r in REQUIRES[:3]
-    )
+    meta = "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n" + "".join(f"Requires-Dist: {r}\n" for r in REQUIRES[:3])
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("demo-1.0.dist-info/METADATA", meta + "\nlong description\n")
         zf.writestr("demo/__init__.py", "")
@@ -113,8 +111,9 @@ def test_parse_name_status_and_plan() -> None:
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, env=git_env(), check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=git_env(), check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _commit(repo: Path, message: str) -> str:

@@ -42,8 +42,13 @@ def test_ensure_creates_once_then_reuses(tmp_path: Path, monkeypatch: pytest.Mon
     python = cpu_venv.ensure(tree, models)
     assert python == folder / "bin" / "python"
     steps = [" ".join(c[1:4]) for c in calls]
-    assert steps == ["-m venv " + str(folder), "-m pip install", "-m scripts.cpu_runtime install",
-                     "-m scripts.cpu_runtime sync", "-m scripts.tiny_laguna --out"]
+    assert steps == [
+        "-m venv " + str(folder),
+        "-m pip install",
+        "-m scripts.cpu_runtime install",
+        "-m scripts.cpu_runtime sync",
+        "-m scripts.tiny_laguna --out",
+    ]
     calls.clear()
     cpu_venv.ensure(tree, models)  # reused: no venv, no tools, no models; install and sync are no-ops
     assert [" ".join(c[1:4]) for c in calls] == ["-m scripts.cpu_runtime install", "-m scripts.cpu_runtime sync"]

@@ -73,9 +73,7 @@ def test_table_marks_token_mismatch_and_speedup() -> None:
             step_ms=[step_ms] * 10,
         )
 
-    table = gc.render_table(
-        [result(False, [[1, 2, 3]], 30.0), result(True, [[1, 2, 4]], 10.0)]
-    )
+    table = gc.render_table([result(False, [[1, 2, 3]], 30.0), result(True, [[1, 2, 4]], 10.0)])
     rows = table.splitlines()
     assert rows[2].split()[3] == "yes"  # the reference itself
     assert rows[3].split()[3] == "NO"
@@ -83,10 +81,11 @@ def test_table_marks_token_mismatch_and_speedup() -> None:
 
 
 def test_table_shows_graph_counts_of_target_and_drafter() -> None:
-    acc = {"target": {"graphs": 146, "breaks": 145, "replays": 300, "captures": [{}]},
-           "drafter": {"graphs": 4, "breaks": 3, "replays": 301, "captures": [{}]}}
-    leg = gc.LegResult(leg=gc.Leg(graphs=True, metadata=False), tokens=[[1]], step_ms=[1.0],
-                       graphs=acc)
+    acc = {
+        "target": {"graphs": 146, "breaks": 145, "replays": 300, "captures": [{}]},
+        "drafter": {"graphs": 4, "breaks": 3, "replays": 301, "captures": [{}]},
+    }
+    leg = gc.LegResult(leg=gc.Leg(graphs=True, metadata=False), tokens=[[1]], step_ms=[1.0], graphs=acc)
     row = gc.render_table([leg]).splitlines()[2]
     assert row.endswith("T 146/145/300 D 4/3/301")
     assert gc.graph_counts({}) == "-"

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 import synthetic
-from synthetic import tool_error
 from scripts.export import export
 from scripts.lint import lint_static
 from scripts.series import load_patch
 from scripts.worktree import apply
+from synthetic import tool_error
 
 ENVS = "vllm/envs.py"
 
@@ -28,8 +28,12 @@ def _inputs(project: synthetic.SyntheticProject) -> dict[str, bytes]:
     return out
 
 
-def _commit(project: synthetic.SyntheticProject, edits: dict[str, str], subject: str,
-            body: str = "What and why.\n\n" + synthetic.HEADER) -> str:
+def _commit(
+    project: synthetic.SyntheticProject,
+    edits: dict[str, str],
+    subject: str,
+    body: str = "What and why.\n\n" + synthetic.HEADER,
+) -> str:
     for rel, text in edits.items():
         path = project.tree / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -58,8 +62,10 @@ def test_export_ignores_the_users_git_configuration(vxl_project, tmp_path: Path,
     project = vxl_project
     apply(project.layout())
     config = tmp_path / "gitconfig"
-    config.write_text("[diff]\n\tnoprefix = true\n\tmnemonicPrefix = true\n\talgorithm = histogram\n"
-                      "[format]\n\tsignature = someone\n\tnumbered = true\n[core]\n\tabbrev = 7\n")
+    config.write_text(
+        "[diff]\n\tnoprefix = true\n\tmnemonicPrefix = true\n\talgorithm = histogram\n"
+        "[format]\n\tsignature = someone\n\tnumbered = true\n[core]\n\tabbrev = 7\n"
+    )
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
     assert export(project.layout(), check=True) is False
 
@@ -102,8 +108,11 @@ def test_overlay_only_commit_folds_back_into_overlay(vxl_project) -> None:
     project = vxl_project
     apply(project.layout())
     patches_before = {k: v for k, v in _inputs(project).items() if k.startswith("patches/")}
-    _commit(project, {"vllm/toy_overlay.py": "VALUE = 7\n", "tests/toy/test_toy.py": "def test_toy():\n    assert 7\n"},
-            "tweak the overlay")
+    _commit(
+        project,
+        {"vllm/toy_overlay.py": "VALUE = 7\n", "tests/toy/test_toy.py": "def test_toy():\n    assert 7\n"},
+        "tweak the overlay",
+    )
     assert export(project.layout()) is True
     assert (project.overlay / "vllm/toy_overlay.py").read_text() == "VALUE = 7\n"
     assert (project.overlay / "tests/toy/test_toy.py").read_text() == "def test_toy():\n    assert 7\n"
@@ -129,8 +138,11 @@ def test_mixed_commit_is_refused(vxl_project) -> None:
     project = vxl_project
     apply(project.layout())
     before = _inputs(project)
-    sha = _commit(project, {"vllm/toy_overlay.py": "VALUE = 8\n", "vllm/utils.py": "def helper():\n    return 8\n"},
-                  "mixed change")
+    sha = _commit(
+        project,
+        {"vllm/toy_overlay.py": "VALUE = 8\n", "vllm/utils.py": "def helper():\n    return 8\n"},
+        "mixed change",
+    )
     message = tool_error(export, project.layout())
     assert sha[:12] in message and "mixes overlay files and upstream files" in message
     assert _inputs(project) == before
@@ -229,8 +241,11 @@ def test_new_patch_after_a_gap_is_numbered_after_the_last(vxl_project) -> None:
     apply(project.layout())
     _commit(project, {"vllm/utils.py": "def helper():\n    return 6\n"}, "utils: return six")
     export(project.layout())
-    assert project.series_names() == ["0001-envs-declare-the-toy-XPU-toggle.patch", renamed,
-                                      "0007-utils-return-six.patch"]
+    assert project.series_names() == [
+        "0001-envs-declare-the-toy-XPU-toggle.patch",
+        renamed,
+        "0007-utils-return-six.patch",
+    ]
 
 
 def test_empty_commit_does_not_corrupt_patches(vxl_project) -> None:

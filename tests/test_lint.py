@@ -8,10 +8,10 @@ import re
 import pytest
 
 import synthetic
-from synthetic import Change, tool_error
 from scripts.lint import lint, lint_static
 from scripts.series import REQUIRED_FIELDS, parse_fields
 from scripts.worktree import Layout, apply
+from synthetic import Change, tool_error
 
 ENVS = "vllm/envs.py"
 
@@ -63,8 +63,13 @@ def test_missing_header_field_is_a_problem(missing: str, vxl_project) -> None:
     project = vxl_project
     header = "".join(line + "\n" for line in synthetic.HEADER.splitlines() if not line.startswith(missing + ":"))
     assert header != synthetic.HEADER
-    project.add_patch(Change("utils: a change", {"vllm/utils.py": "def helper():\n    return 9\n"},
-                             body="What and why.\n\n" + header), project.patched_files(), 3)
+    project.add_patch(
+        Change(
+            "utils: a change", {"vllm/utils.py": "def helper():\n    return 9\n"}, body="What and why.\n\n" + header
+        ),
+        project.patched_files(),
+        3,
+    )
     problems = lint_static(project.layout())
     assert problems == [f"0003-utils-a-change.patch: header field '{missing}:' is missing or empty"]
 
@@ -72,13 +77,16 @@ def test_missing_header_field_is_a_problem(missing: str, vxl_project) -> None:
 def test_empty_header_field_is_a_problem(vxl_project) -> None:
     project = vxl_project
     header = synthetic.HEADER.replace("Drop-When: never; it is a test.", "Drop-When:")
-    project.add_patch(Change("utils: a change", {"vllm/utils.py": "x = 1\n"}, body="What.\n\n" + header),
-                      project.patched_files(), 3)
+    project.add_patch(
+        Change("utils: a change", {"vllm/utils.py": "x = 1\n"}, body="What.\n\n" + header), project.patched_files(), 3
+    )
     assert any("'Drop-When:' is missing or empty" in p for p in lint_static(project.layout()))
 
 
 def test_header_continuation_lines_are_read() -> None:
-    fields = parse_fields("Para.\n\nWhy: first line\n second line\nUpstream-Status: pending\nDrop-When: x\n\nNot: a field\n")
+    fields = parse_fields(
+        "Para.\n\nWhy: first line\n second line\nUpstream-Status: pending\nDrop-When: x\n\nNot: a field\n"
+    )
     assert fields == {"Why": "first line second line", "Upstream-Status": "pending", "Drop-When": "x"}
 
 
@@ -95,16 +103,18 @@ def test_abbreviated_index_is_a_problem(vxl_project) -> None:
 def test_patch_editing_an_overlay_file_is_a_problem(vxl_project) -> None:
     project = vxl_project
     project.add_patch(Change("touch the overlay", {"vllm/toy_overlay.py": "VALUE = 0\n"}), project.patched_files(), 3)
-    assert "0003-touch-the-overlay.patch: edits vllm/toy_overlay.py, which is an overlay file" \
-        in lint_static(project.layout())
+    assert "0003-touch-the-overlay.patch: edits vllm/toy_overlay.py, which is an overlay file" in lint_static(
+        project.layout()
+    )
 
 
 def test_conflicting_patch_fails_full_lint_but_not_static(vxl_project) -> None:
     project = vxl_project
     base = project.patched_files()
     base[ENVS] = base[ENVS].replace('"VLLM_TOY_20", "20"', '"VLLM_TOY_20", "twenty"')
-    project.add_patch(Change("envs: conflict", {ENVS: base[ENVS].replace('"VLLM_TOY_21", "21"', '"VLLM_TOY_21", "x"')}),
-                      base, 3)
+    project.add_patch(
+        Change("envs: conflict", {ENVS: base[ENVS].replace('"VLLM_TOY_21", "21"', '"VLLM_TOY_21", "x"')}), base, 3
+    )
     assert lint_static(project.layout()) == []
     message = tool_error(lint, project.layout())
     assert "0003-envs-conflict.patch" in message and "no fuzz or offset" in message
@@ -123,7 +133,8 @@ def test_overlay_manifest_drift_fails_full_lint(vxl_project) -> None:
     (project.root / "overlay.toml").write_text(f'[replaces]\n"vllm/utils.py" = "{"2" * 40}"\n')
     assert "upstream twin changed" in tool_error(lint, project.layout())
     (project.root / "overlay.toml").write_text(
-        f'[replaces]\n"vllm/utils.py" = "{synthetic.blob_id(project.files["vllm/utils.py"])}"\n')
+        f'[replaces]\n"vllm/utils.py" = "{synthetic.blob_id(project.files["vllm/utils.py"])}"\n'
+    )
     lint(project.layout())
 
 

@@ -36,15 +36,28 @@ def _env(project: synthetic.SyntheticProject) -> dict[str, str]:
 
 
 def _holder(project: synthetic.SyntheticProject) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER], cwd=project.root, env=_env(project), text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER],
+        cwd=project.root,
+        env=_env(project),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held", proc.stderr
     return proc
 
 
 def _cli(project: synthetic.SyntheticProject, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "scripts", *args], cwd=project.root, env=_env(project),
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "scripts", *args],
+        cwd=project.root,
+        env=_env(project),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.mark.parametrize("command", ["apply", "export", "build", "rebase"])
@@ -101,6 +114,7 @@ def test_two_concurrent_applies_on_one_checkout(vxl_project) -> None:
 
 # --------------------------------------------------------------------------- switching trees
 
+
 def _mark(tree: Path) -> Path:
     marker = tree / ".git" / "vxl-test-marker"
     marker.write_text("this very directory\n")
@@ -156,7 +170,9 @@ def test_fallback_switch_killed_between_renames_is_recovered(vxl_project, monkey
     capfd.readouterr()
     state = apply(project.layout())
     assert "recovered" in capfd.readouterr().err
-    assert (project.tree / ".git" / "vxl-test-marker").exists() and state.head == staged.head  # the completed rebuild was kept, not redone
+    assert (
+        project.tree / ".git" / "vxl-test-marker"
+    ).exists() and state.head == staged.head  # the completed rebuild was kept, not redone
     assert not (project.build / "worktree.old").exists()
 
 

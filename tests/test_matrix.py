@@ -26,9 +26,15 @@ def _logprobs(tokens: list[int]) -> list:
 
 
 def _rows(tokens: list[list[int]], cached: int = 0) -> dict:
-    return {"rows": [{"token_ids": t, "cached_tokens": cached, "seconds": 0.1, "prompt_tokens": 5,
-                      "logprobs": _logprobs(t)} for t in tokens],
-            "draft_tokens": 70, "accepted_tokens": 7, "acceptance_rate": 0.1}
+    return {
+        "rows": [
+            {"token_ids": t, "cached_tokens": cached, "seconds": 0.1, "prompt_tokens": 5, "logprobs": _logprobs(t)}
+            for t in tokens
+        ],
+        "draft_tokens": 70,
+        "accepted_tokens": 7,
+        "acceptance_rate": 0.1,
+    }
 
 
 def test_prompts_are_fresh_unique_and_have_the_required_roles() -> None:
@@ -49,8 +55,13 @@ def test_first_difference_reports_position_and_both_tokens() -> None:
 
 def test_evaluate_passes_equal_legs_and_marks_graph_legs_not_run() -> None:
     teacher = [[1, 2, 3], [4, 5, 6]]
-    outputs = {"teacher": _rows(teacher), "dflash-graph0-meta0": _rows(teacher), "dflash-graph0-meta1": _rows(teacher),
-               "dflash-graph1-meta0": {"status": NOT_RUN_NO_GRAPHS}, "dflash-graph1-meta1": {"status": NOT_RUN_NO_GRAPHS}}
+    outputs = {
+        "teacher": _rows(teacher),
+        "dflash-graph0-meta0": _rows(teacher),
+        "dflash-graph0-meta1": _rows(teacher),
+        "dflash-graph1-meta0": {"status": NOT_RUN_NO_GRAPHS},
+        "dflash-graph1-meta1": {"status": NOT_RUN_NO_GRAPHS},
+    }
     results = {r.name: r for r in evaluate(outputs, LEGS, 2)}
     assert results["dflash-graph0-meta1"].status == "passed"
     assert results["dflash-graph0-meta1"].teacher_exact == "2/2"
@@ -61,8 +72,11 @@ def test_evaluate_passes_equal_legs_and_marks_graph_legs_not_run() -> None:
 
 def test_evaluate_fails_on_a_token_mismatch_and_names_the_position() -> None:
     teacher = [[1, 2, 3], [4, 5, 6]]
-    outputs = {"teacher": _rows(teacher), "dflash-graph0-meta0": _rows(teacher),
-               "dflash-graph0-meta1": _rows([[1, 2, 3], [4, 7, 6]])}
+    outputs = {
+        "teacher": _rows(teacher),
+        "dflash-graph0-meta0": _rows(teacher),
+        "dflash-graph0-meta1": _rows([[1, 2, 3], [4, 7, 6]]),
+    }
     results = {r.name: r for r in evaluate(outputs, LEGS[:3], 2)}
     bad = results["dflash-graph0-meta1"]
     assert bad.status == "failed" and bad.teacher_exact == "1/2" and bad.cross_leg_exact == "1/2"
@@ -77,7 +91,8 @@ def test_evaluate_fails_when_cached_tokens_were_used() -> None:
 
 
 def test_a_non_positive_token_budget_is_refused_before_anything_runs(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from scripts.matrix import main
 
     assert main(["run", "--tiny", str(tmp_path / "tiny"), "--max-num-batched-tokens", "0"]) == 2
@@ -85,17 +100,32 @@ def test_a_non_positive_token_budget_is_refused_before_anything_runs(
     assert not (tmp_path / "tiny").exists()
 
 
-def _graph_accounting(graphs: int = 5, attention: int = 4, collective: int = 0, replays: int = 300,
-                      graph_class: str = "RecordingGraph (emulated device graph)") -> dict:
-    capture = {"graphs": graphs, "breaks": attention + collective,
-               "breaks_by_kind": {"attention": attention, "collective": collective}, "replays": replays}
-    return {"graph_class": graph_class, "captures": [capture], "graphs": graphs,
-            "breaks": attention + collective, "replays": replays}
+def _graph_accounting(
+    graphs: int = 5,
+    attention: int = 4,
+    collective: int = 0,
+    replays: int = 300,
+    graph_class: str = "RecordingGraph (emulated device graph)",
+) -> dict:
+    capture = {
+        "graphs": graphs,
+        "breaks": attention + collective,
+        "breaks_by_kind": {"attention": attention, "collective": collective},
+        "replays": replays,
+    }
+    return {
+        "graph_class": graph_class,
+        "captures": [capture],
+        "graphs": graphs,
+        "breaks": attention + collective,
+        "replays": replays,
+    }
 
 
 # tiny target: 4 layers, drafter: 1 layer, TP 1 (numbers written out, not derived by the code under test)
-EXPECT = GraphExpectation(target=Topology(attention=4, collective=0), drafter=Topology(attention=1, collective=0),
-                          min_replays=200)
+EXPECT = GraphExpectation(
+    target=Topology(attention=4, collective=0), drafter=Topology(attention=1, collective=0), min_replays=200
+)
 
 
 def _graph_leg(graphs: dict) -> LegResult:
@@ -118,8 +148,9 @@ def test_emulated_graph_leg_passes_labelled_and_never_plain_passed() -> None:
 
 def test_device_graph_leg_passes_plain() -> None:
     device = "torch.xpu.XPUGraph"
-    result = _graph_leg({"target": _graph_accounting(graph_class=device),
-                         "drafter": _graph_accounting(2, 1, graph_class=device)})
+    result = _graph_leg(
+        {"target": _graph_accounting(graph_class=device), "drafter": _graph_accounting(2, 1, graph_class=device)}
+    )
     assert result.status == "passed"
 
 

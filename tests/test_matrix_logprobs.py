@@ -15,8 +15,10 @@ def _pos(token: int, value: float, top: list[tuple[int, float]]) -> list:
     return [token, value.hex(), [[t, v.hex()] for t, v in top]]
 
 
-TEACHER = [[_pos(5, -0.25, [(5, -0.25), (9, -1.5)]), _pos(7, -0.5, [(7, -0.5), (2, -1.0)])],
-           [_pos(3, -0.125, [(3, -0.125), (4, -3.0)])]]
+TEACHER = [
+    [_pos(5, -0.25, [(5, -0.25), (9, -1.5)]), _pos(7, -0.5, [(7, -0.5), (2, -1.0)])],
+    [_pos(3, -0.125, [(3, -0.125), (4, -3.0)])],
+]
 
 
 def test_collect_logprobs_keeps_sampled_first_and_top_k_in_rank_order() -> None:
@@ -73,18 +75,38 @@ def test_negative_control_fails_when_the_diagnostic_leg_becomes_equal() -> None:
 
 
 def _out(prompts: list[list[list]]) -> dict:
-    return {"rows": [{"token_ids": [p[0] for p in rows], "cached_tokens": 0, "seconds": 0.1, "prompt_tokens": 4100,
-                      "logprobs": rows} for rows in prompts],
-            "draft_tokens": 7, "accepted_tokens": 1, "acceptance_rate": 1 / 7}
+    return {
+        "rows": [
+            {
+                "token_ids": [p[0] for p in rows],
+                "cached_tokens": 0,
+                "seconds": 0.1,
+                "prompt_tokens": 4100,
+                "logprobs": rows,
+            }
+            for rows in prompts
+        ],
+        "draft_tokens": 7,
+        "accepted_tokens": 1,
+        "acceptance_rate": 1 / 7,
+    }
 
 
 def test_evaluate_gates_exact_and_diagnostic_legs() -> None:
     differs = copy.deepcopy(TEACHER)
     differs[1][0][1] = (-0.1251).hex()
-    legs = (LEG["teacher"], LEG["dflash-graph0-meta0"], LEG["dflash-exact0-diagnostic"],
-            LEG["dflash-noplan-diagnostic"])
-    outputs = {"teacher": _out(TEACHER), "dflash-graph0-meta0": _out(copy.deepcopy(TEACHER)),
-               "dflash-exact0-diagnostic": _out(differs), "dflash-noplan-diagnostic": _out(copy.deepcopy(TEACHER))}
+    legs = (
+        LEG["teacher"],
+        LEG["dflash-graph0-meta0"],
+        LEG["dflash-exact0-diagnostic"],
+        LEG["dflash-noplan-diagnostic"],
+    )
+    outputs = {
+        "teacher": _out(TEACHER),
+        "dflash-graph0-meta0": _out(copy.deepcopy(TEACHER)),
+        "dflash-exact0-diagnostic": _out(differs),
+        "dflash-noplan-diagnostic": _out(copy.deepcopy(TEACHER)),
+    }
     results = {r.name: r for r in evaluate(outputs, legs, 2, require_bitwise=True)}
     assert results["dflash-graph0-meta0"].status == "passed"
     assert results["dflash-graph0-meta0"].logprobs["logprobs_bitwise_equal"] == 3

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from _measure_synth import CONFIG, clean_legs, legs, teacher
 
+from _measure_synth import CONFIG, clean_legs, legs, teacher
 from scripts.errors import ToolError
 from scripts.measure.analyze import analyze
 from scripts.measure.gates import load_gates

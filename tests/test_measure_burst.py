@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from _measure_synth import CONFIG, clean_legs, teacher
 
+from _measure_synth import CONFIG, clean_legs, teacher
 from scripts.measure.analyze import analyze
 from scripts.measure.gates import load_gates
 from scripts.measure.record import RecordMeta, build_record
@@ -77,8 +77,12 @@ def test_a_burst_row_fails_a_named_quality_check_and_is_not_a_record() -> None:
     assert result["quality"]["plausible_chunk_timing"] == "11/12"
     assert "plausible_chunk_timing" in result["failing_gates"]
     assert result["burst_rows"] == [
-        {"leg": "B1", "index": 1, "kind": "normal",
-         "burst": "5 tokens from position 0 within 0.400 ms (one engine step emits at most 4)"}
+        {
+            "leg": "B1",
+            "index": 1,
+            "kind": "normal",
+            "burst": "5 tokens from position 0 within 0.400 ms (one engine step emits at most 4)",
+        }
     ]
     assert result["legs"]["B1"]["per_row"][1]["burst"].startswith("5 tokens")
     meta = RecordMeta("s", "2026-01-01", "/r", {}, {}, None, {}, {})
@@ -111,6 +115,9 @@ def test_a_row_flushed_at_one_instant_is_named_as_a_burst() -> None:
 
     data = clean_legs()
     data["B2"][2].token_times_s = [0.3] * 5  # the whole row in one chunk (seen on a loaded CPU)
-    with pytest.raises(ToolError, match=r"leg B2 row 2 \(rollover\): output tokens 1..4 arrived at one "
-                       r"instant, a burst row \(plausible_chunk_timing"):
+    with pytest.raises(
+        ToolError,
+        match=r"leg B2 row 2 \(rollover\): output tokens 1..4 arrived at one "
+        r"instant, a burst row \(plausible_chunk_timing",
+    ):
         analyze(data, teacher(), CONFIG, GATES)

@@ -88,9 +88,7 @@ def test_prompts_are_unique_and_sized() -> None:
     )
     assert [p.text for p in again] == [p.text for p in prompts]  # seeded
     with pytest.raises(ToolError, match="rollover"):
-        build_prompts(
-            3, "t", 1, words, prompt_tokens=5, long_prompt_tokens=9, rollover_at=20, max_tokens=64
-        )
+        build_prompts(3, "t", 1, words, prompt_tokens=5, long_prompt_tokens=9, rollover_at=20, max_tokens=64)
 
 
 METRICS = """\
@@ -115,9 +113,7 @@ def test_metrics_snapshot() -> None:
 
 
 def test_speculative_config_and_serve_argv(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    args = argparse.Namespace(
-        speculative_config=None, draft=str(tmp_path), num_speculative_tokens=7
-    )
+    args = argparse.Namespace(speculative_config=None, draft=str(tmp_path), num_speculative_tokens=7)
     assert speculative_config(args) == {
         "method": "dflash",
         "model": str(tmp_path.resolve()),

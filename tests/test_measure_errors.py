@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _measure_synth import CONFIG, teacher
 from test_measure_burst import burst_legs
 
+from _measure_synth import CONFIG, teacher
 from scripts import REPO_ROOT
 from scripts.measure.artifacts import RECORD_FILE, finish_run, write_rows
 from scripts.measure.cli import analyze_run
@@ -26,11 +26,27 @@ def write_run(out: Path) -> dict:
     for leg in ("a1", "b1", "b2", "a2", "teacher"):
         (out / f"server-{leg}.log").write_text(f"log of {leg}\n")
         raw[f"{leg}_server_log"] = f"server-{leg}.log"
-    meta = RecordMeta("test-record", "2026-11-30", str(out), {"vllm_commit": "f2654939e"}, TREATMENT,
-                      {"method": "dflash", "num_speculative_tokens": 3}, {}, {})
-    manifest = {"config": CONFIG.to_json(), "record_meta": {
-        "schema": meta.schema, "date": meta.date, "source": meta.source, "treatment": meta.treatment,
-        "speculative": meta.speculative, "prior": None}}
+    meta = RecordMeta(
+        "test-record",
+        "2026-11-30",
+        str(out),
+        {"vllm_commit": "f2654939e"},
+        TREATMENT,
+        {"method": "dflash", "num_speculative_tokens": 3},
+        {},
+        {},
+    )
+    manifest = {
+        "config": CONFIG.to_json(),
+        "record_meta": {
+            "schema": meta.schema,
+            "date": meta.date,
+            "source": meta.source,
+            "treatment": meta.treatment,
+            "speculative": meta.speculative,
+            "prior": None,
+        },
+    }
     _, record = finish_run(out, manifest, raw, meta, load_gates())
     return record
 
@@ -65,8 +81,10 @@ def test_no_traceback_for_bad_options(tmp_path: Path) -> None:
     cases = [
         (["scripts.measure", "analyze", str(tmp_path / "nope")], "no readable run.json"),
         (["scripts.measure", "crossover", "--treatment", "X=1", "--model", str(tmp_path)], "no config.json"),
-        (["scripts.matrix", "run", "--model-dir", "/nonexistent", "--draft-dir", "/nonexistent2"],
-         "--model-dir /nonexistent: no such directory"),
+        (
+            ["scripts.matrix", "run", "--model-dir", "/nonexistent", "--draft-dir", "/nonexistent2"],
+            "--model-dir /nonexistent: no such directory",
+        ),
         (["scripts.matrix", "run", "--model-dir", str(REPO_ROOT)], "no config.json"),
     ]
     for argv, message in cases:
@@ -78,21 +96,48 @@ def test_no_traceback_for_bad_options(tmp_path: Path) -> None:
 
 def test_crossover_refuses_a_long_prompt_that_does_not_fit(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
-    base = [sys.executable, "-m", "scripts.measure", "crossover", "--treatment", "X=1", "--model", str(tmp_path),
-            "--prompts", "3", "--max-tokens", "32", "--window", "32", "--check-only"]
+    base = [
+        sys.executable,
+        "-m",
+        "scripts.measure",
+        "crossover",
+        "--treatment",
+        "X=1",
+        "--model",
+        str(tmp_path),
+        "--prompts",
+        "3",
+        "--max-tokens",
+        "32",
+        "--window",
+        "32",
+        "--check-only",
+    ]
     # the README's old command: default --long-prompt-tokens 1024 + 32 > --max-model-len 1024
-    proc = subprocess.run([*base, "--server-args", "--max-model-len 1024"], cwd=REPO_ROOT, capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [*base, "--server-args", "--max-model-len 1024"], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
         "crossover: error: the long prompt (1024 tokens, --long-prompt-tokens) + --max-tokens 32 = 1056 > 1024 "
-        "(--max-model-len in --server-args); lower --long-prompt-tokens or --max-tokens, or raise the limit")
-    proc = subprocess.run([*base, "--server-args", "--max-model-len 1024", "--long-prompt-tokens", "200"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+        "(--max-model-len in --server-args); lower --long-prompt-tokens or --max-tokens, or raise the limit"
+    )
+    proc = subprocess.run(
+        [*base, "--server-args", "--max-model-len 1024", "--long-prompt-tokens", "200"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     # without --max-model-len the model's max_position_embeddings is the limit
-    proc = subprocess.run([*base, "--max-tokens", "4000", "--rollover-at", "4000"], cwd=REPO_ROOT, capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [*base, "--max-tokens", "4000", "--rollover-at", "4000"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 1 and "max_position_embeddings" in proc.stderr
 
 
@@ -103,8 +148,10 @@ def test_bench_shows_the_failing_step_output() -> None:
     from scripts.errors import ToolError
 
     with pytest.raises(ToolError) as caught:
-        _checked([sys.executable, "-c", "print('CMake 3.26 or higher is required'); raise SystemExit(3)"],
-                 "baseline pip wheel")
+        _checked(
+            [sys.executable, "-c", "print('CMake 3.26 or higher is required'); raise SystemExit(3)"],
+            "baseline pip wheel",
+        )
     text = str(caught.value)
     assert text.startswith("bench: baseline pip wheel failed (exit 3)")
     assert "CMake 3.26 or higher is required" in text

@@ -18,19 +18,34 @@ GRAPH_RECORD = ROOT / "tests" / "fixtures" / "records" / "record-2026-07-24-brea
 
 
 def _line(pid: int, label: str, graphs: int, breaks: int, replays: int) -> str:
-    acc = {"label": label, "graph_class": "torch.xpu.XPUGraph", "graphs": graphs, "breaks": breaks,
-           "replays": replays,
-           "captures": [{"batch_descriptor": "BatchDescriptor(num_tokens=8, num_reqs=None)", "graphs": graphs,
-                         "breaks": breaks, "breaks_by_kind": {"attention": 48, "collective": breaks - 48},
-                         "replays": replays}]}
+    acc = {
+        "label": label,
+        "graph_class": "torch.xpu.XPUGraph",
+        "graphs": graphs,
+        "breaks": breaks,
+        "replays": replays,
+        "captures": [
+            {
+                "batch_descriptor": "BatchDescriptor(num_tokens=8, num_reqs=None)",
+                "graphs": graphs,
+                "breaks": breaks,
+                "breaks_by_kind": {"attention": 48, "collective": breaks - 48},
+                "replays": replays,
+            }
+        ],
+    }
     return f"(Worker_TP{pid % 4} pid={pid}) INFO 11-30 [xpu_breakable_graph.py:1] {ACCOUNTING_MARK}{json.dumps(acc)}"
 
 
 def _leg_log(first_pid: int, replays: int) -> str:
     lines = ["INFO starting", f"{ACCOUNTING_MARK}{{not json"]
     for pid in range(first_pid, first_pid + 4):  # TP 4: one worker per rank
-        lines += [_line(pid, "target", 146, 145, 0), _line(pid, "drafter", 4, 3, 0),
-                  _line(pid, "target", 146, 145, replays), _line(pid, "drafter", 4, 3, replays + 1)]
+        lines += [
+            _line(pid, "target", 146, 145, 0),
+            _line(pid, "drafter", 4, 3, 0),
+            _line(pid, "target", 146, 145, replays),
+            _line(pid, "drafter", 4, 3, replays + 1),
+        ]
     return "\n".join(lines)
 
 

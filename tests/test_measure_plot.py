@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _measure_synth import CONFIG, teacher
 from test_measure_burst import burst_legs
 
+from _measure_synth import CONFIG, teacher
 from scripts.measure.analyze import analyze
 from scripts.measure.gates import load_gates
 from scripts.measure.plot import treatment_title

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _measure_synth import CONFIG, clean_legs, legs, teacher
 
+from _measure_synth import CONFIG, clean_legs, legs, teacher
+from scripts.digest import sha256_file
 from scripts.measure.artifacts import RECORD_FILE, finish_run, write_rows
 from scripts.measure.cli import verify_record as verify_cli
 from scripts.measure.gates import load_gates
 from scripts.measure.record import Prior, RecordMeta
-from scripts.digest import sha256_file
 from scripts.measure.schema import SCHEMA_VERSION, dump_rows, load_rows
 from scripts.measure.verify_record import verify
 
@@ -76,9 +76,7 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def tokens(path: str) -> list[str | int]:
-    return [
-        int(p[1:-1]) if p.startswith("[") else p for p in re.findall(r"[^.\[\]]+|\[\d+\]", path)
-    ]
+    return [int(p[1:-1]) if p.startswith("[") else p for p in re.findall(r"[^.\[\]]+|\[\d+\]", path)]
 
 
 def get(data: Any, path: str) -> Any:
@@ -244,9 +242,7 @@ def test_written_record_numbers(tmp_path: Path) -> None:
     assert record["audits"]["committed_analyzer_disposition"] == "not_a_record"
     for name, rel in record["artifacts"].items():
         assert record["sha256"][name] == sha256_file(tmp_path / rel)
-    assert {"a1_bench", "teacher_bench", "b2_server_log", "manifest", "full_analysis"} <= set(
-        record["artifacts"]
-    )
+    assert {"a1_bench", "teacher_bench", "b2_server_log", "manifest", "full_analysis"} <= set(record["artifacts"])
 
 
 def test_clean_run_is_a_record_candidate_and_verifies_from_raw(tmp_path: Path) -> None:

@@ -52,17 +52,24 @@ def test_the_repository_pins_name_the_issue_values() -> None:
     assert pins.draft.revision == "5e07c246915c86dc6920fead03d019989224f2ba"
 
 
-@pytest.mark.parametrize("old,new,expect", [
-    ('commit = "abc1234"', 'commit = "abc1234"\nbranch = "main"', "unknown key(s) branch"),
-    ("[cpu_runtime]", "[extra]\nx = \"1\"\n\n[cpu_runtime]", "unknown table(s) extra"),
-    ("[models.draft]", "[models.other]\nrepo = \"a/b\"\n\n[models.draft]", "models.other"),
-], ids=["unknown-key", "unknown-table", "unknown-model-table"])
+@pytest.mark.parametrize(
+    "old,new,expect",
+    [
+        ('commit = "abc1234"', 'commit = "abc1234"\nbranch = "main"', "unknown key(s) branch"),
+        ("[cpu_runtime]", '[extra]\nx = "1"\n\n[cpu_runtime]', "unknown table(s) extra"),
+        ("[models.draft]", '[models.other]\nrepo = "a/b"\n\n[models.draft]', "models.other"),
+    ],
+    ids=["unknown-key", "unknown-table", "unknown-model-table"],
+)
 def test_unknown_keys_are_errors(old: str, new: str, expect: str) -> None:
     assert expect in _error(GOOD.replace(old, new, 1))
 
 
-@pytest.mark.parametrize("sha", ["A" * 64, "0" * 63, "0" * 65, "g" * 64, "sha256:" + "0" * 64],
-                         ids=["uppercase", "short", "long", "not-hex", "prefixed"])
+@pytest.mark.parametrize(
+    "sha",
+    ["A" * 64, "0" * 63, "0" * 65, "g" * 64, "sha256:" + "0" * 64],
+    ids=["uppercase", "short", "long", "not-hex", "prefixed"],
+)
 def test_malformed_sha256_is_an_error(sha: str) -> None:
     message = _error(synthetic.pins_text(sha))
     assert "sdist_sha256" in message and sha in message
@@ -88,12 +95,15 @@ def test_malformed_runtime_and_model_pins_are_errors() -> None:
     assert "[vllm].git_url" in _error(synthetic.pins_text(SHA, git_url="ftp://example.invalid/x"))
 
 
-@pytest.mark.parametrize("line,key", [
-    ('sdist_sha256 = "' + SHA + '"\n', "sdist_sha256"),
-    ('commit = "abc1234"\n', "commit"),
-    ('version = "9.9.9"\n', "version"),
-    ('kind = "dflash"\n', "kind"),
-])
+@pytest.mark.parametrize(
+    "line,key",
+    [
+        ('sdist_sha256 = "' + SHA + '"\n', "sdist_sha256"),
+        ('commit = "abc1234"\n', "commit"),
+        ('version = "9.9.9"\n', "version"),
+        ('kind = "dflash"\n', "kind"),
+    ],
+)
 def test_missing_field_is_an_error(line: str, key: str) -> None:
     assert line in GOOD
     message = _error(GOOD.replace(line, "", 1))
@@ -111,8 +121,11 @@ def test_non_string_value_is_an_error() -> None:
     assert "must be a non-empty string" in _error(GOOD.replace('commit = "abc1234"', 'commit = ""'))
 
 
-@pytest.mark.parametrize("text", ["[vllm\nversion = 1\n", 'version = "9.9.9\n', "[vllm]\nversion = \"a\"\nversion = \"b\"\n"],
-                         ids=["unclosed-table", "unclosed-string", "duplicate-key"])
+@pytest.mark.parametrize(
+    "text",
+    ["[vllm\nversion = 1\n", 'version = "9.9.9\n', '[vllm]\nversion = "a"\nversion = "b"\n'],
+    ids=["unclosed-table", "unclosed-string", "duplicate-key"],
+)
 def test_bad_toml_is_a_one_line_error(text: str) -> None:
     assert "not valid TOML" in _error(text)
 

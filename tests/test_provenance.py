@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import synthetic
-from synthetic import tool_error
 from scripts.provenance import RECORD_PATH, SCHEMA, make_record, verify, version_for
 from scripts.worktree import load_inputs
+from synthetic import tool_error
 
 TOY = "vllm/toy_overlay.py"
 
@@ -24,8 +24,13 @@ def _record(project: synthetic.SyntheticProject) -> dict:
     return make_record(load_inputs(project.layout()), worktree_head="0" * 40)
 
 
-def _wheel(project: synthetic.SyntheticProject, path: Path, record: dict | None = None,
-           files: dict[str, bytes] | None = None, version: str | None = None) -> Path:
+def _wheel(
+    project: synthetic.SyntheticProject,
+    path: Path,
+    record: dict | None = None,
+    files: dict[str, bytes] | None = None,
+    version: str | None = None,
+) -> Path:
     """A wheel-shaped zip: the record, the shipped overlay files, and METADATA."""
     inputs = load_inputs(project.layout())
     record = record if record is not None else _record(project)
@@ -48,15 +53,20 @@ def test_record_names_pins_patches_overlay_and_tool(vxl_project) -> None:
     assert record["schema"] == SCHEMA
     assert re.fullmatch(r"[0-9a-f]{12}", record["label"]) and record["label"] == inputs.input_hash[:12]
     assert record["version"] == f"9.9.9+xpu.{record['label']}"
-    assert record["pins"]["vllm"] == {"version": "9.9.9", "sdist_sha256": project.sha, "commit": "abc1234",
-                                      "git_url": "file:///nonexistent/vllm.git"}
+    assert record["pins"]["vllm"] == {
+        "version": "9.9.9",
+        "sdist_sha256": project.sha,
+        "commit": "abc1234",
+        "git_url": "file:///nonexistent/vllm.git",
+    }
     names = project.series_names()
     assert [p["name"] for p in record["patches"]] == names
     for item in record["patches"]:
         assert item["sha256"] == hashlib.sha256((project.patches / item["name"]).read_bytes()).hexdigest()
     assert record["patches"][0]["subject"] == "envs: declare the toy XPU toggle"
     assert {o["path"]: o["sha256"] for o in record["overlay"]} == {
-        rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in synthetic.OVERLAY_FILES.items()}
+        rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in synthetic.OVERLAY_FILES.items()
+    }
     assert set(record["tool"]) == {"revision", "dirty"}
     assert record["worktree_head"] == "0" * 40
 
@@ -120,16 +130,20 @@ def test_wrong_version_is_rejected(vxl_project, tmp_path: Path) -> None:
     assert "version is 9.9.9+xpu.000000000000, the repository builds 9.9.9+xpu." in message
 
 
-@pytest.mark.parametrize("key,value,expect", [
-    ("schema", "something-else", "schema is 'something-else'"),
-    ("label", "ffffffffffff", "label differs"),
-    ("input_hash", "f" * 64, "input_hash differs"),
-])
+@pytest.mark.parametrize(
+    "key,value,expect",
+    [
+        ("schema", "something-else", "schema is 'something-else'"),
+        ("label", "ffffffffffff", "label differs"),
+        ("input_hash", "f" * 64, "input_hash differs"),
+    ],
+)
 def test_altered_record_fields_are_rejected(key: str, value: str, expect: str, vxl_project, tmp_path: Path) -> None:
     record = _record(vxl_project)
     record[key] = value
-    assert expect in tool_error(verify, str(_wheel(vxl_project, tmp_path / "t.whl", record=record)),
-                                vxl_project.layout())
+    assert expect in tool_error(
+        verify, str(_wheel(vxl_project, tmp_path / "t.whl", record=record)), vxl_project.layout()
+    )
 
 
 def test_altered_pins_are_rejected(vxl_project, tmp_path: Path) -> None:
@@ -203,19 +217,24 @@ def test_verify_installed_without_vllm_is_an_error(vxl_project, tmp_path: Path, 
 
 # --------------------------------------------------------------------------- a real (toy) wheel build
 
-TOY_SETUP = '''import os
+TOY_SETUP = """import os
 from setuptools import setup
 
 assert os.environ["VLLM_TARGET_DEVICE"] == "xpu", "not an XPU build"
 {fail}setup(name="vllm", version=os.environ["VLLM_VERSION_OVERRIDE"], packages=["vllm"],
       package_data={{"vllm": ["*.json"]}})
-'''
+"""
 TOY_PYPROJECT = "[build-system]\nrequires = ['setuptools']\nbuild-backend = 'setuptools.build_meta'\n"
 
 
 def _buildable(project: synthetic.SyntheticProject, fail: bool = False) -> None:
-    files = dict(project.files, **{"setup.py": TOY_SETUP.format(fail="raise SystemExit('toy build broke')\n" if fail else ""),
-                                   "pyproject.toml": TOY_PYPROJECT})
+    files = dict(
+        project.files,
+        **{
+            "setup.py": TOY_SETUP.format(fail="raise SystemExit('toy build broke')\n" if fail else ""),
+            "pyproject.toml": TOY_PYPROJECT,
+        },
+    )
     project.set_upstream(files)
     project.set_patches(synthetic.default_changes(files), base=files)
 

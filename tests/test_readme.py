@@ -90,7 +90,7 @@ def test_every_nox_session_and_module_the_readme_names_exists() -> None:
     for line in [w for b in blocks for w in commands(b)] + [shlex.split(i) for i in inline if "<" not in i]:
         for i, word in enumerate(line):
             if word == "nox" and i + 1 < len(line) and line[i + 1] == "-s":
-                for name in line[i + 2:]:
+                for name in line[i + 2 :]:
                     if name == "--":
                         break
                     seen_sessions.add(name)
@@ -114,8 +114,14 @@ def _crossover_args(block: str) -> list[list[str]]:
 
 def _check_only(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "scripts.measure", "crossover", *args, "--check-only"], check=False, cwd=cwd,
-                          env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.measure", "crossover", *args, "--check-only"],
+        check=False,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_crossover_snippet_passes_the_crossover_checks(tmp_path: Path) -> None:
@@ -133,7 +139,7 @@ def test_crossover_snippet_passes_the_crossover_checks(tmp_path: Path) -> None:
         for option in ("--long-prompt-tokens", "--prompt-tokens", "--rollover-at"):
             if option in old:
                 index = old.index(option)
-                del old[index:index + 2]
+                del old[index : index + 2]
         done = _check_only(old, tmp_path)
         assert done.returncode == 1
         assert done.stderr.count("\n") == 1 and "the long prompt (1024 tokens" in done.stderr
@@ -145,7 +151,9 @@ def _shell(block: str, cwd: Path, no_venv: bool) -> subprocess.CompletedProcess[
     script = f'nox() {{ "{sys.executable}" -m nox{flags} "$@"; }}\nset -e\n{block}\n'
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("VXL_BUILD_DIR", None)
-    return subprocess.run(["bash", "-c", script], check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=3000)
+    return subprocess.run(
+        ["bash", "-c", script], check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=3000
+    )
 
 
 def test_series_editing_snippet_runs_as_written(tmp_path: Path) -> None:

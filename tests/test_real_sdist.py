@@ -24,15 +24,15 @@ from pathlib import Path
 import pytest
 
 import synthetic
-from synthetic import tool_error
 from scripts import REPO_ROOT
 from scripts.build import build
+from scripts.digest import sha256_file
 from scripts.export import export
 from scripts.pins import load_pins
 from scripts.provenance import RECORD_PATH, verify
-from scripts.digest import sha256_file
 from scripts.source import cache_root, fetch_sdist
 from scripts.worktree import Layout, apply, load_inputs
+from synthetic import tool_error
 
 pytestmark = pytest.mark.real
 
@@ -51,8 +51,10 @@ class Built:
 def vxl_real(tmp_path_factory: pytest.TempPathFactory) -> Built:
     missing = [m for m in BUILD_MODULES if importlib.util.find_spec(m) is None]
     if missing:
-        pytest.fail(f"the build requirements are not installed in this interpreter: {', '.join(missing)} "
-                    "(run the tests through `nox -s tests`)")
+        pytest.fail(
+            f"the build requirements are not installed in this interpreter: {', '.join(missing)} "
+            "(run the tests through `nox -s tests`)"
+        )
     mp = pytest.MonkeyPatch()
     for key in ("VXL_CACHE_DIR", "VXL_BUILD_DIR"):
         mp.delenv(key, raising=False)  # the real default cache; the build dir is explicit below
@@ -62,8 +64,7 @@ def vxl_real(tmp_path_factory: pytest.TempPathFactory) -> Built:
     shutil.copy2(REPO_ROOT / "pins.toml", root / "pins.toml")
     shutil.copytree(REPO_ROOT / "patches", root / "patches")
     if (REPO_ROOT / "overlay").exists():
-        shutil.copytree(REPO_ROOT / "overlay", root / "overlay",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(REPO_ROOT / "overlay", root / "overlay", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     if (REPO_ROOT / "overlay.toml").exists():
         shutil.copy2(REPO_ROOT / "overlay.toml", root / "overlay.toml")
     layout = Layout(root, build_dir=base / "build")
@@ -85,7 +86,11 @@ def test_real_sdist_is_cached_with_the_pinned_sha_and_commit() -> None:
     pins = load_pins()
     path = fetch_sdist(pins.vllm)  # downloads through pip's configured index when missing
     assert path.is_relative_to(cache_root())
-    assert sha256_file(path) == pins.vllm.sdist_sha256 == "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502"
+    assert (
+        sha256_file(path)
+        == pins.vllm.sdist_sha256
+        == "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502"
+    )
     with tarfile.open(path, "r:gz") as tar:
         text = tar.extractfile(f"vllm-{pins.vllm.version}/vllm/_version.py").read().decode()  # type: ignore[union-attr]
     assert re.search(r"__commit_id__ = commit_id = 'gf2654939e", text), text
@@ -150,8 +155,9 @@ def test_real_wheel_name_and_contents(vxl_real: Built) -> None:
     # the provenance record: pins, every patch with its sha256, overlay hashes, tool revision
     assert record["version"] == f"0.26.0+xpu.{inputs.label}"
     assert record["pins"]["vllm"]["sdist_sha256"] == inputs.pins.vllm.sdist_sha256
-    assert [(p["name"], p["sha256"]) for p in record["patches"]] == \
-        [(p.name, hashlib.sha256(p.path.read_bytes()).hexdigest()) for p in inputs.patches]
+    assert [(p["name"], p["sha256"]) for p in record["patches"]] == [
+        (p.name, hashlib.sha256(p.path.read_bytes()).hexdigest()) for p in inputs.patches
+    ]
     assert {o["path"] for o in record["overlay"]} == {o.relpath for o in inputs.overlay}
     assert re.fullmatch(r"[0-9a-f]{40}", record["tool"]["revision"])
     assert record["worktree_head"] == vxl_real.head
@@ -184,8 +190,22 @@ def test_real_verify_installed(vxl_real: Built, tmp_path: Path, monkeypatch: pyt
     import sys
 
     target = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                           "--target", str(target), str(vxl_real.wheel)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(target),
+            str(vxl_real.wheel),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     monkeypatch.setenv("PYTHONPATH", str(target))
     verify("installed", vxl_real.layout, python=sys.executable)

@@ -12,21 +12,23 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import synthetic
-from synthetic import Change, SyntheticProject, make_sdist, sha256, upstream_files
 
+import synthetic
 from scripts.errors import ToolError
 from scripts.pins import load_pins, parse_pins
 from scripts.rebase import REPORT_SCHEMA, compare_hunks, parse_xpu_requirements, rebase, rewrite_pins
 from scripts.worktree import apply, state_path
+from synthetic import Change, SyntheticProject, make_sdist, sha256, upstream_files
 
 NEW = "10.0.0"
 NEW_COMMIT = "def5678aa"
-XPU_TXT = ("# Common dependencies\n-r common.txt\n"
-           "--extra-index-url=https://example.invalid/whl/xpu2\n"
-           "torch==2.13.0\n"
-           "vllm_xpu_kernels @ https://example.invalid/download/v0.1.12/"
-           "vllm_xpu_kernels-0.1.12-cp38-abi3-manylinux_2_28_x86_64.whl\n")
+XPU_TXT = (
+    "# Common dependencies\n-r common.txt\n"
+    "--extra-index-url=https://example.invalid/whl/xpu2\n"
+    "torch==2.13.0\n"
+    "vllm_xpu_kernels @ https://example.invalid/download/v0.1.12/"
+    "vllm_xpu_kernels-0.1.12-cp38-abi3-manylinux_2_28_x86_64.whl\n"
+)
 PINS_COMMENT = "# a comment the rebase must keep\n"
 
 
@@ -47,8 +49,9 @@ def release(project: SyntheticProject, files: dict[str, str], version: str = NEW
 def prepare(project: SyntheticProject) -> None:
     """Commented pins.toml, then an up-to-date work tree (what a user has before rebasing)."""
     pins = (project.root / "pins.toml").read_text()
-    (project.root / "pins.toml").write_text(PINS_COMMENT + pins.replace(
-        'commit = "', '# the commit prefix\ncommit = "'))
+    (project.root / "pins.toml").write_text(
+        PINS_COMMENT + pins.replace('commit = "', '# the commit prefix\ncommit = "')
+    )
     apply(project.layout())
 
 
@@ -113,8 +116,13 @@ def test_clean_rebase_moves_patches_and_pins(vxl_project: SyntheticProject) -> N
     assert out["outcome"] == report["outcome"] == "success"
     assert statuses(report) == ["clean", "clean"]
     assert all(p["effect"]["ok"] for p in report["patches"])
-    assert report["onto"] == {"version": NEW, "commit": NEW_COMMIT[:9], "sdist_sha256": sha,
-                              "pristine": report["onto"]["pristine"], "git_commit": None}
+    assert report["onto"] == {
+        "version": NEW,
+        "commit": NEW_COMMIT[:9],
+        "sdist_sha256": sha,
+        "pristine": report["onto"]["pristine"],
+        "git_commit": None,
+    }
     # untouched upstream files: the exported patches are byte-identical
     assert {p.name: p.read_bytes() for p in project.patches.glob("*.patch")} == old_patches
     pins_text = (project.root / "pins.toml").read_text()
@@ -198,14 +206,16 @@ def test_abort_restores_everything(vxl_project: SyntheticProject) -> None:
     before_inputs = inputs_snapshot(project)
     before_tree = tree_state(project)
     # upstream inserted its own line exactly where the patch inserts: both sides only added lines
-    upstream_envs = synthetic.envs_py().replace('    "VLLM_TOY_11"',
-                                                '    "VLLM_TOY_NEW": lambda: 1,\n    "VLLM_TOY_11"')
+    upstream_envs = synthetic.envs_py().replace(
+        '    "VLLM_TOY_11"', '    "VLLM_TOY_NEW": lambda: 1,\n    "VLLM_TOY_11"'
+    )
     release(project, new_files(**{"vllm/envs.py": upstream_envs}))
     layout = project.layout()
     run_stopped(onto_version=NEW, layout=layout)
     markers = report_of(project)["patches"][0]["conflict"]["files"][0]["markers"]
     assert [(m["kind"], m["upstream_lines"], m["base_lines"], m["patch_lines"]) for m in markers] == [
-        ("both-inserted", 1, 0, 1)]
+        ("both-inserted", 1, 0, 1)
+    ]
     assert project.head() != before_tree["head"]
     (project.tree / "scratch-note.txt").write_text("user junk during resolution\n")
     rebase(abort=True, layout=layout)
@@ -227,8 +237,14 @@ def test_already_upstream_is_retired_with_evidence(vxl_project: SyntheticProject
     assert report["outcome"] == "success" and statuses(report) == ["already-upstream", "clean"]
     evidence = report["patches"][0]["already_upstream"]
     assert evidence["reverse_applies_to_new_base"] is True
-    assert evidence["files"] == [{"file": "vllm/envs.py", "patch_result_blob": synthetic.blob_id(absorbed),
-                                  "new_tree_blob": synthetic.blob_id(absorbed), "identical": True}]
+    assert evidence["files"] == [
+        {
+            "file": "vllm/envs.py",
+            "patch_result_blob": synthetic.blob_id(absorbed),
+            "new_tree_blob": synthetic.blob_id(absorbed),
+            "identical": True,
+        }
+    ]
     assert report["retire_proposals"] == ["0001-envs-declare-the-toy-XPU-toggle.patch"]
     # the survivor keeps its number (patch numbers are identities, gaps are fine)
     assert project.series_names() == ["0002-init-import-the-overlay-module.patch"]
@@ -255,7 +271,8 @@ def test_overlay_drift_blocks_until_declared(vxl_project: SyntheticProject) -> N
     assert inputs_snapshot(project) == before
     # the user reviews and declares the replacement, then continues
     (project.root / "overlay.toml").write_text(
-        f'[replaces]\n"vllm/toy_overlay.py" = "{synthetic.blob_id(upstream_twin)}"\n')
+        f'[replaces]\n"vllm/toy_overlay.py" = "{synthetic.blob_id(upstream_twin)}"\n'
+    )
     rebase(cont=True, layout=layout)
     assert report_of(project)["outcome"] == "success"
     assert (project.tree / "vllm/toy_overlay.py").read_text() == "VALUE = 42\n"
@@ -271,12 +288,18 @@ def test_effect_check_failure_is_reported(vxl_project: SyntheticProject) -> None
     check = "Effect-Check: grep -q 'RUNNER = \"v1\"' vllm/config.py && grep -q laguna_hook vllm/runner_v1.py\n"
     body = synthetic.HEADER.replace("Effect-Check: true\n", check)
     hooked = "def laguna_hook():\n    return 0\n\n\ndef step():\n    laguna_hook()\n    return 1\n"
-    project.set_patches([Change("runner: hook the toy runner", {"vllm/runner_v1.py": hooked}, "Hooks.\n\n" + body),
-                         synthetic.default_changes(base)[0]], base=base)
+    project.set_patches(
+        [
+            Change("runner: hook the toy runner", {"vllm/runner_v1.py": hooked}, "Hooks.\n\n" + body),
+            synthetic.default_changes(base)[0],
+        ],
+        base=base,
+    )
     prepare(project)
     before = inputs_snapshot(project)
-    files = new_files(**{"vllm/config.py": 'RUNNER = "v2"  # the new default\n',
-                         "vllm/runner_v1.py": base["vllm/runner_v1.py"]})
+    files = new_files(
+        **{"vllm/config.py": 'RUNNER = "v2"  # the new default\n', "vllm/runner_v1.py": base["vllm/runner_v1.py"]}
+    )
     release(project, files)
     message = run_stopped(onto_version=NEW, layout=project.layout())
     assert "0001-runner-hook-the-toy-runner.patch: Effect-Check failed (exit 1)" in message
@@ -313,8 +336,9 @@ def test_bad_resolution_fails_compile_check_then_fix_continues(vxl_project: Synt
     assert len(project.series_names()) == 3
 
 
-def test_dry_run_writes_nothing(vxl_project: SyntheticProject, tmp_path: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_writes_nothing(
+    vxl_project: SyntheticProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     project = vxl_project
     prepare(project)
 
@@ -392,26 +416,47 @@ def test_rewrite_pins_keeps_comments_and_rejects_unknown_keys() -> None:
 def test_parse_xpu_requirements() -> None:
     found = parse_xpu_requirements(
         "-r common.txt\n--extra-index-url=https://example.invalid/whl/xpu\ntorch==2.12.0\ntorchaudio\n"
-        "vllm_xpu_kernels @ https://example.invalid/v0.1.11.1/vllm_xpu_kernels-0.1.11.1-cp38-abi3-x.whl\n")
-    assert found == {"torch_index_url": "https://example.invalid/whl/xpu", "torch": "2.12.0",
-                     "vllm_xpu_kernels_url": "https://example.invalid/v0.1.11.1/vllm_xpu_kernels-0.1.11.1-cp38-abi3-x.whl",
-                     "vllm_xpu_kernels": "0.1.11.1"}
+        "vllm_xpu_kernels @ https://example.invalid/v0.1.11.1/vllm_xpu_kernels-0.1.11.1-cp38-abi3-x.whl\n"
+    )
+    assert found == {
+        "torch_index_url": "https://example.invalid/whl/xpu",
+        "torch": "2.12.0",
+        "vllm_xpu_kernels_url": "https://example.invalid/v0.1.11.1/vllm_xpu_kernels-0.1.11.1-cp38-abi3-x.whl",
+        "vllm_xpu_kernels": "0.1.11.1",
+    }
     # 0.32.0 on: the kernels come by version from their own extra index (not torch's)
     found = parse_xpu_requirements(
         "--extra-index-url=https://kernels.example.invalid/xpu/\ntriton==3.8.0+xpu\n"
-        "--extra-index-url=https://torch.example.invalid/whl/xpu\ntorch==2.14.0\nvllm_xpu_kernels==0.1.15.4\n")
-    assert found == {"torch": "2.14.0", "torch_index_url": "https://torch.example.invalid/whl/xpu",
-                     "vllm_xpu_kernels": "0.1.15.4", "vllm_xpu_kernels_url": "https://kernels.example.invalid/xpu/"}
-    text = synthetic.pins_text("0" * 64).replace(
-        "https://example.invalid/vllm_xpu_kernels-0.1.11.1-cp38-abi3-manylinux_2_28_x86_64.whl",
-        found["vllm_xpu_kernels_url"]).replace('vllm_xpu_kernels = "0.1.11.1"', 'vllm_xpu_kernels = "0.1.15.4"')
+        "--extra-index-url=https://torch.example.invalid/whl/xpu\ntorch==2.14.0\nvllm_xpu_kernels==0.1.15.4\n"
+    )
+    assert found == {
+        "torch": "2.14.0",
+        "torch_index_url": "https://torch.example.invalid/whl/xpu",
+        "vllm_xpu_kernels": "0.1.15.4",
+        "vllm_xpu_kernels_url": "https://kernels.example.invalid/xpu/",
+    }
+    text = (
+        synthetic.pins_text("0" * 64)
+        .replace(
+            "https://example.invalid/vllm_xpu_kernels-0.1.11.1-cp38-abi3-manylinux_2_28_x86_64.whl",
+            found["vllm_xpu_kernels_url"],
+        )
+        .replace('vllm_xpu_kernels = "0.1.11.1"', 'vllm_xpu_kernels = "0.1.15.4"')
+    )
     assert parse_pins(text).xpu_runtime.vllm_xpu_kernels_url == "https://kernels.example.invalid/xpu/"
 
 
 def test_compare_hunks_distinguishes_moves_context_and_edits() -> None:
     def hunk(start: int, changes: list[str], context: list[str]) -> dict:
-        return {"header": f"@@ -{start},3 +{start},4 @@", "source_start": start, "source_length": 3,
-                "target_start": start, "target_length": 4, "changes": changes, "context": context}
+        return {
+            "header": f"@@ -{start},3 +{start},4 @@",
+            "source_start": start,
+            "source_length": 3,
+            "target_start": start,
+            "target_length": 4,
+            "changes": changes,
+            "context": context,
+        }
 
     old = {"a.py": [hunk(10, ["+x"], ["c1", "c2"])]}
     assert compare_hunks(old, old) == {"moved_hunks": [], "context_changed": [], "regrouped": [], "edits_differ": []}
@@ -528,8 +573,9 @@ def test_continue_accepts_a_committed_resolution(vxl_project: SyntheticProject) 
 def test_keep_both_inserts_resolves_insert_insert_conflicts(vxl_project: SyntheticProject) -> None:
     project = vxl_project
     prepare(project)
-    upstream_envs = synthetic.envs_py().replace('    "VLLM_TOY_11"',
-                                                '    "VLLM_TOY_NEW": lambda: 1,\n    "VLLM_TOY_11"')
+    upstream_envs = synthetic.envs_py().replace(
+        '    "VLLM_TOY_11"', '    "VLLM_TOY_NEW": lambda: 1,\n    "VLLM_TOY_11"'
+    )
     release(project, new_files(**{"vllm/envs.py": upstream_envs}))
     rebase(onto_version=NEW, layout=project.layout(), keep_both_inserts=True)
     report = report_of(project)

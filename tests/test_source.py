@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 import synthetic
-from synthetic import Member
 from scripts.errors import ToolError
-from scripts.pins import load_pins
 from scripts.git import blob_bytes, git, git_env, run_git
+from scripts.pins import load_pins
 from scripts.source import cached_sdist, fetch_git, fetch_sdist, import_sdist
 from scripts.worktree import apply
+from synthetic import Member
 
 NAME = f"vllm-{synthetic.VERSION}.tar.gz"
 TOP = f"vllm-{synthetic.VERSION}"
@@ -64,6 +64,7 @@ def _no_tree(project: synthetic.SyntheticProject) -> None:
 
 
 # --------------------------------------------------------------------------- download and cache
+
 
 def test_download_goes_through_pips_index_and_is_cached(vxl_cold_project, capfd) -> None:
     project = vxl_cold_project
@@ -225,6 +226,7 @@ def test_file_url_index_as_pip_reads_it(vxl_cold_project, tmp_path: Path, monkey
 
 # --------------------------------------------------------------------------- commit check
 
+
 def test_wrong_commit_in_version_file_is_rejected(vxl_cold_project) -> None:
     project = vxl_cold_project
     wrong = synthetic.make_sdist(dict(project.files, **{"vllm/_version.py": synthetic.version_py("def5678")}))
@@ -238,7 +240,9 @@ def test_wrong_commit_in_version_file_is_rejected(vxl_cold_project) -> None:
 
 def test_version_file_without_commit_is_rejected(tmp_path: Path, vxl_project) -> None:
     archive = tmp_path / NAME
-    archive.write_bytes(synthetic.make_sdist(dict(synthetic.upstream_files(), **{"vllm/_version.py": "__version__ = '9.9.9'\n"})))
+    archive.write_bytes(
+        synthetic.make_sdist(dict(synthetic.upstream_files(), **{"vllm/_version.py": "__version__ = '9.9.9'\n"}))
+    )
     message = _tool_error(_import, archive, tmp_path / "out", _pin(vxl_project))
     assert "names no commit id" in message
     assert _no_pristine(tmp_path / "out")
@@ -254,8 +258,11 @@ def test_sdist_without_version_file_is_rejected(tmp_path: Path, vxl_project) -> 
 
 def test_full_commit_extending_the_pin_is_accepted(tmp_path: Path, vxl_project) -> None:
     archive = tmp_path / NAME
-    archive.write_bytes(synthetic.make_sdist(dict(synthetic.upstream_files(), **{
-        "vllm/_version.py": synthetic.version_py("abc1234" + "5" * 33)})))
+    archive.write_bytes(
+        synthetic.make_sdist(
+            dict(synthetic.upstream_files(), **{"vllm/_version.py": synthetic.version_py("abc1234" + "5" * 33)})
+        )
+    )
     _import(archive, tmp_path / "out", _pin(vxl_project))
     assert _imported(tmp_path / "out")["vllm/envs.py"] == synthetic.envs_py()
 
@@ -285,8 +292,14 @@ def test_unsafe_archive_members_are_rejected_before_import(case: str, tmp_path: 
     message = _tool_error(_import, archive, dest, _pin(vxl_project))
     assert message.startswith("unsafe archive:"), message
     kind = case.split("-")[0]
-    expect = {"symlink": "points outside the tree", "hardlink": "points outside the tree", "fifo": "special file",
-              "dotdot": "escapes the tree", "absolute": "absolute path", "outside": "outside the top folder"}[kind]
+    expect = {
+        "symlink": "points outside the tree",
+        "hardlink": "points outside the tree",
+        "fifo": "special file",
+        "dotdot": "escapes the tree",
+        "absolute": "absolute path",
+        "outside": "outside the top folder",
+    }[kind]
     assert expect in message, message
     assert _no_pristine(dest)
     assert not (tmp_path / "a" / "x").exists() and not Path("/tmp/vxl-evil-absolute").exists()
@@ -305,9 +318,14 @@ def test_unsafe_archive_through_apply_leaves_nothing(case: str, vxl_cold_project
 
 def test_links_inside_the_tree_are_accepted(tmp_path: Path, vxl_project) -> None:
     archive = tmp_path / NAME
-    archive.write_bytes(synthetic.make_sdist(extra=[
-        Member(f"{TOP}/vllm/alias.py", kind="symlink", link="utils.py"),
-        Member(f"{TOP}/vllm/hard.py", kind="hardlink", link=f"{TOP}/vllm/utils.py")]))
+    archive.write_bytes(
+        synthetic.make_sdist(
+            extra=[
+                Member(f"{TOP}/vllm/alias.py", kind="symlink", link="utils.py"),
+                Member(f"{TOP}/vllm/hard.py", kind="hardlink", link=f"{TOP}/vllm/utils.py"),
+            ]
+        )
+    )
     dest = tmp_path / "out"
     _import(archive, dest, _pin(vxl_project))
     assert git(dest, "ls-tree", "pristine", "vllm/alias.py").split()[0] == "120000"
@@ -324,7 +342,9 @@ def test_top_folder_is_stripped_and_files_imported(tmp_path: Path, vxl_project) 
     assert _imported(dest) == expected  # the generated _version.py is never part of the pristine commit
 
 
-@pytest.mark.parametrize("data", [b"not a tarball at all", b"", "truncated"], ids=["garbage", "empty-file", "truncated"])
+@pytest.mark.parametrize(
+    "data", [b"not a tarball at all", b"", "truncated"], ids=["garbage", "empty-file", "truncated"]
+)
 def test_unreadable_archive_is_a_one_line_error(data, tmp_path: Path, vxl_project) -> None:
     archive = tmp_path / NAME
     archive.write_bytes(vxl_project.sdist[: len(vxl_project.sdist) // 2] if data == "truncated" else data)
@@ -341,12 +361,17 @@ def test_empty_archive_is_an_error(tmp_path: Path, vxl_project) -> None:
 
 # --------------------------------------------------------------------------- --source git
 
+
 def _bare_upstream(project: synthetic.SyntheticProject, tmp: Path) -> tuple[str, str, Path]:
     """A bare repo with the upstream at commit 1 and a later commit that changes envs.py."""
     work = synthetic.patch_repo(tmp / "upstream-work", project.files)
     first = synthetic.git(work, "rev-parse", "HEAD")
-    synthetic.commit_change(work, synthetic.Change("later upstream work", {
-        "vllm/envs.py": synthetic.envs_py(extra_top="# later upstream change")}))
+    synthetic.commit_change(
+        work,
+        synthetic.Change(
+            "later upstream work", {"vllm/envs.py": synthetic.envs_py(extra_top="# later upstream change")}
+        ),
+    )
     second = synthetic.git(work, "rev-parse", "HEAD")
     bare = tmp / "upstream.git"
     synthetic.git(tmp, "clone", "-q", "--bare", str(work), str(bare))

@@ -59,8 +59,14 @@ def _vllm_config() -> Any:
     from vllm.config import ModelConfig, VllmConfig
 
     path = tempfile.mkdtemp(prefix="graph_host_overhead_")
-    LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
-                intermediate_size=64, vocab_size=256).save_pretrained(path)
+    LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        vocab_size=256,
+    ).save_pretrained(path)
     return VllmConfig(model_config=ModelConfig(model=path, skip_tokenizer_init=True, dtype="float32"))
 
 
@@ -106,8 +112,12 @@ def _upstream_on_cpu() -> Iterator[None]:
     from vllm.platforms import current_platform
 
     platform = type(current_platform)
-    saved = (torch.cuda.CUDAGraph, platform.get_global_graph_pool, breakable_cudagraph.set_graph_pool_id,
-             breakable_cudagraph.weak_ref_tensors)
+    saved = (
+        torch.cuda.CUDAGraph,
+        platform.get_global_graph_pool,
+        breakable_cudagraph.set_graph_pool_id,
+        breakable_cudagraph.weak_ref_tensors,
+    )
     torch.cuda.CUDAGraph = StandInGraph  # type: ignore[misc,assignment]
     platform.get_global_graph_pool = lambda self: "stand-in pool"  # type: ignore[method-assign]
     breakable_cudagraph.set_graph_pool_id = lambda pool: None
@@ -115,8 +125,12 @@ def _upstream_on_cpu() -> Iterator[None]:
     try:
         yield
     finally:
-        (torch.cuda.CUDAGraph, platform.get_global_graph_pool, breakable_cudagraph.set_graph_pool_id,
-         breakable_cudagraph.weak_ref_tensors) = saved
+        (
+            torch.cuda.CUDAGraph,
+            platform.get_global_graph_pool,
+            breakable_cudagraph.set_graph_pool_id,
+            breakable_cudagraph.weak_ref_tensors,
+        ) = saved
 
 
 def _wrappers(config: Any) -> dict[str, Any]:
@@ -135,10 +149,10 @@ def _wrappers(config: Any) -> dict[str, Any]:
     return {
         "upstream": upstream,
         "upstream debug": upstream_debug,
-        "series": XpuBreakableGraphWrapper(_laguna_forward, config, backend=backend, expected=expected,
-                                           debug=False),
-        "series debug": XpuBreakableGraphWrapper(_laguna_forward, config, backend=backend, expected=expected,
-                                                 debug=True),
+        "series": XpuBreakableGraphWrapper(_laguna_forward, config, backend=backend, expected=expected, debug=False),
+        "series debug": XpuBreakableGraphWrapper(
+            _laguna_forward, config, backend=backend, expected=expected, debug=True
+        ),
     }
 
 
@@ -158,10 +172,14 @@ def measure(steps: int, rounds: int) -> dict[str, list[float]]:
         wrappers = _wrappers(config)
 
         def context() -> Any:
-            return set_forward_context(None, config, num_tokens=TOKENS,
-                                       cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE,
-                                       batch_descriptor=BatchDescriptor(num_tokens=TOKENS),
-                                       slot_mapping=slot_mapping)
+            return set_forward_context(
+                None,
+                config,
+                num_tokens=TOKENS,
+                cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE,
+                batch_descriptor=BatchDescriptor(num_tokens=TOKENS),
+                slot_mapping=slot_mapping,
+            )
 
         for wrapper in wrappers.values():  # capture once
             with context():
@@ -183,9 +201,11 @@ def measure(steps: int, rounds: int) -> dict[str, list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench.graph_host_overhead",
-                                     description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.bench.graph_host_overhead",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--steps", type=int, default=1000, help="replayed steps per mode and round")
     parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds")
     args = parser.parse_args(argv)
@@ -194,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = measure(args.steps, args.rounds)
     base = min(result["upstream"])
-    print(f"host time per replayed step, Laguna-S TP{TP} topology ({LAYERS} layers, 146 graphs, 145 breaks), "
-          f"stand-in graphs; {args.rounds} interleaved rounds x {args.steps} steps")
+    print(
+        f"host time per replayed step, Laguna-S TP{TP} topology ({LAYERS} layers, 146 graphs, 145 breaks), "
+        f"stand-in graphs; {args.rounds} interleaved rounds x {args.steps} steps"
+    )
     print(f"{'mode':<16} {'fastest us':>10} {'median us':>10} {'vs upstream':>12}")
     for name, values in result.items():
         fastest = min(values)

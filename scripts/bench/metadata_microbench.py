@@ -89,16 +89,12 @@ def _builders(config: Any, prebuilt: bool) -> list[Any]:
         "head_size": HEAD_SIZE,
         "dtype": torch.bfloat16,
     }
-    specs = [FullAttentionSpec(**common)] + [
-        SlidingWindowSpec(**common, sliding_window=WINDOW) for _ in range(3)
-    ]
+    specs = [FullAttentionSpec(**common)] + [SlidingWindowSpec(**common, sliding_window=WINDOW) for _ in range(3)]
     out = []
     with set_current_vllm_config(config):
         for gid, spec in enumerate(specs):
             names = [f"layer.{gid}.{i}" for i in range(GROUP_LAYERS)]
-            out.append(
-                FlashAttentionMetadataBuilder(spec, names, config, torch.device("cpu"))
-            )
+            out.append(FlashAttentionMetadataBuilder(spec, names, config, torch.device("cpu")))
     return out
 
 
@@ -145,23 +141,11 @@ def _exact_only(builders: list[Any], step: Step, metadata: list[Any]) -> None:
         return
     cms = step.cms
     mds = [
-        builders[0].laguna_prebuilt.refresh(
-            WIDTH, cms[0].seq_lens, cms[0].block_table_tensor, step.seq_len
-        ),
-        builders[1].laguna_prebuilt.refresh(
-            WIDTH, cms[1].seq_lens, cms[1].block_table_tensor, step.seq_len
-        ),
+        builders[0].laguna_prebuilt.refresh(WIDTH, cms[0].seq_lens, cms[0].block_table_tensor, step.seq_len),
+        builders[1].laguna_prebuilt.refresh(WIDTH, cms[1].seq_lens, cms[1].block_table_tensor, step.seq_len),
     ]
-    mds.append(
-        builders[2].laguna_prebuilt.rebind(
-            mds[1], cms[2].seq_lens, cms[2].block_table_tensor
-        )
-    )
-    mds.append(
-        builders[3].laguna_prebuilt.rebind(
-            mds[1], cms[3].seq_lens, cms[3].block_table_tensor
-        )
-    )
+    mds.append(builders[2].laguna_prebuilt.rebind(mds[1], cms[2].seq_lens, cms[2].block_table_tensor))
+    mds.append(builders[3].laguna_prebuilt.rebind(mds[1], cms[3].seq_lens, cms[3].block_table_tensor))
     for gid in range(4):
         table = cms[gid].block_table_tensor
         exact = mds[gid]
@@ -179,12 +163,8 @@ def _full_step(builders: list[Any], step: Step) -> list[Any]:
     mds = [
         md_full,
         md_slide,
-        builders[2].update_block_table(
-            md_slide, cms[2].block_table_tensor, cms[2].slot_mapping
-        ),
-        builders[3].update_block_table(
-            md_slide, cms[3].block_table_tensor, cms[3].slot_mapping
-        ),
+        builders[2].update_block_table(md_slide, cms[2].block_table_tensor, cms[2].slot_mapping),
+        builders[3].update_block_table(md_slide, cms[3].block_table_tensor, cms[3].slot_mapping),
     ]
     for gid in range(4):
         md = mds[gid]
@@ -235,10 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     for builder in modes["prebuilt"]:
         if builder.laguna_prebuilt is not None:  # the debug guard mode, per owner
             builder.laguna_prebuilt.full_guard_every_call = args.full_guards
-    if (
-        modes["prebuilt"][0].laguna_prebuilt is None
-        or modes["inline"][0].laguna_prebuilt
-    ):
+    if modes["prebuilt"][0].laguna_prebuilt is None or modes["inline"][0].laguna_prebuilt:
         print("error: prebuilt toggle did not take effect", file=sys.stderr)
         return 2
     step = Step(args.cols, seq_len=args.cols * BLOCK // 2)
@@ -249,9 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for name, builders in modes.items():
             md = prepared[name]
-            exact[name] += _time_us(
-                lambda b=builders, m=md: _exact_only(b, step, m), per
-            )
+            exact[name] += _time_us(lambda b=builders, m=md: _exact_only(b, step, m), per)
             full[name] += _time_us(lambda b=builders: _full_step(b, step), per)
     print(
         f"metadata preparation per {LAYERS}-layer M={WIDTH} step "

@@ -39,13 +39,13 @@ def _quiet(func: Callable[[], object]) -> Callable[[], object]:
                 return func()
             finally:
                 sys.stderr = saved
+
     return run
 
 
 def _checked(cmd: list[str], what: str, **kwargs: object) -> None:
     """Run a baseline step quietly; when it fails, one line plus the tail of its output."""
-    proc = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          **kwargs)  # type: ignore[call-overload]
+    proc = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)  # type: ignore[call-overload]
     if proc.returncode != 0:
         tail = "\n".join("    " + line for line in proc.stdout.splitlines()[-20:])
         raise ToolError(f"bench: {what} failed (exit {proc.returncode}); last lines of its output:\n{tail}")
@@ -67,18 +67,41 @@ def _baseline_prepare(layout: Layout, dest: Path) -> None:
 def _baseline_wheel(layout: Layout, tree: Path, out: Path) -> None:
     inputs = load_inputs(layout)
     env = build_env(f"{inputs.pins.vllm.version}+xpu.{inputs.label}", 946684800)
-    _checked([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
-              "-q", "-w", str(out), "--config-settings=--build-option=--py-limited-api=cp38", "."],
-             "baseline pip wheel (needs the build deps of `nox -s bench`: cmake >= 3.26 on PATH, torch, ...)",
-             cwd=tree, env=env)
+    _checked(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-cache-dir",
+            "-q",
+            "-w",
+            str(out),
+            "--config-settings=--build-option=--py-limited-api=cp38",
+            ".",
+        ],
+        "baseline pip wheel (needs the build deps of `nox -s bench`: cmake >= 3.26 on PATH, torch, ...)",
+        cwd=tree,
+        env=env,
+    )
 
 
 def main(rounds: int = 1) -> None:
     root = Layout().root
     fetch_sdist(load_inputs(Layout()).pins.vllm)  # make sure the download is not part of any timing
-    results: dict[str, list[float]] = {k: [] for k in
-                                       ("baseline prepare (tar + git apply)", "baseline pip wheel",
-                                        "apply cold", "apply warm", "apply no-op", "build")}
+    results: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "baseline prepare (tar + git apply)",
+            "baseline pip wheel",
+            "apply cold",
+            "apply warm",
+            "apply no-op",
+            "build",
+        )
+    }
     saved_cache = os.environ.get("VXL_CACHE_DIR")
     for number in range(1, rounds + 1):
         info(f"bench round {number}/{rounds}")
@@ -111,7 +134,11 @@ def main(rounds: int = 1) -> None:
     wheel = med["baseline pip wheel"]
     rows = [
         ("baseline prepare (tar + git apply)", prep, "1.00x"),
-        ("apply cold (check + fast-import + checkout + am)", med["apply cold"], f"{med['apply cold'] / prep:.2f}x of prepare"),
+        (
+            "apply cold (check + fast-import + checkout + am)",
+            med["apply cold"],
+            f"{med['apply cold'] / prep:.2f}x of prepare",
+        ),
         ("apply warm (pristine repo cached)", med["apply warm"], f"{med['apply warm'] / prep:.2f}x of prepare"),
         ("apply no-op (tree up to date)", med["apply no-op"], f"{med['apply no-op'] / prep:.3f}x of prepare"),
         ("baseline pip wheel", wheel, "1.00x"),

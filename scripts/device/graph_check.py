@@ -57,9 +57,28 @@ PROMPTS = (
 )
 NO_DEVICE_EXIT = 3
 AUDIT_MARK = "graph captured"
-LONG_WORDS = ("amber", "basalt", "cedar", "delta", "ember", "fjord", "granite", "harbor",
-              "iris", "juniper", "kestrel", "lagoon", "meadow", "nimbus", "orchid", "prairie",
-              "quartz", "river", "summit", "tundra")
+LONG_WORDS = (
+    "amber",
+    "basalt",
+    "cedar",
+    "delta",
+    "ember",
+    "fjord",
+    "granite",
+    "harbor",
+    "iris",
+    "juniper",
+    "kestrel",
+    "lagoon",
+    "meadow",
+    "nimbus",
+    "orchid",
+    "prairie",
+    "quartz",
+    "river",
+    "summit",
+    "tundra",
+)
 
 
 def long_prompt_text(words: int) -> str:
@@ -73,9 +92,7 @@ def long_prompt_ids(encode: Callable[[str], list[int]], tokens: int) -> list[int
     return (ids * (tokens // max(len(ids), 1) + 1))[:tokens]
 
 
-def prompts_for(
-    args: argparse.Namespace, encode: Callable[[str], list[int]]
-) -> list[Any]:
+def prompts_for(args: argparse.Namespace, encode: Callable[[str], list[int]]) -> list[Any]:
     """The long prompt (token ids, when asked for) first, then the short ones."""
     short: list[Any] = list(PROMPTS[: args.prompts])
     if not args.long_prompt_tokens:
@@ -105,9 +122,7 @@ class Leg:
     def env(self, width: int, device: str) -> dict[str, str]:
         env = {
             "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH": "1" if self.graphs else "0",
-            "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA": "1"
-            if self.metadata
-            else "0",
+            "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA": "1" if self.metadata else "0",
             "VLLM_XPU_LAGUNA_VERIFY_WIDTH": str(width),
             # In-process engine core: step timings without IPC, capture log
             # lines on this leg's own output.
@@ -174,9 +189,7 @@ def validate(args: argparse.Namespace) -> None:
     if args.leg_timeout < 30:
         raise CheckError(f"--leg-timeout must be >= 30 s, not {args.leg_timeout}")
     if not 0 <= args.long_prompt_tokens <= 16384:
-        raise CheckError(
-            f"--long-prompt-tokens must be 0..16384, not {args.long_prompt_tokens}"
-        )
+        raise CheckError(f"--long-prompt-tokens must be 0..16384, not {args.long_prompt_tokens}")
     if args.min_cycles < 0:
         raise CheckError(f"--min-cycles must be >= 0, not {args.min_cycles}")
 
@@ -270,9 +283,7 @@ def run_leg(args: argparse.Namespace, leg: Leg) -> dict[str, Any]:
     )
     try:
         engine = llm.llm_engine
-        params = SamplingParams(
-            temperature=0.0, max_tokens=args.tokens, ignore_eos=True
-        )
+        params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
         llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4))
         tokens: list[list[int]] = []
         step_ms: list[float] = []
@@ -346,14 +357,10 @@ def _child_argv(args: argparse.Namespace, leg: Leg) -> list[str]:
     return argv
 
 
-def _run_child(
-    args: argparse.Namespace, leg: Leg, root: Path, device: str
-) -> LegResult:
+def _run_child(args: argparse.Namespace, leg: Leg, root: Path, device: str) -> LegResult:
     res = LegResult(leg=leg)
     env = dict(os.environ, **leg.env(args.width, device))
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(root), env.get("PYTHONPATH", "")) if p
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -420,9 +427,7 @@ def render_table(results: list[LegResult]) -> str:
         same = "yes" if r.tokens == ref.tokens else "NO"
         base = eager.get(r.leg.metadata)
         speed = (
-            f"{r.tok_per_s() / base.tok_per_s():.2f}x"
-            if base is not None and not base.error and base.step_ms
-            else "-"
+            f"{r.tok_per_s() / base.tok_per_s():.2f}x" if base is not None and not base.error and base.step_ms else "-"
         )
         rows.append(
             f"{r.leg.name:<8} {'on' if r.leg.graphs else 'off':<6} "
@@ -442,35 +447,50 @@ def build_parser() -> argparse.ArgumentParser:
         description="Tiny Laguna with breakable graphs off and on: greedy tokens "
         "and per-step latency (CUDA GPU or XPU).",
     )
-    p.add_argument("--models", type=Path, help="folder from scripts.tiny_laguna "
-                   "(target/, draft/); generated in a temp folder if absent")
+    p.add_argument(
+        "--models",
+        type=Path,
+        help="folder from scripts.tiny_laguna (target/, draft/); generated in a temp folder if absent",
+    )
     p.add_argument("--tokens", type=int, default=128, help="tokens per prompt")
     p.add_argument("--prompts", type=int, default=2, help="number of prompts")
-    p.add_argument("--width", type=int, default=8,
-                   help="verify width = capture size (VLLM_XPU_LAGUNA_VERIFY_WIDTH)")
-    p.add_argument("--spec", choices=("none", "ngram", "dflash"), default="dflash",
-                   help="speculative method; draft tokens = width - 1")
-    p.add_argument("--metadata", choices=("off", "on", "both"), default="both",
-                   help="prebuilt exact attention metadata setting(s)")
-    p.add_argument("--device", choices=("auto", "cuda", "xpu"), default="auto",
-                   help="device to run on (auto: XPU if present, else CUDA)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   default="float32", help="model dtype")
+    p.add_argument("--width", type=int, default=8, help="verify width = capture size (VLLM_XPU_LAGUNA_VERIFY_WIDTH)")
+    p.add_argument(
+        "--spec",
+        choices=("none", "ngram", "dflash"),
+        default="dflash",
+        help="speculative method; draft tokens = width - 1",
+    )
+    p.add_argument(
+        "--metadata", choices=("off", "on", "both"), default="both", help="prebuilt exact attention metadata setting(s)"
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cuda", "xpu"),
+        default="auto",
+        help="device to run on (auto: XPU if present, else CUDA)",
+    )
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="model dtype")
     p.add_argument("--leg-timeout", type=int, default=600, help="seconds per leg")
     p.add_argument("--json", type=Path, help="also write the results here (default: not written)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the legs and their environments, run nothing")
-    p.add_argument("--long-prompt-tokens", type=int, default=4608,
-                   help="tokens of a long first prompt (past 4K by default); "
-                   "0: no long prompt")
-    p.add_argument("--min-cycles", type=int, default=200,
-                   help="every leg must run at least this many engine steps")
-    p.add_argument("--emulate-graphs", action="store_true",
-                   help="CPU self-test: run the graph legs through the recording "
-                   "stand-in graph (emulated, never a device result)")
-    p.add_argument("--cpu-plumbing", action="store_true",
-                   help="self-test of this script on CPU: runs only the graphs-off "
-                   "legs (graph legs are reported as not run)")
+    p.add_argument("--dry-run", action="store_true", help="print the legs and their environments, run nothing")
+    p.add_argument(
+        "--long-prompt-tokens",
+        type=int,
+        default=4608,
+        help="tokens of a long first prompt (past 4K by default); 0: no long prompt",
+    )
+    p.add_argument("--min-cycles", type=int, default=200, help="every leg must run at least this many engine steps")
+    p.add_argument(
+        "--emulate-graphs",
+        action="store_true",
+        help="CPU self-test: run the graph legs through the recording stand-in graph (emulated, never a device result)",
+    )
+    p.add_argument(
+        "--cpu-plumbing",
+        action="store_true",
+        help="self-test of this script on CPU: runs only the graphs-off legs (graph legs are reported as not run)",
+    )
     p.add_argument("--leg", help=argparse.SUPPRESS)
     return p
 
@@ -496,9 +516,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"  {leg.name:<7} {env}")
         return 0
     root = Path(__file__).resolve().parents[2]
-    device = _detect_device(
-        args.device, allow_cpu=args.cpu_plumbing or args.emulate_graphs
-    )
+    device = _detect_device(args.device, allow_cpu=args.cpu_plumbing or args.emulate_graphs)
     if args.cpu_plumbing:
         legs = [lg for lg in legs if not lg.graphs]
     with tempfile.TemporaryDirectory(prefix="graph-check-") as tmp:
@@ -512,40 +530,54 @@ def _main(argv: list[str] | None) -> int:
         for line in r.audit:
             print(f"[{r.leg.name}] {line}")
     if args.json is not None:
-        args.json.write_text(json.dumps([
-            {
-                "leg": r.leg.name, "device": r.device, "error": r.error,
-                "tokens": r.tokens, "step_ms": r.step_ms, "prefill_ms": r.prefill_ms,
-                "median_ms": r.median_ms(), "p90_ms": r.p90_ms(),
-                "tok_per_s": r.tok_per_s(), "audit": r.audit,
-                "cycles": r.cycles, "prompt_tokens": r.prompt_tokens,
-                "graphs": r.graphs,
-            }
-            for r in results
-        ], indent=1))
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        "leg": r.leg.name,
+                        "device": r.device,
+                        "error": r.error,
+                        "tokens": r.tokens,
+                        "step_ms": r.step_ms,
+                        "prefill_ms": r.prefill_ms,
+                        "median_ms": r.median_ms(),
+                        "p90_ms": r.p90_ms(),
+                        "tok_per_s": r.tok_per_s(),
+                        "audit": r.audit,
+                        "cycles": r.cycles,
+                        "prompt_tokens": r.prompt_tokens,
+                        "graphs": r.graphs,
+                    }
+                    for r in results
+                ],
+                indent=1,
+            )
+        )
     ref = results[0]
     bad = [r.leg.name for r in results if r.error or r.tokens != ref.tokens]
     uncaptured = [
         r.leg.name
         for r in results
         if r.leg.graphs
-        and not (r.audit and all(r.graphs.get(k, {}).get("captures")
-                                 for k in ("target", "drafter")[: 1 + (args.spec == "dflash")]))
+        and not (
+            r.audit
+            and all(r.graphs.get(k, {}).get("captures") for k in ("target", "drafter")[: 1 + (args.spec == "dflash")])
+        )
     ]
     short = [r.leg.name for r in results if not r.error and r.cycles < args.min_cycles]
-    print("prompt tokens: " + ", ".join(
-        f"{r.leg.name} {r.prompt_tokens}" for r in results if r.prompt_tokens))
+    print("prompt tokens: " + ", ".join(f"{r.leg.name} {r.prompt_tokens}" for r in results if r.prompt_tokens))
     if args.cpu_plumbing and not bad:
         print("CPU plumbing self-test passed; graph legs NOT run (no device)")
         return NO_DEVICE_EXIT
     if bad or uncaptured or short:
-        print(f"FAIL: differing/failed legs {bad}, graph legs without a capture "
-              f"{uncaptured}, legs under {args.min_cycles} cycles {short}",
-              file=sys.stderr)
+        print(
+            f"FAIL: differing/failed legs {bad}, graph legs without a capture "
+            f"{uncaptured}, legs under {args.min_cycles} cycles {short}",
+            file=sys.stderr,
+        )
         return 1
     if device == "cpu":
-        print("OK (EMULATED graphs on CPU, not a device result): all legs "
-              "token-identical; graph legs captured")
+        print("OK (EMULATED graphs on CPU, not a device result): all legs token-identical; graph legs captured")
         return 0
     print("OK: all legs token-identical; graph legs captured")
     return 0

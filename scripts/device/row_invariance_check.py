@@ -41,8 +41,11 @@ def _install_hooks(model: Any) -> None:
     def pre(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         pos = kwargs.get("positions", args[1] if len(args) > 1 else None)
-        _CURRENT["keys"] = (list(zip(pos.reshape(-1).tolist(), ids.reshape(-1).tolist()))
-                            if ids is not None and pos is not None else None)
+        _CURRENT["keys"] = (
+            list(zip(pos.reshape(-1).tolist(), ids.reshape(-1).tolist()))
+            if ids is not None and pos is not None
+            else None
+        )
         _CURRENT["seen"] = set()  # a module shared by several layers records its first call only
 
     def make(name: str) -> Any:
@@ -60,6 +63,7 @@ def _install_hooks(model: Any) -> None:
             sink = _CURRENT["records"]
             for key, row in zip(keys, rows):
                 sink.setdefault(key, {})[name] = hashlib.sha1(row.numpy().tobytes()).hexdigest()
+
         return hook
 
     def post(_module: Any, _inputs: Any, _output: Any) -> None:
@@ -80,7 +84,8 @@ def _install_hooks(model: Any) -> None:
             executed.setdefault("compute_logits", len(executed) + 10_000)
             for key, row in zip(picked, rows):
                 _CURRENT["records"].setdefault(key, {})["compute_logits"] = hashlib.sha1(
-                    row.numpy().tobytes()).hexdigest()
+                    row.numpy().tobytes()
+                ).hexdigest()
         return logits
 
     model.compute_logits = compute_logits
@@ -92,16 +97,24 @@ def _install_hooks(model: Any) -> None:
             module.register_forward_hook(make(name))
 
 
-def _run(target: str, draft: str | None, prompts: list[str], max_tokens: int, dtype: str,
-         cpu: bool) -> tuple[Records, list[str], list[list[int]], list[int]]:
+def _run(
+    target: str, draft: str | None, prompts: list[str], max_tokens: int, dtype: str, cpu: bool
+) -> tuple[Records, list[str], list[list[int]], list[int]]:
     from vllm import LLM, SamplingParams
 
     records: Records = {}
     _CURRENT.clear()
     _CURRENT["records"] = records
     _CURRENT["executed"] = {}
-    kwargs: dict[str, Any] = {"model": target, "dtype": dtype, "seed": 0, "enable_prefix_caching": False,
-                              "enforce_eager": True, "max_model_len": 8192, "max_num_seqs": 1}
+    kwargs: dict[str, Any] = {
+        "model": target,
+        "dtype": dtype,
+        "seed": 0,
+        "enable_prefix_caching": False,
+        "enforce_eager": True,
+        "max_model_len": 8192,
+        "max_num_seqs": 1,
+    }
     if cpu:
         kwargs["kv_cache_memory_bytes"] = 256 << 20
     if draft:
@@ -125,8 +138,9 @@ def _run(target: str, draft: str | None, prompts: list[str], max_tokens: int, dt
     return records, order, tokens, prompt_lens
 
 
-def compare(teacher: Records, spec: Records, order: list[str], generated: set[tuple[int, int]]
-            ) -> tuple[dict[str, list[int]], dict[str, int]]:
+def compare(
+    teacher: Records, spec: Records, order: list[str], generated: set[tuple[int, int]]
+) -> tuple[dict[str, list[int]], dict[str, int]]:
     """Per module [compared, equal]; per first differing module, the rows it was first in."""
     per_module: dict[str, list[int]] = {name: [0, 0] for name in order}
     first: dict[str, int] = defaultdict(int)
@@ -148,8 +162,9 @@ def compare(teacher: Records, spec: Records, order: list[str], generated: set[tu
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.device.row_invariance_check",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.device.row_invariance_check", description=__doc__.splitlines()[0]
+    )
     models = parser.add_mutually_exclusive_group(required=True)
     models.add_argument("--tiny", metavar="DIR", help="generate (or reuse) the tiny Laguna pair in DIR (CPU)")
     models.add_argument("--model-dir", help="local target model (device run)")
@@ -157,8 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="default: float32 with --tiny, bfloat16 otherwise")
     parser.add_argument("--prompts", type=int, default=3, help="prompts (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per prompt (default: %(default)s)")
-    parser.add_argument("--long-prompt-tokens", type=int, default=0,
-                        help="add one prompt of at least this many tokens (0: none; default: %(default)s)")
+    parser.add_argument(
+        "--long-prompt-tokens",
+        type=int,
+        default=0,
+        help="add one prompt of at least this many tokens (0: none; default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.model_dir and not args.draft_dir:
         parser.error("--draft-dir is required with --model-dir")
@@ -186,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     dtype = args.dtype or ("float32" if args.tiny else "bfloat16")
     _route_and_count(device == "cpu")
     words = "amber basalt cedar delta ember fjord granite harbor iris juniper kestrel lagoon".split()
-    prompts = [f"row check {i} " + " ".join(words[(i + j) % len(words)] for j in range(8 + 3 * i))
-               for i in range(args.prompts)]
+    prompts = [
+        f"row check {i} " + " ".join(words[(i + j) % len(words)] for j in range(8 + 3 * i)) for i in range(args.prompts)
+    ]
     if args.long_prompt_tokens > 0:
         from scripts.matrix_logprobs import long_prompt
 
@@ -203,8 +223,10 @@ def main(argv: list[str] | None = None) -> int:
             generated.add((plen + i, tok))
     per_module, first = compare(teacher, spec, order, generated)
     compared = [(n, c, eq) for n, (c, eq) in per_module.items() if c]
-    print(f"device {device}; {len(prompts)} prompts x {args.max_tokens} tokens; "
-          f"{len(generated)} generated positions; modules with rows compared: {len(compared)}")
+    print(
+        f"device {device}; {len(prompts)} prompts x {args.max_tokens} tokens; "
+        f"{len(generated)} generated positions; modules with rows compared: {len(compared)}"
+    )
     differing = [(n, c, eq) for n, c, eq in compared if eq != c]
     for name, rows_compared, rows_equal in differing:
         print(f"  NOT row-invariant: {name}: {rows_equal}/{rows_compared} rows bitwise equal")
@@ -214,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no verify row could be matched to a teacher decode (nothing compared)", file=sys.stderr)
         return 1
     rows = max(c for _, c, _ in compared)
-    print(f"summary: {len(compared) - len(differing)}/{len(compared)} modules bitwise equal on all compared "
-          f"rows (up to {rows} rows per module)")
+    print(
+        f"summary: {len(compared) - len(differing)}/{len(compared)} modules bitwise equal on all compared "
+        f"rows (up to {rows} rows per module)"
+    )
     return 0 if not differing else 1
 
 

@@ -58,25 +58,34 @@ def main(argv: list[str] | None = None) -> int:
         first = max(n - 1 - wl, 0) // tile if wl >= 0 else 0
         return (n + tile - 1) // tile - first >= plan.min_blocks_for_split(tile)
 
-    print(f"heads {a.heads_q}:{a.heads_kv}, block {a.block}, Xe cores {a.xe_cores}, "
-          f"{'window ' + str(a.window) if a.window else 'global'}, lengths to {a.max_len}")
+    print(
+        f"heads {a.heads_q}:{a.heads_kv}, block {a.block}, Xe cores {a.xe_cores}, "
+        f"{'window ' + str(a.window) if a.window else 'global'}, lengths to {a.max_len}"
+    )
     for q in a.widths:
         noplan, planned, calls = [], [], []
         for length in range(q, a.max_len + 1):
             rows = range(length - q + 1, length + 1)
-            call = plan.heuristic_num_splits(q, a.heads_q, a.heads_kv, plan.effective_seqlen_k(length, wl),
-                                             a.block, a.xe_cores)
+            call = plan.heuristic_num_splits(
+                q, a.heads_q, a.heads_kv, plan.effective_seqlen_k(length, wl), a.block, a.xe_cores
+            )
             noplan.append((length, any(own(n) != call and splits_apart(n) for n in rows)))
             groups = plan.row_groups(tuple(rows), a.heads_q, a.heads_kv, a.block, wl, a.xe_cores)
-            planned.append((length, any(own(n) != g[2] for g in groups for n in range(
-                length - q + 1 + g[0], length - q + 1 + g[1]))))
+            planned.append(
+                (
+                    length,
+                    any(own(n) != g[2] for g in groups for n in range(length - q + 1 + g[0], length - q + 1 + g[1])),
+                )
+            )
             calls.append(len(groups))
         bad = runs(noplan)
         shown = ", ".join(f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in bad[:6]) + (" ..." if len(bad) > 6 else "")
-        print(f"q={q:>2}: no plan: rows differ at step lengths {shown or 'none'} "
-              f"(first {bad[0][0] if bad else '-'}, {sum(b for _, b in noplan)} of {len(noplan)} lengths); "
-              f"with plan: {sum(b for _, b in planned)} lengths; kernel calls per verify step: mean "
-              f"{sum(calls) / len(calls):.4f}, max {max(calls)}")
+        print(
+            f"q={q:>2}: no plan: rows differ at step lengths {shown or 'none'} "
+            f"(first {bad[0][0] if bad else '-'}, {sum(b for _, b in noplan)} of {len(noplan)} lengths); "
+            f"with plan: {sum(b for _, b in planned)} lengths; kernel calls per verify step: mean "
+            f"{sum(calls) / len(calls):.4f}, max {max(calls)}"
+        )
     return 0
 
 

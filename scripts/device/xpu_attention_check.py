@@ -109,31 +109,23 @@ def _run_case(
     fp8 = kv_dtype == "fp8"
     cache_dtype = torch.uint8 if fp8 else torch.bfloat16
     # Backend layout: logical (B, H, N, 2D) in HND memory, split into NHD views.
-    kv_cache = torch.zeros(
-        num_blocks, KV_HEADS, BLOCK, 2 * HEAD_SIZE, dtype=cache_dtype, device=dev
-    )
+    kv_cache = torch.zeros(num_blocks, KV_HEADS, BLOCK, 2 * HEAD_SIZE, dtype=cache_dtype, device=dev)
     key_cache, value_cache = kv_cache.transpose(1, 2).split(HEAD_SIZE, dim=-1)
     k_scale = torch.tensor(0.05 if fp8 else 1.0, device=dev)
     v_scale = torch.tensor(0.04 if fp8 else 1.0, device=dev)
     pos = torch.arange(kv_len, device=dev)
     slots = table[0, pos // BLOCK].to(torch.int64) * BLOCK + pos % BLOCK
-    write_dtype = exact_mod.cache_write_dtype(
-        "fp8" if fp8 else "bfloat16", torch.bfloat16, cache_dtype
-    )
+    write_dtype = exact_mod.cache_write_dtype("fp8" if fp8 else "bfloat16", torch.bfloat16, cache_dtype)
     if dev.type == "xpu":
         from vllm import _custom_ops as ops
 
-        ops.reshape_and_cache_flash(
-            k, v, key_cache, value_cache, slots, write_dtype, k_scale, v_scale
-        )
+        ops.reshape_and_cache_flash(k, v, key_cache, value_cache, slots, write_dtype, k_scale, v_scale)
         ref_cache = torch.zeros_like(kv_cache)
         rk, rv = ref_cache.transpose(1, 2).split(HEAD_SIZE, dim=-1)
         ref.reshape_and_cache_flash(k, v, rk, rv, slots, write_dtype, k_scale, v_scale)
         cache_ok = fp8 or torch.equal(ref_cache, kv_cache)
     else:
-        ref.reshape_and_cache_flash(
-            k, v, key_cache, value_cache, slots, write_dtype, k_scale, v_scale
-        )
+        ref.reshape_and_cache_flash(k, v, key_cache, value_cache, slots, write_dtype, k_scale, v_scale)
         cache_ok = True
     if fp8:
         key_cache = key_cache.view(torch.float8_e4m3fn)
@@ -145,17 +137,39 @@ def _run_case(
     xe_cores = plan.device_xe_cores(dev.index or 0) if dev.type == "xpu" else plan.device_xe_cores()
 
     def call(
-        fn: Any, qq: Any, cu: Any, lens: Any, tab: Any, max_q: int, max_k: int,
-        causal: bool, splits: int | None,
+        fn: Any,
+        qq: Any,
+        cu: Any,
+        lens: Any,
+        tab: Any,
+        max_q: int,
+        max_k: int,
+        causal: bool,
+        splits: int | None,
     ) -> Any:
         n = cu.numel() - 1
         out = torch.empty_like(qq)
         fn(
-            q=qq, k=key_cache, v=value_cache, out=out, cu_seqlens_q=cu, max_seqlen_q=max_q,
-            seqused_k=lens, max_seqlen_k=max_k, softmax_scale=scale, causal=causal,
-            window_size=win, block_table=tab, softcap=0.0, scheduler_metadata=None,
-            fa_version=2, q_descale=None, k_descale=k_scale.expand(n, KV_HEADS),
-            v_descale=v_scale.expand(n, KV_HEADS), num_splits=0, num_splits_kv=splits,
+            q=qq,
+            k=key_cache,
+            v=value_cache,
+            out=out,
+            cu_seqlens_q=cu,
+            max_seqlen_q=max_q,
+            seqused_k=lens,
+            max_seqlen_k=max_k,
+            softmax_scale=scale,
+            causal=causal,
+            window_size=win,
+            block_table=tab,
+            softcap=0.0,
+            scheduler_metadata=None,
+            fa_version=2,
+            q_descale=None,
+            k_descale=k_scale.expand(n, KV_HEADS),
+            v_descale=v_scale.expand(n, KV_HEADS),
+            num_splits=0,
+            num_splits_kv=splits,
             s_aux=None,
         )
         return out
@@ -164,30 +178,33 @@ def _run_case(
     cu, lens, tab = exact_mod.build_inline(seq_lens, table, q)
     row_lens = tuple(range(kv_len - q + 1, kv_len + 1))
     groups = plan.row_groups(row_lens, num_heads, KV_HEADS, BLOCK, window_left, xe_cores)
-    plan_out = torch.cat([
-        call(kernel, query[a:b], cu[: b - a + 1], lens[a:b], tab[a:b], 1, longest, False, n)
-        for a, b, n, longest in groups
-    ])
+    plan_out = torch.cat(
+        [
+            call(kernel, query[a:b], cu[: b - a + 1], lens[a:b], tab[a:b], 1, longest, False, n)
+            for a, b, n, longest in groups
+        ]
+    )
     noplan_out = call(kernel, query, cu, lens, tab, 1, kv_len, False, None)
-    ref_out = torch.cat([
-        call(ref.flash_attn_varlen_func, query[a:b], cu[: b - a + 1], lens[a:b], tab[a:b], 1,
-             longest, False, n)
-        for a, b, n, longest in groups
-    ])
+    ref_out = torch.cat(
+        [
+            call(ref.flash_attn_varlen_func, query[a:b], cu[: b - a + 1], lens[a:b], tab[a:b], 1, longest, False, n)
+            for a, b, n, longest in groups
+        ]
+    )
     one = torch.tensor([0, 1], dtype=torch.int32, device=dev)
-    decode_splits = [
-        plan.decode_num_splits(n, num_heads, KV_HEADS, BLOCK, window_left, xe_cores) for n in row_lens
-    ]
-    decodes = torch.cat([
-        call(kernel, query[j : j + 1], one, lens[j : j + 1], table, 1, row_lens[j], True, decode_splits[j])
-        for j in range(q)
-    ])
-    kernel_decodes = torch.cat([
-        call(kernel, query[j : j + 1], one, lens[j : j + 1], table, 1, row_lens[j], True, None)
-        for j in range(q)
-    ])
-    chunk = call(kernel, query, torch.tensor([0, q], dtype=torch.int32, device=dev), seq_lens,
-                 table, q, kv_len, True, None)
+    decode_splits = [plan.decode_num_splits(n, num_heads, KV_HEADS, BLOCK, window_left, xe_cores) for n in row_lens]
+    decodes = torch.cat(
+        [
+            call(kernel, query[j : j + 1], one, lens[j : j + 1], table, 1, row_lens[j], True, decode_splits[j])
+            for j in range(q)
+        ]
+    )
+    kernel_decodes = torch.cat(
+        [call(kernel, query[j : j + 1], one, lens[j : j + 1], table, 1, row_lens[j], True, None) for j in range(q)]
+    )
+    chunk = call(
+        kernel, query, torch.tensor([0, q], dtype=torch.int32, device=dev), seq_lens, table, q, kv_len, True, None
+    )
 
     # Prebuilt metadata (patch 0005) refreshed on this device == inline.
     from vllm.v1.attention.backends.xpu_laguna_prebuilt import PrebuiltExactMetadata
@@ -195,18 +212,20 @@ def _run_case(
     owner = PrebuiltExactMetadata(max(WIDTHS), dev)
     md = owner.refresh(q, seq_lens, table, kv_len)
     prebuilt_ok = (
-        torch.equal(md.query_start_loc, cu)
-        and torch.equal(md.seq_lens, lens)
-        and torch.equal(md.block_table, tab)
+        torch.equal(md.query_start_loc, cu) and torch.equal(md.seq_lens, lens) and torch.equal(md.block_table, tab)
     )
 
     def rows_equal(a: Any, b: Any) -> int:
         return int(sum(torch.equal(a[i], b[i]) for i in range(q)))
 
     noplan_predicted = plan.heuristic_num_splits(
-        q, num_heads, KV_HEADS, plan.effective_seqlen_k(kv_len, window_left), BLOCK, xe_cores)
+        q, num_heads, KV_HEADS, plan.effective_seqlen_k(kv_len, window_left), BLOCK, xe_cores
+    )
     return Result(
-        shape, kv_dtype, q, kv_len,
+        shape,
+        kv_dtype,
+        q,
+        kv_len,
         splits_decode="/".join(str(n) for n in sorted(set(decode_splits))),
         splits_plan="/".join(str(n) for _, _, n, _ in groups),
         splits_noplan=noplan_predicted,
@@ -232,18 +251,33 @@ def _ints(text: str) -> tuple[int, ...]:
 def main(argv: list[str] | None = None) -> int:
     from scripts.cli import HelpFormatter
 
-    parser = argparse.ArgumentParser(prog="python -m scripts.device.xpu_attention_check",
-                                     description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
-    parser.add_argument("--device", default="xpu", choices=("xpu", "cpu"),
-                        help="xpu, or cpu for a self-test on the reference kernels (default: %(default)s)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"q in {QUICK_WIDTHS}, KV lengths {QUICK_LENGTHS}, bf16 only")
-    parser.add_argument("--widths", type=_ints, default=None,
-                        help=f"verify widths, comma-separated (default: {','.join(map(str, WIDTHS))})")
-    parser.add_argument("--lengths", type=_ints, default=None,
-                        help=f"KV lengths, comma-separated (default: {','.join(map(str, KV_LENGTHS))})")
-    parser.add_argument("--tol", type=float, default=2e-2,
-                        help="max |plan - reference| (default: %(default)s)")
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.device.xpu_attention_check",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument(
+        "--device",
+        default="xpu",
+        choices=("xpu", "cpu"),
+        help="xpu, or cpu for a self-test on the reference kernels (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"q in {QUICK_WIDTHS}, KV lengths {QUICK_LENGTHS}, bf16 only"
+    )
+    parser.add_argument(
+        "--widths",
+        type=_ints,
+        default=None,
+        help=f"verify widths, comma-separated (default: {','.join(map(str, WIDTHS))})",
+    )
+    parser.add_argument(
+        "--lengths",
+        type=_ints,
+        default=None,
+        help=f"KV lengths, comma-separated (default: {','.join(map(str, KV_LENGTHS))})",
+    )
+    parser.add_argument("--tol", type=float, default=2e-2, help="max |plan - reference| (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.widths and max(args.widths) > max(WIDTHS):
         parser.error(f"--widths: at most {max(WIDTHS)}")
@@ -262,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
 
     self_test = dev.type != "xpu"
     xe = plan.device_xe_cores(dev.index or 0) if not self_test else plan.device_xe_cores()
-    print(f"device {dev}, kernel seam: {xpu_laguna_exact.kernel_seam_name()}, Xe cores "
-          f"{xe}{' (modelled device: no XPU here)' if self_test else ' (read from the device)'}")
+    print(
+        f"device {dev}, kernel seam: {xpu_laguna_exact.kernel_seam_name()}, Xe cores "
+        f"{xe}{' (modelled device: no XPU here)' if self_test else ' (read from the device)'}"
+    )
     if self_test:
         print("SELF-TEST on the reference kernels: checks this script, not an XPU")
     widths = args.widths or (QUICK_WIDTHS if args.quick else WIDTHS)
@@ -272,8 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     failures: list[str] = []
     seed = 0
-    print(f"{'shape':28}{'kv':>5}{'q':>3}{'kv_len':>7}{'split dec':>10}{'plan':>8}{'noplan*':>8}"
-          f"{'plan==dec':>10}{'noplan==dec':>12}{'chunk==dec':>11}{'dec==kern':>10}{'|plan-ref|':>12}")
+    print(
+        f"{'shape':28}{'kv':>5}{'q':>3}{'kv_len':>7}{'split dec':>10}{'plan':>8}{'noplan*':>8}"
+        f"{'plan==dec':>10}{'noplan==dec':>12}{'chunk==dec':>11}{'dec==kern':>10}{'|plan-ref|':>12}"
+    )
     for shape, (heads, window) in SHAPES.items():
         for kv_dtype in kv_dtypes:
             for q in widths:
@@ -283,28 +321,34 @@ def main(argv: list[str] | None = None) -> int:
                     seed += 1
                     r = _run_case(torch, dev, shape, heads, window, kv_dtype, q, kv_len, seed)
                     results.append(r)
-                    print(f"{shape:28}{kv_dtype:>5}{q:>3}{kv_len:>7}{r.splits_decode:>10}{r.splits_plan:>8}"
-                          f"{r.splits_noplan:>8}{r.plan_rows_equal:>7}/{q:<2}{r.noplan_rows_equal:>9}/{q:<2}"
-                          f"{r.chunk_rows_equal:>8}/{q:<2}{'yes' if r.decode_plan_equals_kernel else 'NO':>10}"
-                          f"{r.plan_vs_ref:12.3e}")
+                    print(
+                        f"{shape:28}{kv_dtype:>5}{q:>3}{kv_len:>7}{r.splits_decode:>10}{r.splits_plan:>8}"
+                        f"{r.splits_noplan:>8}{r.plan_rows_equal:>7}/{q:<2}{r.noplan_rows_equal:>9}/{q:<2}"
+                        f"{r.chunk_rows_equal:>8}/{q:<2}{'yes' if r.decode_plan_equals_kernel else 'NO':>10}"
+                        f"{r.plan_vs_ref:12.3e}"
+                    )
                     where = f"{shape} {kv_dtype} q={q} L={kv_len}"
                     if r.plan_rows_equal != q:
                         failures.append(f"{where}: verify rows with the plan equal to decode {r.plan_rows_equal}/{q}")
                     if not r.decode_plan_equals_kernel:
-                        failures.append(f"{where}: decode with the planned split count != the kernel's own choice "
-                                        "(port or Xe-core count disagrees with the kernel)")
+                        failures.append(
+                            f"{where}: decode with the planned split count != the kernel's own choice "
+                            "(port or Xe-core count disagrees with the kernel)"
+                        )
                     if r.plan_vs_ref > args.tol:
                         failures.append(f"{where}: |plan-ref| {r.plan_vs_ref:.3e} > {args.tol}")
                     if not r.aux_ok:
                         failures.append(f"{where}: cache write or prebuilt metadata mismatch")
     rows = sum(r.q for r in results)
     print("* noplan: the count the ported heuristic predicts the kernel picks for the one call")
-    print(f"summary: {len(results)} cases, {rows} verify rows; plan==decode "
-          f"{sum(r.plan_rows_equal for r in results)}/{rows}; noplan==decode "
-          f"{sum(r.noplan_rows_equal for r in results)}/{rows}; chunk==decode "
-          f"{sum(r.chunk_rows_equal for r in results)}/{rows}; planned decode == kernel decode "
-          f"{sum(r.decode_plan_equals_kernel for r in results)}/{len(results)} cases; max |plan-ref| "
-          f"{max((r.plan_vs_ref for r in results), default=0.0):.3e}")
+    print(
+        f"summary: {len(results)} cases, {rows} verify rows; plan==decode "
+        f"{sum(r.plan_rows_equal for r in results)}/{rows}; noplan==decode "
+        f"{sum(r.noplan_rows_equal for r in results)}/{rows}; chunk==decode "
+        f"{sum(r.chunk_rows_equal for r in results)}/{rows}; planned decode == kernel decode "
+        f"{sum(r.decode_plan_equals_kernel for r in results)}/{len(results)} cases; max |plan-ref| "
+        f"{max((r.plan_vs_ref for r in results), default=0.0):.3e}"
+    )
     for f in failures:
         print(f"FAIL {f}")
     if failures:

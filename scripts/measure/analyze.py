@@ -23,8 +23,8 @@ from scripts.measure.schema import (
     fraction,
     pair_name,
 )
-from scripts.tokens import first_difference
 from scripts.measure.timing import find_burst
+from scripts.tokens import first_difference
 
 
 def _check_row(row: Row, leg: str, index: int, window: int) -> None:
@@ -77,35 +77,25 @@ def leg_stats(rows: Sequence[Row], window: int) -> dict[str, Any]:
         "rows": len(rows),
         "tok_s_conventional": metrics.summarize(conventional).to_json(),
         "tok_s_legacy": metrics.summarize(legacy).to_json(),
-        "tok_s_full_after_ttft_median": statistics.median(
-            metrics.tok_s_full_after_ttft(r.token_times_s) for r in rows
-        ),
-        "tok_s_wall_full_median": statistics.median(
-            metrics.tok_s_wall_full(r.token_times_s) for r in rows
-        ),
+        "tok_s_full_after_ttft_median": statistics.median(metrics.tok_s_full_after_ttft(r.token_times_s) for r in rows),
+        "tok_s_wall_full_median": statistics.median(metrics.tok_s_wall_full(r.token_times_s) for r in rows),
         "ttft_ms_median": statistics.median(r.token_times_s[0] * 1000 for r in rows),
         "decode_s_total": sum(decode_s),
         "draft_cycles": drafts,
         "draft_tokens": draft_tokens,
         "accepted_draft_tokens": accepted,
-        "draft_acceptance_rate": (
-            accepted / draft_tokens if accepted is not None and draft_tokens else None
-        ),
+        "draft_acceptance_rate": (accepted / draft_tokens if accepted is not None and draft_tokens else None),
         "cycle_ms": 1000 * sum(decode_s) / drafts if drafts else None,
         "per_row": per_row,
     }
 
 
-def pair_stats(
-    candidate: Mapping[str, Any], control: Mapping[str, Any], gates: Gates
-) -> dict[str, Any]:
+def pair_stats(candidate: Mapping[str, Any], control: Mapping[str, Any], gates: Gates) -> dict[str, Any]:
     cand_rows = [r["tok_s_legacy"] for r in candidate["per_row"]]
     ctrl_rows = [r["tok_s_legacy"] for r in control["per_row"]]
     paired = [metrics.pct_change(b, a) for b, a in zip(cand_rows, ctrl_rows)]
     wins = sum(1 for b, a in zip(cand_rows, ctrl_rows) if b > a)
-    headline = metrics.pct_change(
-        candidate["tok_s_legacy"]["median"], control["tok_s_legacy"]["median"]
-    )
+    headline = metrics.pct_change(candidate["tok_s_legacy"]["median"], control["tok_s_legacy"]["median"])
     median_paired = statistics.median(paired)
     saving = (
         control["cycle_ms"] - candidate["cycle_ms"]
@@ -144,9 +134,7 @@ def quality(
         results: list[dict[str, Any]] = []
         for row in rows:
             reference = teacher_by_prompt.get(row.prompt_sha256)
-            diff = (
-                None if reference is None else _first_difference(row.token_ids, reference.token_ids)
-            )
+            diff = None if reference is None else _first_difference(row.token_ids, reference.token_ids)
             exact = reference is not None and diff is None
             results.append(
                 {
@@ -172,9 +160,7 @@ def quality(
                 crossed = (
                     config.rollover_at is None
                     or row.prompt_tokens is not None
-                    and row.prompt_tokens
-                    < config.rollover_at
-                    <= row.prompt_tokens + len(row.token_ids)
+                    and row.prompt_tokens < config.rollover_at <= row.prompt_tokens + len(row.token_ids)
                 )
                 roll_ok += results[i]["exact"] and crossed
         vs_teacher[leg] = results
@@ -207,34 +193,24 @@ def quality(
         "single_active_generation": single_active,
         "no_warmup_generation": no_warmup,
         "no_retry": no_retry,
-        "no_cache_history_ngram_or_response_reuse": unique
-        and cached_ok == cached_total
-        and no_warmup,
+        "no_cache_history_ngram_or_response_reuse": unique and cached_ok == cached_total and no_warmup,
     }
     return counts, {"teacher_rows": len(teacher or []), "legs": vs_teacher}, {"legs": cross}
 
 
-def burst_rows(
-    legs: Mapping[str, Sequence[Row]], config: AnalysisConfig, gates: Gates
-) -> list[dict[str, Any]]:
+def burst_rows(legs: Mapping[str, Sequence[Row]], config: AnalysisConfig, gates: Gates) -> list[dict[str, Any]]:
     """Rows of the timed legs whose chunks arrive faster than the engine can emit them
     (:mod:`scripts.measure.timing`); empty when the gate is off."""
     found = []
     for leg in LEG_ORDER:
         for row in legs[leg]:
-            burst = find_burst(
-                row.token_times_s, config.num_speculative_tokens, gates.min_engine_step_ms
-            )
+            burst = find_burst(row.token_times_s, config.num_speculative_tokens, gates.min_engine_step_ms)
             if burst is not None:
-                found.append(
-                    {"leg": leg, "index": row.index, "kind": row.kind, "burst": burst.describe()}
-                )
+                found.append({"leg": leg, "index": row.index, "kind": row.kind, "burst": burst.describe()})
     return found
 
 
-def _with_timing(
-    counts: Mapping[str, Any], legs: Mapping[str, Sequence[Row]], bursts: Sequence[Any]
-) -> dict[str, Any]:
+def _with_timing(counts: Mapping[str, Any], legs: Mapping[str, Sequence[Row]], bursts: Sequence[Any]) -> dict[str, Any]:
     """``counts`` with ``plausible_chunk_timing`` (rows without a burst / timed rows) after
     the other counts."""
     total = sum(len(legs[leg]) for leg in LEG_ORDER)
@@ -280,9 +256,7 @@ def analyze(
         if row.error is not None:
             raise ToolError(f"teacher row {index}: request failed ({row.error})")
     stats = {leg: leg_stats(legs[leg], config.window) for leg in LEG_ORDER}
-    pairs = {
-        pair_name(cand, ctrl): pair_stats(stats[cand], stats[ctrl], gates) for cand, ctrl in PAIRS
-    }
+    pairs = {pair_name(cand, ctrl): pair_stats(stats[cand], stats[ctrl], gates) for cand, ctrl in PAIRS}
     quality_counts, vs_teacher, cross = quality(legs, teacher, config)
     bursts = burst_rows(legs, config, gates)
     if gates.min_engine_step_ms > 0:

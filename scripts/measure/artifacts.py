@@ -44,14 +44,10 @@ def rows_artifact(leg: str) -> str:
 
 def analysis_documents(analysis: dict[str, Any]) -> dict[str, Any]:
     """The JSON documents written next to the rows, by artifact name."""
-    return {
-        name: analysis if key is None else analysis[key] for name, key in ANALYSIS_FILES.items()
-    }
+    return {name: analysis if key is None else analysis[key] for name, key in ANALYSIS_FILES.items()}
 
 
-def load_run(
-    root: Path, artifacts: dict[str, str]
-) -> tuple[dict[str, list[Row]], list[Row] | None, dict[str, Any]]:
+def load_run(root: Path, artifacts: dict[str, str]) -> tuple[dict[str, list[Row]], list[Row] | None, dict[str, Any]]:
     manifest_rel = artifacts.get(MANIFEST)
     if manifest_rel is None:
         raise ToolError("record lists no manifest artifact")
@@ -67,9 +63,7 @@ def load_run(
     return legs, teacher, manifest
 
 
-def write_rows(
-    out: Path, legs: Mapping[str, Sequence[Row]], teacher: Sequence[Row] | None
-) -> dict[str, str]:
+def write_rows(out: Path, legs: Mapping[str, Sequence[Row]], teacher: Sequence[Row] | None) -> dict[str, str]:
     """Raw rows as JSON Lines; returns artifact name -> path relative to ``out``."""
     artifacts = {}
     for leg in LEG_ORDER:

@@ -16,8 +16,7 @@ def _verify_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="python -m scripts.measure verify-record",
-        description="Re-derive every number of a record file; exit 1 naming each field that "
-        "disagrees.",
+        description="Re-derive every number of a record file; exit 1 naming each field that disagrees.",
         formatter_class=HelpFormatter,
     )
     parser.add_argument("record", type=Path, help="record JSON file")
@@ -28,9 +27,7 @@ def _verify_parser() -> argparse.ArgumentParser:
         help="directory holding the raw artifacts (default: the record's directory or its "
         "run_root, when they hold them)",
     )
-    parser.add_argument(
-        "--internal-only", action="store_true", help="skip the raw artifacts even when present"
-    )
+    parser.add_argument("--internal-only", action="store_true", help="skip the raw artifacts even when present")
     parser.add_argument(
         "--prior",
         type=Path,
@@ -58,9 +55,7 @@ def verify_record(argv: Sequence[str]) -> int:
         root = None
         if not args.internal_only:
             root = args.artifacts or find_artifacts_root(record, args.record)
-        report = verify(
-            record, gates=load_gates(args.gates or GATES_PATH), artifacts_root=root, prior=prior
-        )
+        report = verify(record, gates=load_gates(args.gates or GATES_PATH), artifacts_root=root, prior=prior)
     except ToolError as exc:
         print(f"verify-record: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -69,10 +64,7 @@ def verify_record(argv: Sequence[str]) -> int:
     current = load_gates(args.gates or GATES_PATH).to_json()
     if isinstance(stored, dict) and stored != current:
         changed = sorted(k for k in set(stored) | set(current) if stored.get(k) != current.get(k))
-        print(
-            f"verify-record: note: judged with its own gates, which differ from today's in: "
-            f"{', '.join(changed)}"
-        )
+        print(f"verify-record: note: judged with its own gates, which differ from today's in: {', '.join(changed)}")
     for failure in report.failures:
         print(f"verify-record: FAIL {failure}", file=sys.stderr)
     derived = [p for p in report.numeric if p in report.derived]

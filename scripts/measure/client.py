@@ -48,9 +48,7 @@ def stream_completion(
     connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
         start = time.perf_counter()
-        connection.request(
-            "POST", "/v1/completions", body=payload, headers={"Content-Type": "application/json"}
-        )
+        connection.request("POST", "/v1/completions", body=payload, headers={"Content-Type": "application/json"})
         response = connection.getresponse()
         if response.status != 200:
             text = response.read().decode("utf-8", "replace")

@@ -60,9 +60,7 @@ def leg_environments(
         raise ToolError(f"--env also sets treatment variable(s): {', '.join(sorted(overlap))}")
     stray = set(control) - set(treatment)
     if stray:
-        raise ToolError(
-            f"--control names variables that are not treated: {', '.join(sorted(stray))}"
-        )
+        raise ToolError(f"--control names variables that are not treated: {', '.join(sorted(stray))}")
     a_env = {**base, **control}
     b_env = {**base, **treatment}
     envs = {"A1": a_env, "B1": b_env, "B2": b_env, "A2": a_env, TEACHER: a_env}
@@ -147,9 +145,7 @@ def run_leg(
                     f"TTFT {ttft}" + (f", ERROR {row.error}" if row.error else "")
                 )
                 if row.error is not None:
-                    raise ToolError(
-                        f"leg {leg} row {prompt.index} failed (no retries): {row.error}"
-                    )
+                    raise ToolError(f"leg {leg} row {prompt.index} failed (no retries): {row.error}")
                 before = after
     return rows, {"argv": argv, "port": port, "ready_s": ready_s, "log": log_path.name}
 
@@ -245,9 +241,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", required=True, help="target model directory (with config.json)")
     p.add_argument("--draft", default=None, help="DFlash drafter directory (default: no drafter)")
-    p.add_argument(
-        "--num-speculative-tokens", type=int, default=7, help="tokens the drafter proposes per step"
-    )
+    p.add_argument("--num-speculative-tokens", type=int, default=7, help="tokens the drafter proposes per step")
     p.add_argument(
         "--speculative-config",
         default=None,
@@ -255,9 +249,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prompts", type=int, default=13, help="prompts per leg")
     p.add_argument("--max-tokens", type=int, default=256, help="output tokens per request")
-    p.add_argument(
-        "--window", type=int, default=100, help="throughput over output tokens 1..W after TTFT"
-    )
+    p.add_argument("--window", type=int, default=100, help="throughput over output tokens 1..W after TTFT")
     p.add_argument("--prompt-tokens", type=int, default=64, help="size of a normal prompt")
     p.add_argument(
         "--long-prompt-tokens",
@@ -273,13 +265,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prompt-suffix", default="", help="text ending every prompt")
     p.add_argument("--stop-at-eos", action="store_true", help="do not send ignore_eos")
-    p.add_argument(
-        "--server-args", default="", help="extra vllm serve arguments (one shell-quoted string)"
-    )
+    p.add_argument("--server-args", default="", help="extra vllm serve arguments (one shell-quoted string)")
     p.add_argument("--python", default=sys.executable, help="python of the vLLM runtime")
-    p.add_argument(
-        "--out", type=Path, default=None, help="run directory (default: build/crossover/<UTC>)"
-    )
+    p.add_argument("--out", type=Path, default=None, help="run directory (default: build/crossover/<UTC>)")
     p.add_argument("--no-teacher", action="store_true", help="skip the non-speculative teacher leg")
     p.add_argument("--no-plot", action="store_true", help="do not draw crossover.png")
     p.add_argument("--label-control", default="control", help="start label of the A legs")
@@ -306,17 +294,11 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="prior approved tok/s, instead of --prior-record (default: no prior)",
     )
-    p.add_argument(
-        "--prior-id", default=None, help="id of the prior approved value (default: none)"
-    )
+    p.add_argument("--prior-id", default=None, help="id of the prior approved value (default: none)")
     p.add_argument("--gates", type=Path, default=GATES_PATH, help="gate thresholds (TOML)")
     p.add_argument("--seed", type=int, default=None, help="prompt seed (default: random)")
-    p.add_argument(
-        "--ready-timeout", type=float, default=1200.0, help="seconds to wait for a server"
-    )
-    p.add_argument(
-        "--request-timeout", type=float, default=900.0, help="seconds one request may take"
-    )
+    p.add_argument("--ready-timeout", type=float, default=1200.0, help="seconds to wait for a server")
+    p.add_argument("--request-timeout", type=float, default=900.0, help="seconds one request may take")
     p.add_argument(
         "--check-only",
         action="store_true",
@@ -366,9 +348,7 @@ def main(argv: list[str]) -> int:
             max_tokens=args.max_tokens,
             suffix=args.prompt_suffix,
         )
-    (out / "prompts.json").write_text(
-        json.dumps([p.__dict__ | {"sha256": p.sha256} for p in prompts], indent=2) + "\n"
-    )
+    (out / "prompts.json").write_text(json.dumps([p.__dict__ | {"sha256": p.sha256} for p in prompts], indent=2) + "\n")
     extra = shlex.split(args.server_args)
     spec_args = ["--speculative-config", json.dumps(spec)] if spec else []
     legs: dict[str, list[Row]] = {}
@@ -383,10 +363,7 @@ def main(argv: list[str]) -> int:
         raw[server_log_artifact(leg)] = servers[leg]["log"]
     teacher = legs.pop(TEACHER, None)
     raw.update(write_rows(out, legs, teacher))
-    labels = {
-        leg: f"{leg}_{args.label_control if leg.startswith('A') else args.label_candidate}"
-        for leg in LEG_ORDER
-    }
+    labels = {leg: f"{leg}_{args.label_control if leg.startswith('A') else args.label_candidate}" for leg in LEG_ORDER}
     config = AnalysisConfig(
         window=args.window,
         num_speculative_tokens=(spec or {}).get("num_speculative_tokens"),
@@ -409,9 +386,7 @@ def main(argv: list[str]) -> int:
         },
         treatment={
             "sole_difference": ",".join(names),
-            "control_value": control.get(names[0])
-            if len(names) == 1
-            else {n: control.get(n) for n in names},
+            "control_value": control.get(names[0]) if len(names) == 1 else {n: control.get(n) for n in names},
             "candidate_value": treatment[names[0]] if len(names) == 1 else treatment,
         },
         speculative=spec,
@@ -465,8 +440,10 @@ def _report(analysis: dict[str, Any], record: dict[str, Any], out: Path) -> None
     value = record["record"]["candidate_lower_start_tok_s"]
     info(f"record value {value:.3f} tok/s: {record['status']}")
     for burst in analysis.get("burst_rows", []):
-        info(f"burst row (timing is a stall artifact): {burst['leg']} row {burst['index']} "
-             f"({burst['kind']}): {burst['burst']}")
+        info(
+            f"burst row (timing is a stall artifact): {burst['leg']} row {burst['index']} "
+            f"({burst['kind']}): {burst['burst']}"
+        )
     if analysis["failing_gates"]:
         info(f"failing gates: {', '.join(record['audits']['failing_gates'])}")
     info(f"record: {out / RECORD_FILE}")
@@ -478,8 +455,7 @@ def reanalyze_main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(
         prog="python -m scripts.measure analyze",
-        description="Rebuild analysis, plot and record of a crossover run directory from its "
-        "raw rows.",
+        description="Rebuild analysis, plot and record of a crossover run directory from its raw rows.",
         formatter_class=HelpFormatter,
     )
     p.add_argument("run_dir", type=Path, help="run directory written by the crossover")

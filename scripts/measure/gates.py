@@ -101,6 +101,4 @@ def load_gates(path: Path = GATES_PATH) -> Gates:
         value = values[name]
         if isinstance(value, bool) != (types == (bool,)) or not isinstance(value, types):
             raise ToolError(f"{path}: {name} has the wrong type ({type(value).__name__})")
-    return Gates.from_json(
-        {k: float(v) if float in expected[k] else v for k, v in values.items()}, str(path)
-    )
+    return Gates.from_json({k: float(v) if float in expected[k] else v for k, v in values.items()}, str(path))

@@ -53,19 +53,19 @@ def graph_section(logs: dict[str, str]) -> dict[str, Any] | None:
         return None
     per_leg = {leg: ranks[min(ranks)] for leg, ranks in per_rank.items()}
     shapes = {
-        (cap["graphs"], cap["breaks"])
-        for acc in per_leg.values()
-        for cap in acc.get("target", {}).get("captures", [])
+        (cap["graphs"], cap["breaks"]) for acc in per_leg.values() for cap in acc.get("target", {}).get("captures", [])
     }
     if len(shapes) > 1:
         raise ValueError(f"graph legs captured different target topologies: {sorted(shapes)}")
     graphs, breaks = next(iter(shapes)) if shapes else (None, None)
-    sizes = sorted({
-        int(m.group(1))
-        for acc in per_leg.values()
-        for cap in acc.get("target", {}).get("captures", [])
-        if (m := re.search(r"num_tokens=(\d+)", str(cap.get("batch_descriptor", ""))))
-    })
+    sizes = sorted(
+        {
+            int(m.group(1))
+            for acc in per_leg.values()
+            for cap in acc.get("target", {}).get("captures", [])
+            if (m := re.search(r"num_tokens=(\d+)", str(cap.get("batch_descriptor", ""))))
+        }
+    )
     classes = sorted({acc_w.get("graph_class", "") for acc in per_leg.values() for acc_w in acc.values()})
     section: dict[str, Any] = {
         "measured": True,

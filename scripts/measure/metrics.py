@@ -98,4 +98,3 @@ def summarize(values: Sequence[float]) -> Summary:
 def pct_change(new: float, old: float) -> float:
     """(new - old) / old * 100, the formula the reference records' pair deltas use."""
     return (new - old) / old * 100
-

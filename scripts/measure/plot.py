@@ -23,9 +23,7 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ToolError(
-            "the plot needs matplotlib: `pip install matplotlib` in this python (or --no-plot)"
-        ) from None
+        raise ToolError("the plot needs matplotlib: `pip install matplotlib` in this python (or --no-plot)") from None
 
 
 def treatment_title(treatment: Mapping[str, Any] | None) -> tuple[str, str, str]:
@@ -66,9 +64,7 @@ def _flags(analysis: dict[str, Any]) -> dict[str, dict[int, list[str]]]:
     return flags
 
 
-def write_plot(
-    analysis: dict[str, Any], path: Path, treatment: Mapping[str, Any] | None = None
-) -> None:
+def write_plot(analysis: dict[str, Any], path: Path, treatment: Mapping[str, Any] | None = None) -> None:
     require_matplotlib()
     import matplotlib
 
@@ -99,14 +95,18 @@ def write_plot(
         )
         left.axhline(median, color=COLORS[leg], linewidth=0.8, alpha=0.6, label="_median")
     bursts = [(leg, i) for leg in LEG_ORDER for i, f in flags[leg].items() if "burst" in f]
-    wrong = [
-        (leg, i) for leg in LEG_ORDER for i, f in flags[leg].items() if "not teacher-exact" in f
-    ]
+    wrong = [(leg, i) for leg in LEG_ORDER for i, f in flags[leg].items() if "not teacher-exact" in f]
     for marks, style, text in (
-        (bursts, {"marker": "X", "s": 160, "color": "black"},
-         "burst row: timing is a stall artifact (plausible_chunk_timing fails)"),
-        (wrong, {"marker": "o", "s": 220, "facecolors": "none", "edgecolors": "purple",
-                 "linewidths": 2}, "row differs from the teacher"),
+        (
+            bursts,
+            {"marker": "X", "s": 160, "color": "black"},
+            "burst row: timing is a stall artifact (plausible_chunk_timing fails)",
+        ),
+        (
+            wrong,
+            {"marker": "o", "s": 220, "facecolors": "none", "edgecolors": "purple", "linewidths": 2},
+            "row differs from the teacher",
+        ),
     ):
         if marks:
             left.scatter(
@@ -156,16 +156,17 @@ def write_plot(
         )
         for i in sorted(flagged):
             right.annotate(
-                "!", (i + offset, deltas[i]), ha="center", va="bottom", fontsize=12,
-                fontweight="bold", color="black",
+                "!",
+                (i + offset, deltas[i]),
+                ha="center",
+                va="bottom",
+                fontsize=12,
+                fontweight="bold",
+                color="black",
             )
     right.axhline(0.0, color="black", linewidth=0.8, label="_zero")
     right.margins(y=0.12)
-    extreme = max(
-        abs(d)
-        for cand, ctrl in PAIRS
-        for d in analysis["pairs"][pair_name(cand, ctrl)]["paired_delta_pct"]
-    )
+    extreme = max(abs(d) for cand, ctrl in PAIRS for d in analysis["pairs"][pair_name(cand, ctrl)]["paired_delta_pct"])
     if extreme > 200:
         right.set_yscale("symlog", linthresh=10)
     right.set_xticks(rows, ticks, fontsize=8)
@@ -178,7 +179,11 @@ def write_plot(
         handles.append(Line2D([], [], linestyle="none", marker="$!$", color="black", markersize=9))
         labels.append("pair with a flagged row (burst or not teacher-exact)")
     right.legend(
-        handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+        handles,
+        labels,
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
         frameon=False,
     )
 

@@ -110,8 +110,7 @@ def _check_lengths(args: argparse.Namespace, target: dict[str, Any]) -> None:
         return
     for kind, tokens in sizes.items():
         if tokens + args.max_tokens > limit:
-            option = {"normal": "--prompt-tokens", "long": "--long-prompt-tokens",
-                      "rollover": "--rollover-at"}[kind]
+            option = {"normal": "--prompt-tokens", "long": "--long-prompt-tokens", "rollover": "--rollover-at"}[kind]
             raise ToolError(
                 f"the {kind} prompt ({tokens} tokens, {option}) + --max-tokens {args.max_tokens} "
                 f"= {tokens + args.max_tokens} > {limit} ({where}); lower {option} or "

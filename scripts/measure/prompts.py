@@ -97,9 +97,7 @@ def build_prompts(
         elif kind == "rollover" and rollover_at is not None:
             target = rollover_at - max(1, max_tokens // 2)
             if target < 8:
-                raise ToolError(
-                    f"rollover at {rollover_at} tokens needs max_tokens/2 < {rollover_at - 8}"
-                )
+                raise ToolError(f"rollover at {rollover_at} tokens needs max_tokens/2 < {rollover_at - 8}")
         else:
             target = prompt_tokens
         prefix = f"Note {run_tag}-{index}: "
@@ -128,9 +126,7 @@ def tokenizer_counter(model_dir: str, python: str | None = None) -> Counter:
         from transformers import AutoTokenizer
     except ImportError:
         if python is None or python == sys.executable:
-            raise ToolError(
-                "transformers is needed to size prompts (pass --python of the vLLM runtime)"
-            ) from None
+            raise ToolError("transformers is needed to size prompts (pass --python of the vLLM runtime)") from None
         return _remote_counter(python, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return lambda text: len(tokenizer(text)["input_ids"])

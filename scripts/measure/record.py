@@ -114,8 +114,7 @@ def build_record(analysis: dict[str, Any], meta: RecordMeta) -> dict[str, Any]:
         "draft_acceptance_rate": lower_stats["draft_acceptance_rate"],
     }
     pairs = {
-        name: {k: v for k, v in pair.items() if k != "paired_delta_pct"}
-        for name, pair in analysis["pairs"].items()
+        name: {k: v for k, v in pair.items() if k != "paired_delta_pct"} for name, pair in analysis["pairs"].items()
     }
     candidate = analysis["record_value"]["tok_s"]
     return {
@@ -128,9 +127,7 @@ def build_record(analysis: dict[str, Any], meta: RecordMeta) -> dict[str, Any]:
         "metric": metric_name(window),
         "metric_conventional": metric_name(window) + "_conventional",
         "starts": {key[leg]: legs[leg]["tok_s_legacy"]["median"] for leg in LEG_ORDER},
-        "starts_conventional": {
-            key[leg]: legs[leg]["tok_s_conventional"]["median"] for leg in LEG_ORDER
-        },
+        "starts_conventional": {key[leg]: legs[leg]["tok_s_conventional"]["median"] for leg in LEG_ORDER},
         "record": record_section(candidate, meta.prior, gates),
         "pairs": pairs,
         "quality": analysis["quality"],
@@ -155,9 +152,7 @@ def build_record(analysis: dict[str, Any], meta: RecordMeta) -> dict[str, Any]:
         "audits": {
             "committed_analyzer_disposition": "record_candidate" if not reasons else "not_a_record",
             "failing_gates": reasons,
-            "formal_raw_performance_and_exactness": (
-                "CLEAN" if not analysis["failing_gates"] else "FAILED"
-            ),
+            "formal_raw_performance_and_exactness": ("CLEAN" if not analysis["failing_gates"] else "FAILED"),
             "operational_identity_topology_idle_and_sealing": "NOT_AUDITED",
             "qualification_or_stopped_root_contamination": False,
         },

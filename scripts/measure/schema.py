@@ -114,9 +114,7 @@ class Row:
         if row.kind not in ROW_KINDS:
             raise ToolError(f"{where}: unknown row kind {row.kind!r}")
         if len(row.token_times_s) != len(row.token_ids):
-            raise ToolError(
-                f"{where}: {len(row.token_times_s)} token times but {len(row.token_ids)} token ids"
-            )
+            raise ToolError(f"{where}: {len(row.token_times_s)} token times but {len(row.token_ids)} token ids")
         return row
 
 

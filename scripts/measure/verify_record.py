@@ -96,8 +96,19 @@ class InternalChecks(Checker):
     ``legs``: it fills ``rows`` (row count per pair) that those two compare against.
     """
 
-    ORDER = ("starts", "record", "pairs", "quality", "summary", "graph", "conventional", "legs", "sha256",
-             "disposition", "identity")
+    ORDER = (
+        "starts",
+        "record",
+        "pairs",
+        "quality",
+        "summary",
+        "graph",
+        "conventional",
+        "legs",
+        "sha256",
+        "disposition",
+        "identity",
+    )
 
     def __init__(self, record: dict[str, Any], gates: Gates, report: Report) -> None:
         super().__init__(record, report)
@@ -160,15 +171,11 @@ class InternalChecks(Checker):
         if prior is None:
             for name in ("delta_tok_s", "delta_pct", "multiple", "strict_practical_floor_tok_s"):
                 value = self.record["record"].get(name)
-                self.constraint(
-                    value is None, (f"record.{name}",), f"{value!r} without a prior value"
-                )
+                self.constraint(value is None, (f"record.{name}",), f"{value!r} without a prior value")
             return
         inputs = (cand, prior_path)
         self.derived("record.delta_tok_s", c - prior, "candidate - prior", inputs)
-        self.derived(
-            "record.delta_pct", (c / prior - 1) * 100, "(candidate/prior - 1)*100", inputs
-        )
+        self.derived("record.delta_pct", (c / prior - 1) * 100, "(candidate/prior - 1)*100", inputs)
         self.derived("record.multiple", c / prior, "candidate / prior", inputs)
         floor = self.gates.practical_floor(prior)
         if self.record["record"].get("strict_practical_floor_tok_s") is not None:
@@ -202,9 +209,7 @@ class InternalChecks(Checker):
                 path = f"pairs.{name}.headline_delta_pct"
                 b, a = self.number(self.start[cand]), self.number(self.start[ctrl])
                 headline = pct_change(b, a)
-                self.derived(
-                    path, headline, f"({cand} - {ctrl})/{ctrl}*100", (self.start[cand], self.start[ctrl])
-                )
+                self.derived(path, headline, f"({cand} - {ctrl})/{ctrl}*100", (self.start[cand], self.start[ctrl]))
                 headline = self.number(path)
             median_path = f"pairs.{name}.median_paired_delta_pct"
             median = self.number(median_path)
@@ -223,9 +228,7 @@ class InternalChecks(Checker):
                 f"median paired delta {median!r}, headline {headline!r})",
             )
             if self.claims_record:
-                self.constraint(
-                    bool(passed), (passed_path,), f"a failed pair in a {self.status} record"
-                )
+                self.constraint(bool(passed), (passed_path,), f"a failed pair in a {self.status} record")
         counts = set(self.rows.values())
         self.constraint(
             len(counts) == 1,
@@ -246,16 +249,10 @@ class InternalChecks(Checker):
                 continue
             wins = tuple(f"pairs.{pair_name(b, a)}.row_wins" for b, a in PAIRS)
             if key in ("teacher_exact", "cached_tokens_zero"):
-                self.constraint(
-                    n == legs * n_rows, (path, *wins), f"n={n} != {legs} legs x {n_rows} rows"
-                )
+                self.constraint(n == legs * n_rows, (path, *wins), f"n={n} != {legs} legs x {n_rows} rows")
             elif key == "cross_leg_exact":
-                allowed = (
-                    {(legs - 1) * n_rows} if self.version > 1 else {(legs - 1) * n_rows, legs * n_rows}
-                )
-                self.constraint(
-                    n in allowed, (path, *wins), f"n={n} not in {sorted(allowed)} for {n_rows} rows"
-                )
+                allowed = {(legs - 1) * n_rows} if self.version > 1 else {(legs - 1) * n_rows, legs * n_rows}
+                self.constraint(n in allowed, (path, *wins), f"n={n} not in {sorted(allowed)} for {n_rows} rows")
             else:
                 self.constraint(
                     n % legs == 0 and n <= legs * n_rows,
@@ -288,9 +285,7 @@ class InternalChecks(Checker):
         )
         p10 = self.number(f"{key}.tok_s_out_p10")
         median = self.number(out)
-        self.constraint(
-            0 < p10 <= median, (f"{key}.tok_s_out_p10", out), f"p10 {p10!r} not in (0, median]"
-        )
+        self.constraint(0 < p10 <= median, (f"{key}.tok_s_out_p10", out), f"p10 {p10!r} not in (0, median]")
         stdev = self.number(f"{key}.tok_s_out_stdev")
         self.constraint(stdev >= 0, (f"{key}.tok_s_out_stdev",), "negative stdev")
         mean = self.number(f"{key}.tok_s_out_mean")
@@ -302,9 +297,7 @@ class InternalChecks(Checker):
             (f"{key}.tok_s_wall_full_median", f"{key}.tok_s_full_after_ttft_median"),
             "wall-clock rate must be below the after-TTFT rate (TTFT > 0 on every row)",
         )
-        self.constraint(
-            self.number(f"{key}.ttft_ms_median") > 0, (f"{key}.ttft_ms_median",), "must be > 0"
-        )
+        self.constraint(self.number(f"{key}.ttft_ms_median") > 0, (f"{key}.ttft_ms_median",), "must be > 0")
         cycles = self.number(f"{key}.draft_cycles", integer=True, optional=self.version > 1)
         if cycles is None:
             return
@@ -322,9 +315,7 @@ class InternalChecks(Checker):
             if self.version > 1:
                 inputs += ("speculative.num_speculative_tokens",)
             if fixed:
-                self.derived(
-                    f"{key}.draft_tokens", per_cycle * cycles, f"{per_cycle} x draft_cycles", inputs
-                )
+                self.derived(f"{key}.draft_tokens", per_cycle * cycles, f"{per_cycle} x draft_cycles", inputs)
             else:
                 self.constraint(
                     drafted <= per_cycle * cycles,
@@ -349,10 +340,7 @@ class InternalChecks(Checker):
         if not isinstance(graph, dict):
             self.fail("graph", "expected an object")
             return
-        if (
-            graph.get("graphs_per_rank") is not None
-            or graph.get("eager_breaks_per_rank") is not None
-        ):
+        if graph.get("graphs_per_rank") is not None or graph.get("eager_breaks_per_rank") is not None:
             breaks = self.number("graph.eager_breaks_per_rank", integer=True)
             self.derived(
                 "graph.graphs_per_rank",
@@ -362,9 +350,7 @@ class InternalChecks(Checker):
             )
         sizes = graph.get("capture_sizes")
         if sizes:
-            values = [
-                self.number(f"graph.capture_sizes[{i}]", integer=True) for i in range(len(sizes))
-            ]
+            values = [self.number(f"graph.capture_sizes[{i}]", integer=True) for i in range(len(sizes))]
             self.derived(
                 "graph.max_capture_size",
                 max(values),
@@ -483,9 +469,7 @@ class InternalChecks(Checker):
         if self.version > 1:
             artifacts = self.record["artifacts"]
             if not isinstance(artifacts, dict) or sorted(artifacts) != sorted(hashes):
-                self.fail(
-                    ("artifacts", "sha256"), "artifacts and sha256 must name the same files"
-                )
+                self.fail(("artifacts", "sha256"), "artifacts and sha256 must name the same files")
 
     def check_disposition(self) -> None:
         if self.version == 1:
@@ -562,7 +546,6 @@ class InternalChecks(Checker):
 
 def internal_checks(record: dict[str, Any], gates: Gates, report: Report) -> None:
     InternalChecks(record, gates, report).run_all()
-
 
 
 def prior_checks(record: dict[str, Any], prior: dict[str, Any], report: Report) -> None:

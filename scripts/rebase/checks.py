@@ -58,11 +58,17 @@ def overlay_twins(state: RebaseState, tree: Path, overlay: list[OverlayFile], re
             problem = None
         except ToolError as exc:
             problem = str(exc)
-        entry: Json = {"file": item.relpath, "status": status, "old_blob": old_blob, "new_blob": new_blob,
-                       "problem": problem}
+        entry: Json = {
+            "file": item.relpath,
+            "status": status,
+            "old_blob": old_blob,
+            "new_blob": new_blob,
+            "problem": problem,
+        }
         if status != "ok":
-            entry["upstream"] = upstream_change(tree, old_base, new_base, item.relpath, [], mirror,
-                                                state.from_.git_commit, state.onto.git_commit)
+            entry["upstream"] = upstream_change(
+                tree, old_base, new_base, item.relpath, [], mirror, state.from_.git_commit, state.onto.git_commit
+            )
         if problem:
             failures.append(f"overlay/{item.relpath}: {status}")
         results.append(entry)
@@ -106,9 +112,12 @@ def compile_check(state: RebaseState, tree: Path, check_tree: Path) -> list[str]
 
 def _effect_note(entry: PatchEntry, ok: bool) -> str | None:
     if entry.status == "already-upstream":
-        return ("retired patch: upstream has the effect" if ok else
-                "WARNING: retired patch, but its check fails on the new tree: "
-                "the effect may be absent upstream; review before retiring")
+        return (
+            "retired patch: upstream has the effect"
+            if ok
+            else "WARNING: retired patch, but its check fails on the new tree: "
+            "the effect may be absent upstream; review before retiring"
+        )
     if entry.dry_run_skipped:
         return "the patch was skipped (conflict) in this dry run"
     if entry.dry_run_resolution:
@@ -126,14 +135,26 @@ def effect_checks(state: RebaseState, check_tree: Path) -> list[str]:
             continue
         started = time.monotonic()
         try:
-            proc = subprocess.run(command, shell=True, cwd=check_tree, capture_output=True, text=True,
-                                  timeout=EFFECT_TIMEOUT_S, check=False)
+            proc = subprocess.run(
+                command,
+                shell=True,
+                cwd=check_tree,
+                capture_output=True,
+                text=True,
+                timeout=EFFECT_TIMEOUT_S,
+                check=False,
+            )
             rc, out = proc.returncode, (proc.stdout + proc.stderr).strip()
         except subprocess.TimeoutExpired:
             rc, out = 124, f"timed out after {EFFECT_TIMEOUT_S}s"
         ok = rc == 0
-        entry.effect = {"command": command, "ok": ok, "rc": rc, "output": out[-2000:],
-                        "seconds": round(time.monotonic() - started, 2)}
+        entry.effect = {
+            "command": command,
+            "ok": ok,
+            "rc": rc,
+            "output": out[-2000:],
+            "seconds": round(time.monotonic() - started, 2),
+        }
         note = _effect_note(entry, ok)
         if note:
             entry.effect["note"] = note

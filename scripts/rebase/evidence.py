@@ -26,14 +26,30 @@ def diff_hunks(tree: Path, parent: str, commit: str) -> dict[str, list[Json]]:
     return parse_hunks(text, commit[:12])
 
 
-def upstream_change(tree: Path, old_base: str, new_base: str, path: str, patch_hunks: list[Json],
-                    mirror: Path | None, old_full: str | None, new_full: str | None) -> Json:
+def upstream_change(
+    tree: Path,
+    old_base: str,
+    new_base: str,
+    path: str,
+    patch_hunks: list[Json],
+    mirror: Path | None,
+    old_full: str | None,
+    new_full: str | None,
+) -> Json:
     """What upstream changed in ``path`` between the two bases (and, from git, which commits)."""
     old_blob, new_blob = blob_at(tree, old_base, path), blob_at(tree, new_base, path)
-    out: Json = {"old_blob": old_blob, "new_blob": new_blob,
-                 "changed": old_blob != new_blob,
-                 "state": "unchanged" if old_blob == new_blob else
-                 "added" if old_blob is None else "removed" if new_blob is None else "modified"}
+    out: Json = {
+        "old_blob": old_blob,
+        "new_blob": new_blob,
+        "changed": old_blob != new_blob,
+        "state": "unchanged"
+        if old_blob == new_blob
+        else "added"
+        if old_blob is None
+        else "removed"
+        if new_blob is None
+        else "modified",
+    }
     if old_blob != new_blob:
         text = run_git(tree, "diff", "--no-color", "--no-renames", "-U3", old_base, new_base, "--", path).stdout
         lines = text.splitlines()
@@ -44,8 +60,9 @@ def upstream_change(tree: Path, old_base: str, new_base: str, path: str, patch_h
     if new_blob is None and old_blob is not None:
         out["possibly_moved_to"] = moved_candidates(tree, new_base, patch_hunks)
     if mirror is not None and old_full and new_full and old_blob != new_blob:
-        log = run_git(mirror, "log", "--no-color", "--format=%h %s", f"{old_full}..{new_full}", "--", path,
-                      check=False).stdout.splitlines()
+        log = run_git(
+            mirror, "log", "--no-color", "--format=%h %s", f"{old_full}..{new_full}", "--", path, check=False
+        ).stdout.splitlines()
         out["upstream_commits"] = log[:50]
         out["upstream_commits_total"] = len(log)
     else:
@@ -64,11 +81,14 @@ def _hunks_under(upstream_diff: str, patch_hunks: list[Json]) -> list[Json]:
             for ph in patch_hunks:
                 if overlaps(uh.source_start, uh.source_length, ph["source_start"], ph["source_length"]):
                     lines = str(uh).splitlines()
-                    under.append({"upstream": header(uh.source_start, uh.source_length, uh.target_start,
-                                                     uh.target_length),
-                                  "patch": ph["header"],
-                                  "upstream_hunk": "\n".join(lines[:UPSTREAM_HUNK_MAX_LINES]),
-                                  "upstream_hunk_truncated": len(lines) > UPSTREAM_HUNK_MAX_LINES})
+                    under.append(
+                        {
+                            "upstream": header(uh.source_start, uh.source_length, uh.target_start, uh.target_length),
+                            "patch": ph["header"],
+                            "upstream_hunk": "\n".join(lines[:UPSTREAM_HUNK_MAX_LINES]),
+                            "upstream_hunk_truncated": len(lines) > UPSTREAM_HUNK_MAX_LINES,
+                        }
+                    )
     return under
 
 
@@ -84,10 +104,10 @@ def moved_candidates(tree: Path, new_base: str, patch_hunks: list[Json], limit: 
     for line in proc.stdout.splitlines():
         if not line.startswith(prefix):
             continue
-        rest = line[len(prefix):]
+        rest = line[len(prefix) :]
         for probe in probes:  # the path ends where a probe's text begins
             if rest.endswith(":" + probe):
-                found.setdefault(rest[:-len(probe) - 1], set()).add(probe)
+                found.setdefault(rest[: -len(probe) - 1], set()).add(probe)
                 break
     ranked = sorted(found.items(), key=lambda item: (-len(item[1]), item[0]))
     return [{"file": path, "matching_lines": len(hit), "probes": len(probes)} for path, hit in ranked[:limit]]

@@ -25,14 +25,18 @@ def parse_hunks(text: str, what: str) -> dict[str, list[Json]]:
     for pfile in patch:
         hunks = []
         for hunk in pfile:
-            hunks.append({
-                "header": header(hunk.source_start, hunk.source_length, hunk.target_start, hunk.target_length),
-                "source_start": hunk.source_start, "source_length": hunk.source_length,
-                "target_start": hunk.target_start, "target_length": hunk.target_length,
-                "changes": [str(line) for line in hunk if line.is_added or line.is_removed],
-                "context": [str(line) for line in hunk if line.is_context],
-                "section": (hunk.section_header or "").strip(),
-            })
+            hunks.append(
+                {
+                    "header": header(hunk.source_start, hunk.source_length, hunk.target_start, hunk.target_length),
+                    "source_start": hunk.source_start,
+                    "source_length": hunk.source_length,
+                    "target_start": hunk.target_start,
+                    "target_length": hunk.target_length,
+                    "changes": [str(line) for line in hunk if line.is_added or line.is_removed],
+                    "context": [str(line) for line in hunk if line.is_context],
+                    "section": (hunk.section_header or "").strip(),
+                }
+            )
         out[pfile.path] = hunks
     return out
 
@@ -105,7 +109,8 @@ def keep_both(text: str) -> str:
 def only_insertions(conflict_files: list[Json]) -> bool:
     """Is every conflict block one where both sides only inserted lines?"""
     return bool(conflict_files) and all(
-        f["markers"] and all(m.get("kind") == "both-inserted" for m in f["markers"]) for f in conflict_files)
+        f["markers"] and all(m.get("kind") == "both-inserted" for m in f["markers"]) for f in conflict_files
+    )
 
 
 def overlaps(a_start: int, a_len: int, b_start: int, b_len: int) -> bool:

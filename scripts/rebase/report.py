@@ -17,8 +17,14 @@ def now_utc() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def build_report(state: RebaseState, outcome: str, message: str, next_step: str | None,
-                 state_file: Path | None, work_tree: Path | None) -> Json:
+def build_report(
+    state: RebaseState,
+    outcome: str,
+    message: str,
+    next_step: str | None,
+    state_file: Path | None,
+    work_tree: Path | None,
+) -> Json:
     patches = [p.to_json() for p in state.patches]
     return {
         "schema": REPORT_SCHEMA,
@@ -42,11 +48,18 @@ def build_report(state: RebaseState, outcome: str, message: str, next_step: str 
     }
 
 
-def error_report(message: str, dry_run: bool, onto_version: str | None, onto_commit: str | None,
-                 state_file: Path | None) -> Json:
-    return {"schema": REPORT_SCHEMA, "outcome": "error", "message": message, "dry_run": dry_run,
-            "onto": {"version": onto_version, "commit": onto_commit},
-            "state_file": None if state_file is None else str(state_file), "generated_at": now_utc()}
+def error_report(
+    message: str, dry_run: bool, onto_version: str | None, onto_commit: str | None, state_file: Path | None
+) -> Json:
+    return {
+        "schema": REPORT_SCHEMA,
+        "outcome": "error",
+        "message": message,
+        "dry_run": dry_run,
+        "onto": {"version": onto_version, "commit": onto_commit},
+        "state_file": None if state_file is None else str(state_file),
+        "generated_at": now_utc(),
+    }
 
 
 def emit(report: Json, path: Path | None, dry_run: bool) -> None:
@@ -63,8 +76,11 @@ def _patch_line(p: Json) -> str:
     extra = ""
     if status in ("merged", "resolved"):
         moved = ", ".join(f"{m['file']}#{m['hunk']} {m['offset']:+d}" for m in p.get("moved_hunks", []))
-        extra = (f"moved: {moved}" if moved else "") + (" context changed" if p.get("context_changed") else "") \
+        extra = (
+            (f"moved: {moved}" if moved else "")
+            + (" context changed" if p.get("context_changed") else "")
             + (" hunks regrouped" if p.get("regrouped") else "")
+        )
     elif status == "conflict":
         extra = "; ".join(conflict_line(f) for f in p["conflict"]["files"])
     elif status == "already-upstream":
@@ -87,8 +103,10 @@ def _patch_line(p: Json) -> str:
 
 def summary(report: Json) -> None:
     onto = report["onto"]
-    info(f"rebase {report['from']['version']} -> {onto['version']} ({onto['commit']}): {report['outcome']}"
-         f"{' (dry run)' if report['dry_run'] else ''}")
+    info(
+        f"rebase {report['from']['version']} -> {onto['version']} ({onto['commit']}): {report['outcome']}"
+        f"{' (dry run)' if report['dry_run'] else ''}"
+    )
     for p in report["patches"]:
         detail(_patch_line(p))
     for o in report.get("overlay", []):
@@ -102,9 +120,13 @@ def conflict_line(f: Json) -> str:
     up = f["upstream"]
     if f["markers"]:
         both = sum(1 for m in f["markers"] if m.get("kind") == "both-inserted")
-        return (f"{f['file']} markers at lines " + ",".join(f"{m['start']}-{m['end']}" for m in f["markers"])
-                + f" (upstream {up['state']}"
-                + (f"; {both} block(s) where both sides only inserted lines: keep both" if both else "") + ")")
+        return (
+            f"{f['file']} markers at lines "
+            + ",".join(f"{m['start']}-{m['end']}" for m in f["markers"])
+            + f" (upstream {up['state']}"
+            + (f"; {both} block(s) where both sides only inserted lines: keep both" if both else "")
+            + ")"
+        )
     kind = "delete" if up["state"] == "removed" else up["state"]
     text = f"{f['file']}: {up['state']} upstream, no markers (modify/{kind})"
     if up.get("possibly_moved_to"):

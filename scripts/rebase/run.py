@@ -84,37 +84,53 @@ def _run_to_end(session: Session, start: int) -> Json:
             stopped = session.replay().run(start)
         if stopped is not None:
             files = ", ".join(f["file"] for f in (stopped.conflict or {}).get("files", []))
-            return session.finish("conflict", f"rebase stopped at {stopped.name}: conflict in {files}",
-                                  f"resolve in {tree} (branch {BRANCH}), git add (or commit), then "
-                                  "`nox -s rebase -- --continue`; or `nox -s rebase -- --abort`", EXIT_STOPPED)
+            return session.finish(
+                "conflict",
+                f"rebase stopped at {stopped.name}: conflict in {files}",
+                f"resolve in {tree} (branch {BRANCH}), git add (or commit), then "
+                "`nox -s rebase -- --continue`; or `nox -s rebase -- --abort`",
+                EXIT_STOPPED,
+            )
     with step("check the rebased tree: overlay twins, compile, Effect-Check commands"):
         failures = run_checks(st, tree, session.layout)
     conflicts = [p.name for p in st.patches if p.status == "conflict"]
     if st.dry_run:
         problems = [f"{name}: conflict" for name in conflicts] + failures
         if problems:
-            return session.finish("conflict" if conflicts else "checks-failed",
-                                  f"dry run: {len(problems)} problem(s), first: {problems[0]}", None, EXIT_STOPPED)
+            return session.finish(
+                "conflict" if conflicts else "checks-failed",
+                f"dry run: {len(problems)} problem(s), first: {problems[0]}",
+                None,
+                EXIT_STOPPED,
+            )
         return session.finish("success", "dry run: the whole series replays cleanly and every check passes", None)
     if failures:
         session.save()
-        return session.finish("checks-failed",
-                              f"rebase replayed but {len(failures)} check(s) failed; first: {failures[0]}",
-                              f"fix in {tree} (commit on branch {BRANCH}) or overlay/ and overlay.toml, then "
-                              "`nox -s rebase -- --continue`; or `--abort`", EXIT_STOPPED)
+        return session.finish(
+            "checks-failed",
+            f"rebase replayed but {len(failures)} check(s) failed; first: {failures[0]}",
+            f"fix in {tree} (commit on branch {BRANCH}) or overlay/ and overlay.toml, then "
+            "`nox -s rebase -- --continue`; or `--abort`",
+            EXIT_STOPPED,
+        )
     with step("write the rebased series: patches/ (export) and pins.toml"):
         _finalize(session)
     retired = [p.name for p in st.patches if p.status == "already-upstream"]
-    return session.finish("success", f"series moved to vLLM {st.onto.version}"
-                          + (f"; retired (already upstream): {', '.join(retired)}" if retired else ""), None)
+    return session.finish(
+        "success",
+        f"series moved to vLLM {st.onto.version}"
+        + (f"; retired (already upstream): {', '.join(retired)}" if retired else ""),
+        None,
+    )
 
 
 def _finalize(session: Session) -> None:
     st, tree, layout = session.state, session.tree, session.layout
     new_pins = _pins_from(st)
     upd = st.pins_update or {}
-    new_text = rewrite_pins(layout.pins.read_text(encoding="utf-8"),
-                            {"vllm": upd["vllm"], "xpu_runtime": upd["xpu_runtime"]})
+    new_text = rewrite_pins(
+        layout.pins.read_text(encoding="utf-8"), {"vllm": upd["vllm"], "xpu_runtime": upd["xpu_runtime"]}
+    )
     parse_pins(new_text, layout.pins)  # validate before anything is written
     inputs = load_inputs(layout)
     patch_commits = git(tree, "rev-list", "--reverse", f"{st.onto.pristine}..HEAD").split()
@@ -125,8 +141,16 @@ def _finalize(session: Session) -> None:
     git(tree, "checkout", "-q", "-B", "main")
     run_git(tree, "branch", "-q", "-D", BRANCH, check=False)
     run_git(tree, "update-ref", "-d", ONTO_REF, check=False)
-    write_state(tree, State(input_hash="rebase-pending", source=st.source, pristine=st.onto.pristine,
-                            patch_commits=aligned, head=git(tree, "rev-parse", "HEAD")))
+    write_state(
+        tree,
+        State(
+            input_hash="rebase-pending",
+            source=st.source,
+            pristine=st.onto.pristine,
+            patch_commits=aligned,
+            head=git(tree, "rev-parse", "HEAD"),
+        ),
+    )
     export(layout)
     layout.pins.write_text(new_text, encoding="utf-8")
     final = read_state(tree)
@@ -136,15 +160,23 @@ def _finalize(session: Session) -> None:
     final.input_hash = load_inputs(layout).input_hash
     write_state(tree, final)
     layout.rebase_state.unlink(missing_ok=True)
-    detail(f"pins.toml: vLLM {new_pins.vllm.version} ({new_pins.vllm.commit}), torch {upd['xpu_runtime']['torch']}, "
-           f"vllm_xpu_kernels {upd['xpu_runtime']['vllm_xpu_kernels']}")
+    detail(
+        f"pins.toml: vLLM {new_pins.vllm.version} ({new_pins.vllm.commit}), torch {upd['xpu_runtime']['torch']}, "
+        f"vllm_xpu_kernels {upd['xpu_runtime']['vllm_xpu_kernels']}"
+    )
 
 
 def _pins_from(st: RebaseState) -> Pins:
     pins = load_pins(Path(st.pins_path))
-    return dataclasses.replace(pins, vllm=dataclasses.replace(
-        pins.vllm, version=st.onto.version, sdist_sha256=st.onto.sdist_sha256 or pins.vllm.sdist_sha256,
-        commit=st.onto.commit))
+    return dataclasses.replace(
+        pins,
+        vllm=dataclasses.replace(
+            pins.vllm,
+            version=st.onto.version,
+            sdist_sha256=st.onto.sdist_sha256 or pins.vllm.sdist_sha256,
+            commit=st.onto.commit,
+        ),
+    )
 
 
 def _replay_tree(layout: Layout, inputs: Inputs, offline: bool, scratch: Path | None) -> Path:
@@ -168,8 +200,10 @@ def _patch_commits(tree: Path, inputs: Inputs, pristine: str) -> list[str]:
     overlay_paths = {o.relpath for o in inputs.overlay}
     commits = series_commits(tree, pristine, overlay_paths).patches
     if len(commits) != len(inputs.patches):
-        raise ToolError(f"{tree} has {len(commits)} patch commit(s) but patches/series lists {len(inputs.patches)}; "
-                        "run nox -s apply (or export) first")
+        raise ToolError(
+            f"{tree} has {len(commits)} patch commit(s) but patches/series lists {len(inputs.patches)}; "
+            "run nox -s apply (or export) first"
+        )
     for commit, patch in zip(commits, inputs.patches, strict=True):
         subject = git(tree, "log", "-1", "--format=%s", commit)
         if subject != patch.subject:
@@ -177,8 +211,16 @@ def _patch_commits(tree: Path, inputs: Inputs, pristine: str) -> list[str]:
     return commits
 
 
-def _start(layout: Layout, onto_version: str | None, onto_commit: str | None, source: str | None,
-           offline: bool, report_path: Path | None, scratch: Path | None, keep_both_inserts: bool) -> Json:
+def _start(
+    layout: Layout,
+    onto_version: str | None,
+    onto_commit: str | None,
+    source: str | None,
+    offline: bool,
+    report_path: Path | None,
+    scratch: Path | None,
+    keep_both_inserts: bool,
+) -> Json:
     dry_run = scratch is not None
     if layout.rebase_state.exists() and not dry_run:
         raise ToolError(f"a rebase is in progress ({layout.rebase_state}); use --continue or --abort")
@@ -191,8 +233,10 @@ def _start(layout: Layout, onto_version: str | None, onto_commit: str | None, so
     with step(f"acquire the new upstream ({where}, {source})"):
         new_pins, full = resolve_target(pins, onto_version, onto_commit, source, offline)
         if source == "git" and not new_pins.vllm.sdist_sha256.strip("0") and not dry_run:
-            raise ToolError(f"vLLM {new_pins.vllm.version} has no sdist on the index, so pins.toml cannot pin it; "
-                            "rebase onto such a commit with --dry-run only")
+            raise ToolError(
+                f"vLLM {new_pins.vllm.version} has no sdist on the index, so pins.toml cannot pin it; "
+                "rebase onto such a commit with --dry-run only"
+            )
         cached = pristine_repo(new_pins, source, offline)
     tree = _replay_tree(layout, inputs, offline, scratch)
     wt_state = read_state(tree)
@@ -206,15 +250,30 @@ def _start(layout: Layout, onto_version: str | None, onto_commit: str | None, so
     is_git = source == "git"
     onto_sha = new_pins.vllm.sdist_sha256
     state = RebaseState(
-        schema=STATE_SCHEMA, stage=STAGE_REPLAY, dry_run=dry_run, keep_both_inserts=keep_both_inserts,
-        source=source, pins_path=str(layout.pins),
+        schema=STATE_SCHEMA,
+        stage=STAGE_REPLAY,
+        dry_run=dry_run,
+        keep_both_inserts=keep_both_inserts,
+        source=source,
+        pins_path=str(layout.pins),
         git_mirror=str(mirror_path(pins.vllm.git_url)) if is_git else None,
-        from_=Base(version=pins.vllm.version, commit=pins.vllm.commit, sdist_sha256=pins.vllm.sdist_sha256,
-                   pristine=wt_state.pristine,
-                   git_commit=full_commit(pins.vllm.git_url, pins.vllm.commit) if is_git else None),
-        onto=Base(version=new_pins.vllm.version, commit=new_pins.vllm.commit,
-                  sdist_sha256=onto_sha if onto_sha.strip("0") else None, pristine=new_base, git_commit=full),
-        restore=restore, patches=_pending(tree, commits, inputs), current=0,
+        from_=Base(
+            version=pins.vllm.version,
+            commit=pins.vllm.commit,
+            sdist_sha256=pins.vllm.sdist_sha256,
+            pristine=wt_state.pristine,
+            git_commit=full_commit(pins.vllm.git_url, pins.vllm.commit) if is_git else None,
+        ),
+        onto=Base(
+            version=new_pins.vllm.version,
+            commit=new_pins.vllm.commit,
+            sdist_sha256=onto_sha if onto_sha.strip("0") else None,
+            pristine=new_base,
+            git_commit=full,
+        ),
+        restore=restore,
+        patches=_pending(tree, commits, inputs),
+        current=0,
         pins_update=pins_update(tree, new_base, new_pins),
         cpu_runtime=cpu_runtime_note(pins, new_pins.vllm.version, offline),
     )
@@ -231,18 +290,30 @@ def _restore_point(tree: Path) -> Restore:
     """What --abort needs to put ``tree`` back as it is now."""
     version_py = tree / "vllm" / "_version.py"
     state_file = state_path(tree)
-    return Restore(head=git(tree, "rev-parse", "HEAD"), branch=_current_branch(tree),
-                   version_py=version_py.read_text(encoding="utf-8") if version_py.exists() else None,
-                   worktree_state=state_file.read_text(encoding="utf-8") if state_file.exists() else None)
+    return Restore(
+        head=git(tree, "rev-parse", "HEAD"),
+        branch=_current_branch(tree),
+        version_py=version_py.read_text(encoding="utf-8") if version_py.exists() else None,
+        worktree_state=state_file.read_text(encoding="utf-8") if state_file.exists() else None,
+    )
 
 
 def _pending(tree: Path, commits: list[str], inputs: Inputs) -> list[PatchEntry]:
     """One not yet replayed entry per patch, with the fields its header declares."""
-    return [PatchEntry(name=patch.name, subject=patch.subject, sha256=patch.sha256, status="pending",
-                       commit_old=commit, files=files_of(tree, commit),
-                       effect_check=patch.fields.get("Effect-Check"), drop_when=patch.fields.get("Drop-When"),
-                       upstream_status=patch.fields.get("Upstream-Status"))
-            for commit, patch in zip(commits, inputs.patches, strict=True)]
+    return [
+        PatchEntry(
+            name=patch.name,
+            subject=patch.subject,
+            sha256=patch.sha256,
+            status="pending",
+            commit_old=commit,
+            files=files_of(tree, commit),
+            effect_check=patch.fields.get("Effect-Check"),
+            drop_when=patch.fields.get("Drop-When"),
+            upstream_status=patch.fields.get("Upstream-Status"),
+        )
+        for commit, patch in zip(commits, inputs.patches, strict=True)
+    ]
 
 
 def _current_branch(tree: Path) -> str | None:
@@ -296,12 +367,12 @@ def _abort(layout: Layout, report_path: Path) -> Json:
         if restore.worktree_state is not None:
             state_path(tree).write_text(restore.worktree_state, encoding="utf-8")
         layout.rebase_state.unlink()
-    return session.finish("aborted", f"rebase onto vLLM {session.state.onto.version} aborted; {tree} is back at "
-                          f"{restore.head[:12]}", None)
+    return session.finish(
+        "aborted", f"rebase onto vLLM {session.state.onto.version} aborted; {tree} is back at {restore.head[:12]}", None
+    )
 
 
-def _check_arguments(onto_version: str | None, onto_commit: str | None, dry_run: bool, cont: bool,
-                     abort: bool) -> None:
+def _check_arguments(onto_version: str | None, onto_commit: str | None, dry_run: bool, cont: bool, abort: bool) -> None:
     if sum(bool(x) for x in (onto_version or onto_commit, cont, abort)) != 1:
         raise ToolError("choose exactly one of --onto VERSION / --onto-commit SHA, --continue, --abort")
     if (cont or abort) and dry_run:
@@ -312,9 +383,18 @@ def _check_arguments(onto_version: str | None, onto_commit: str | None, dry_run:
         raise ToolError(f"--onto: malformed version {onto_version!r}")
 
 
-def rebase(onto_version: str | None = None, onto_commit: str | None = None, dry_run: bool = False,
-           cont: bool = False, abort: bool = False, source: str | None = None, offline: bool = False,
-           report: Path | None = None, layout: Layout | None = None, keep_both_inserts: bool = False) -> Json:
+def rebase(
+    onto_version: str | None = None,
+    onto_commit: str | None = None,
+    dry_run: bool = False,
+    cont: bool = False,
+    abort: bool = False,
+    source: str | None = None,
+    offline: bool = False,
+    report: Path | None = None,
+    layout: Layout | None = None,
+    keep_both_inserts: bool = False,
+) -> Json:
     """Entry point: start (``onto_version``/``onto_commit``), ``cont``inue or ``abort`` a rebase.
 
     ``keep_both_inserts``: resolve a conflict whose every block is "both sides only inserted lines
@@ -333,8 +413,7 @@ def rebase(onto_version: str | None = None, onto_commit: str | None = None, dry_
         commit = onto_commit.lower() if onto_commit else None
         if dry_run:
             with tempfile.TemporaryDirectory(prefix="vxl-rebase-dry-") as tmp:
-                return _start(layout, onto_version, commit, source, offline, report_path, Path(tmp),
-                              keep_both_inserts)
+                return _start(layout, onto_version, commit, source, offline, report_path, Path(tmp), keep_both_inserts)
         return _start(layout, onto_version, commit, source, offline, report_path, None, keep_both_inserts)
     except ToolError as exc:
         if exc.exit_code != EXIT_STOPPED:  # a stop has already written its full report

@@ -70,8 +70,11 @@ def _fields_from(cls: type, data: Any, where: str, rename: dict[str, str] | None
         hint = hints[spec.name]
         if dataclasses.is_dataclass(hint):
             value = hint.from_json(value, f"{where}.{key}")  # type: ignore[attr-defined]
-        elif typing.get_origin(hint) is list and typing.get_args(hint) and \
-                dataclasses.is_dataclass(typing.get_args(hint)[0]):
+        elif (
+            typing.get_origin(hint) is list
+            and typing.get_args(hint)
+            and dataclasses.is_dataclass(typing.get_args(hint)[0])
+        ):
             item_cls = typing.get_args(hint)[0]
             if not isinstance(value, list):
                 raise ToolError(f"{where}.{key}: expected a list")
@@ -213,9 +216,11 @@ class RebaseState:
     @staticmethod
     def from_json(data: Any, where: str) -> RebaseState:
         if isinstance(data, dict) and data.get("schema") != STATE_SCHEMA:
-            raise ToolError(f"{where}: unknown state schema {data.get('schema')!r} (this tool reads "
-                            f"{STATE_SCHEMA}); finish or abort that rebase with the tool that started it, "
-                            "or delete the file")
+            raise ToolError(
+                f"{where}: unknown state schema {data.get('schema')!r} (this tool reads "
+                f"{STATE_SCHEMA}); finish or abort that rebase with the tool that started it, "
+                "or delete the file"
+            )
         state = RebaseState(**_fields_from(RebaseState, data, where, RebaseState._RENAME))
         if state.stage not in (STAGE_REPLAY, STAGE_CHECKS):
             raise ToolError(f"{where}: unknown stage {state.stage!r}")

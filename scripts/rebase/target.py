@@ -71,7 +71,9 @@ def version_of_commit(mirror: Path, commit: str) -> str:
     proc = run_git(mirror, "describe", "--tags", "--match", "v[0-9]*", "--long", commit, check=False)
     match = re.fullmatch(r"v(\d+)\.(\d+)\.(\d+)-(\d+)-g[0-9a-f]+", proc.stdout.strip())
     if not match:
-        raise ToolError(f"cannot derive a version for commit {commit[:12]} (no v* tag below it); pass --onto VERSION too")
+        raise ToolError(
+            f"cannot derive a version for commit {commit[:12]} (no v* tag below it); pass --onto VERSION too"
+        )
     major, minor, patch, ahead = (int(g) for g in match.groups())
     return f"{major}.{minor}.{patch}" if ahead == 0 else f"{major}.{minor}.{patch + 1}.dev{ahead}"
 
@@ -82,8 +84,9 @@ def full_commit(url: str, prefix: str) -> str | None:
     return resolve_commit(mirror, prefix) if mirror.exists() else None
 
 
-def resolve_target(pins: Pins, onto_version: str | None, onto_commit: str | None, source: str,
-                   offline: bool) -> tuple[Pins, str | None]:
+def resolve_target(
+    pins: Pins, onto_version: str | None, onto_commit: str | None, source: str, offline: bool
+) -> tuple[Pins, str | None]:
     """Pins for the new upstream (a copy of ``pins`` with a new [vllm]); and the full git commit if known."""
     if source == "sdist":
         if onto_commit:

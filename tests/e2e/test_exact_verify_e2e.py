@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from scripts.tiny_laguna import TinyModels
 
 NUM_SPECULATIVE_TOKENS = 7  # M = 8
@@ -115,9 +116,7 @@ def _run(
         disable_log_stats=spec is None,
     )
     try:
-        params = SamplingParams(
-            temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True
-        )
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True)
         outputs = llm.generate(list(prompts), params, use_tqdm=False)
         leg.tokens = [list(o.outputs[0].token_ids) for o in outputs]
         if spec is not None:
@@ -147,12 +146,8 @@ def test_exact_verify_spec_decode_equals_teacher(
     # count); prefill never does
     assert set(teacher.exact_calls) == {1}, dict(teacher.exact_calls)
     legs = {
-        "metadata inline": _run(
-            flash_attn_on_cpu, exact=True, prebuilt=False, draft=tiny_models.draft, **common
-        ),
-        "metadata prebuilt": _run(
-            flash_attn_on_cpu, exact=True, prebuilt=True, draft=tiny_models.draft, **common
-        ),
+        "metadata inline": _run(flash_attn_on_cpu, exact=True, prebuilt=False, draft=tiny_models.draft, **common),
+        "metadata prebuilt": _run(flash_attn_on_cpu, exact=True, prebuilt=True, draft=tiny_models.draft, **common),
     }
     for name, leg in legs.items():
         for prompt, got, want in zip(prompts, leg.tokens, teacher.tokens):
@@ -160,7 +155,7 @@ def test_exact_verify_spec_decode_equals_teacher(
             first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
             assert first is None, (
                 f"{name}, {prompt!r}: differs from the teacher at new token {first}: "
-                f"{got[first:first + 5]} vs {want[first:first + 5]}"
+                f"{got[first : first + 5]} vs {want[first : first + 5]}"
             )
         assert leg.exact_calls.get(NUM_SPECULATIVE_TOKENS + 1, 0) > 0, (
             f"{name}: the M=8 exact verify path never ran: {dict(leg.exact_calls)}"
@@ -176,6 +171,4 @@ def test_exact_verify_spec_decode_equals_teacher(
     assert legs["metadata inline"].prebuilt_calls == 0
     total = sum(n for w, n in legs["metadata prebuilt"].exact_calls.items() if w > 1)
     assert legs["metadata prebuilt"].prebuilt_calls == total > 0
-    e2e.measured["exact verify e2e, teacher (FLASH_ATTN reference, no spec)"] = (
-        f"{teacher.seconds:.1f} s"
-    )
+    e2e.measured["exact verify e2e, teacher (FLASH_ATTN reference, no spec)"] = f"{teacher.seconds:.1f} s"

@@ -45,7 +45,7 @@ def _hf_greedy(model: Any, prompt_ids: list[int], n: int) -> list[int]:
         for _ in range(n):
             logits = model(torch.tensor([ids]), use_cache=False).logits
             ids.append(int(logits[0, -1].argmax()))
-    return ids[len(prompt_ids):]
+    return ids[len(prompt_ids) :]
 
 
 def _hf_logprobs(model: Any, ids: list[int]) -> Any:
@@ -76,16 +76,14 @@ def test_greedy_tokens_match_transformers(hf_model: Any, baseline_run: Any, e2e:
         first_diff = next((i for i, (a, b) in enumerate(zip(ref, comp.token_ids)) if a != b), None)
         assert first_diff is None, (
             f"{prompt!r}: vLLM diverges from transformers at new token {first_diff}: "
-            f"vllm={comp.token_ids[first_diff:first_diff + 5]} hf={ref[first_diff:first_diff + 5]}"
+            f"vllm={comp.token_ids[first_diff : first_diff + 5]} hf={ref[first_diff : first_diff + 5]}"
         )
     e2e.measured["greedy tokens identical to transformers"] = (
         f"{len(e2e.parity_prompts)} prompts x {e2e.max_new_tokens} new tokens"
     )
 
 
-def test_teacher_forced_logprobs_match_transformers(
-    hf_model: Any, baseline_run: Any, e2e: Any
-) -> None:
+def test_teacher_forced_logprobs_match_transformers(hf_model: Any, baseline_run: Any, e2e: Any) -> None:
     worst = 0.0
     where = ""
     compared = 0

@@ -29,9 +29,22 @@ GRAPH_LEGS = ("dflash-graph1-meta0", "dflash-graph1-meta1")
 def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     report = tmp_path / "matrix.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "scripts.matrix", "run", "--tiny", str(tmp_path / "tiny"), "--report", str(report),
-         *args],
-        cwd=REPO, capture_output=True, text=True, timeout=1500)
+        [
+            sys.executable,
+            "-m",
+            "scripts.matrix",
+            "run",
+            "--tiny",
+            str(tmp_path / "tiny"),
+            "--report",
+            str(report),
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     print(proc.stdout[-4000:])
     data = json.loads(report.read_text()) if report.exists() else {}
     return proc, data
@@ -41,8 +54,7 @@ CI_LEGS = ",".join(leg.name for leg in LEGS if leg.name != "dflash-noplan-diagno
 
 
 def test_matrix_fast_subset(tmp_path: Path) -> None:
-    proc, data = _run(tmp_path, "--prompts", "13", "--max-tokens", "64", "--legs", CI_LEGS,
-                      "--no-emulated-graphs")
+    proc, data = _run(tmp_path, "--prompts", "13", "--max-tokens", "64", "--legs", CI_LEGS, "--no-emulated-graphs")
     assert proc.returncode == 0, proc.stderr[-4000:]
     legs = {leg["name"]: leg for leg in data["legs"]}
     assert data["device"] == "cpu" and len(data["prompts"]) == 14  # 13 + the long-context prompt
@@ -71,8 +83,19 @@ def test_matrix_fast_subset(tmp_path: Path) -> None:
 
 
 def test_matrix_emulated_graph_legs(tmp_path: Path) -> None:
-    proc, data = _run(tmp_path, "--prompts", "3", "--max-tokens", "128", "--min-graph-replays", "100",
-                      "--long-prompt-tokens", "0", "--legs", ",".join(("teacher", *GRAPH_LEGS)))
+    proc, data = _run(
+        tmp_path,
+        "--prompts",
+        "3",
+        "--max-tokens",
+        "128",
+        "--min-graph-replays",
+        "100",
+        "--long-prompt-tokens",
+        "0",
+        "--legs",
+        ",".join(("teacher", *GRAPH_LEGS)),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     legs = {leg["name"]: leg for leg in data["legs"]}
     assert [p["role"] for p in data["prompts"]] == ["long", "long-then-next", "plain"]
@@ -87,7 +110,8 @@ def test_matrix_emulated_graph_legs(tmp_path: Path) -> None:
             acc = leg["graphs"][label]
             assert "RecordingGraph" in acc["graph_class"]
             assert [(c["graphs"], c["breaks_by_kind"]) for c in acc["captures"]] == [
-                (layers + 1, {"attention": layers, "collective": 0})]
+                (layers + 1, {"attention": layers, "collective": 0})
+            ]
             assert acc["replays"] >= 100  # 3 prompts: 163 target replays measured
     meta1 = legs["dflash-graph1-meta1"]["attention"]
     assert meta1["prebuilt_calls"] > 0 and meta1["prebuilt_calls"] == sum(meta1["exact_calls_by_width"].values())
@@ -96,8 +120,18 @@ def test_matrix_emulated_graph_legs(tmp_path: Path) -> None:
 def test_matrix_stale_input_negative_controls(tmp_path: Path) -> None:
     """A refreshed input replaced instead of written in place: the guard refuses the replay; with
     the guard bypassed the emulated graph replays the stale buffer and the tokens go wrong."""
-    common = ("--prompts", "3", "--max-tokens", "16", "--min-graph-replays", "1", "--long-prompt-tokens", "0",
-              "--legs", "teacher,dflash-graph1-meta0")
+    common = (
+        "--prompts",
+        "3",
+        "--max-tokens",
+        "16",
+        "--min-graph-replays",
+        "1",
+        "--long-prompt-tokens",
+        "0",
+        "--legs",
+        "teacher,dflash-graph1-meta0",
+    )
     proc, data = _run(tmp_path / "guarded", "--inject-fault", "stale-input", *common)
     assert proc.returncode == 1
     leg = {leg["name"]: leg for leg in data["legs"]}["dflash-graph1-meta0"]

@@ -36,8 +36,7 @@ def test_crossover_end_to_end(tiny_models: TinyModels, tmp_path: Path) -> None:
         "--model",
         str(tiny_models.target),
         "--speculative-config",
-        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, '
-        '"prompt_lookup_min": 1}',
+        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}',
         "--prompts",
         str(PROMPTS),
         "--max-tokens",
@@ -51,8 +50,7 @@ def test_crossover_end_to_end(tiny_models: TinyModels, tmp_path: Path) -> None:
         "--rollover-at",
         "32",  # the tiny target's sliding window
         "--server-args",
-        "--dtype float32 --enforce-eager --kv-cache-memory-bytes 268435456 "
-        "--max-model-len 1024 --max-num-seqs 1",
+        "--dtype float32 --enforce-eager --kv-cache-memory-bytes 268435456 --max-model-len 1024 --max-num-seqs 1",
         "--prior-tok-s",
         "1.0",
         "--out",
@@ -61,10 +59,7 @@ def test_crossover_end_to_end(tiny_models: TinyModels, tmp_path: Path) -> None:
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1700)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((out / "record.json").read_text())
-    rows = {
-        leg: (out / f"rows-{leg}.jsonl").read_text().splitlines()
-        for leg in ("A1", "B1", "B2", "A2", "teacher")
-    }
+    rows = {leg: (out / f"rows-{leg}.jsonl").read_text().splitlines() for leg in ("A1", "B1", "B2", "A2", "teacher")}
     assert all(len(lines) == PROMPTS for lines in rows.values())
     first = json.loads(rows["B1"][0])
     assert len(first["token_ids"]) == TOKENS and len(first["token_times_s"]) == TOKENS

@@ -19,9 +19,24 @@ REPO = Path(__file__).resolve().parents[2]
 def _run(tmp: Path, exact: bool) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "VLLM_XPU_LAGUNA_EXACT_VERIFY": "1" if exact else "0"}
     return subprocess.run(
-        [sys.executable, "-m", "scripts.device.row_invariance_check", "--tiny", str(tmp / "tiny"),
-         "--prompts", "1", "--max-tokens", "16"],
-        cwd=REPO, capture_output=True, text=True, timeout=900, check=False, env=env)
+        [
+            sys.executable,
+            "-m",
+            "scripts.device.row_invariance_check",
+            "--tiny",
+            str(tmp / "tiny"),
+            "--prompts",
+            "1",
+            "--max-tokens",
+            "16",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env=env,
+    )
 
 
 def test_every_module_is_row_invariant_with_the_exact_path(tmp_path: Path) -> None:

@@ -15,8 +15,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scripts.device.xpu_attention_check", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=900, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.device.xpu_attention_check", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
 
 
 def test_refuses_xpu_without_a_device() -> None:
