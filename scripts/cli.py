@@ -22,6 +22,17 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         return super()._get_help_string(action)
 
 
+def positive_ints(text: str) -> tuple[int, ...]:
+    """argparse type: comma-separated positive integers ("8,12,16")."""
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
 ENTRY_POINTS = (
     ("python -m scripts COMMAND", "this command line (the commands below)"),
     (

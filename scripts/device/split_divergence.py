@@ -15,15 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+from scripts.cli import positive_ints
 
 
 def runs(flags: list[tuple[int, bool]]) -> list[tuple[int, int]]:
@@ -43,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", type=int, default=64, help="KV block size (default: %(default)s)")
     p.add_argument("--xe-cores", type=int, default=32, help="Xe cores (default: %(default)s, Arc Pro B70)")
     p.add_argument("--window", type=int, default=0, help="sliding window (0: global layer; default: %(default)s)")
-    p.add_argument("--widths", type=_ints, default=(8, 12, 16), help="verify widths (default: 8,12,16)")
+    p.add_argument("--widths", type=positive_ints, default=(8, 12, 16), help="verify widths (default: 8,12,16)")
     p.add_argument("--max-len", type=int, default=65536, help="longest KV length scanned (default: %(default)s)")
     a = p.parse_args(argv)
     from vllm.v1.attention.ops import xpu_laguna_split_plan as plan

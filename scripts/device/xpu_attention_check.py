@@ -238,18 +238,8 @@ def _run_case(
     )
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
 def main(argv: list[str] | None = None) -> int:
-    from scripts.cli import HelpFormatter
+    from scripts.cli import HelpFormatter, positive_ints
 
     parser = argparse.ArgumentParser(
         prog="python -m scripts.device.xpu_attention_check",
@@ -267,13 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--widths",
-        type=_ints,
+        type=positive_ints,
         default=None,
         help=f"verify widths, comma-separated (default: {','.join(map(str, WIDTHS))})",
     )
     parser.add_argument(
         "--lengths",
-        type=_ints,
+        type=positive_ints,
         default=None,
         help=f"KV lengths, comma-separated (default: {','.join(map(str, KV_LENGTHS))})",
     )
