@@ -6,11 +6,16 @@ Tests:      nox -s tests cpu_tests
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import nox
 
 REPO = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO))
+from scripts.layout import Layout  # noqa: E402  (stdlib only: the one definition of the build paths)
+
+LAYOUT = Layout(REPO)
 
 nox.options.sessions = ["apply", "build"]
 nox.options.reuse_existing_virtualenvs = True
@@ -129,7 +134,7 @@ def _installed_python(session: nox.Session) -> tuple[str | None, list[str]]:
 def cpu_tests(session: nox.Session) -> None:
     """Patch tests inside the patched tree, then end-to-end tests on CPU, in the shared CPU runtime (-- -k EXPR filters both)."""
     python = _cpu_runtime(session)
-    tree_tests = str(REPO / "build" / "worktree" / "tests" / "xpu_laguna")
+    tree_tests = str(LAYOUT.worktree / "tests" / "xpu_laguna")
     # run from outside the tree so `import vllm` is the runtime's (with the patched files), not the source dir;
     # a -k that selects no patch test (exit 5) must not stop the e2e run
     session.run(
@@ -168,7 +173,7 @@ def _tiny_default(args: list[str]) -> list[str]:
     """The matrix on CPU uses the runtime's tiny models unless a model is named."""
     if any(a in args for a in ("--tiny", "--model-dir")) or any(a.startswith("--model-dir=") for a in args):
         return args
-    return ["--tiny", "build/tiny-laguna", *args]
+    return ["--tiny", str(LAYOUT.tiny_models), *args]
 
 
 @nox.session(reuse_venv=True, default=False)

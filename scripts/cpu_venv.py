@@ -36,8 +36,8 @@ READY_MARKER = "xpu-laguna-runtime.json"
 
 def runtime_dir(build: Path | None = None) -> Path:
     """The runtime folder of the pinned versions (does not create it)."""
+    from scripts.layout import Layout
     from scripts.pins import load_pins
-    from scripts.worktree import Layout
 
     layout = Layout()
     pins = load_pins(layout.pins).cpu_runtime
@@ -50,9 +50,9 @@ def runtime_python(build: Path | None = None) -> Path:
 
 
 def models_dir(build: Path | None = None) -> Path:
-    from scripts.worktree import Layout
+    from scripts.layout import Layout
 
-    return (build or Layout().build) / "tiny-laguna"
+    return Layout(build_dir=build).tiny_models
 
 
 @contextmanager

@@ -57,5 +57,10 @@ class Layout:
         return self.build / "rebase-report.json"
 
     @property
+    def tiny_models(self) -> Path:
+        """The tiny random Laguna target/ and draft/ of the CPU runs (scripts.tiny_laguna)."""
+        return self.build / "tiny-laguna"
+
+    @property
     def dist(self) -> Path:
         return self.root / "dist"

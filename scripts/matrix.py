@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scripts.layout import Layout
 from scripts.matrix_logprobs import LogprobComparison, collect_logprobs, compare_logprobs, gate, long_prompt
 from scripts.tokens import first_difference
 
@@ -665,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--kv-cache-bytes", type=int, default=512 << 20, help="KV cache bytes (CPU only)")
     run.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh per run)")
-    run.add_argument("--report", default="build/matrix-report.json", help="JSON report path")
+    run.add_argument("--report", default=str(Layout().build / "matrix-report.json"), help="JSON report path")
     run.add_argument(
         "--check-only",
         action="store_true",
