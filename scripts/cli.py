@@ -47,6 +47,14 @@ ENTRY_POINTS = (
     ("python -m scripts.tiny_laguna --out DIR", "generate the tiny random Laguna target + DFlash drafter"),
     ("python -m scripts.device.xpu_attention_check", "XPU kernels vs the reference kernel (device check)"),
     ("python -m scripts.device.graph_check", "tiny Laguna with breakable graphs off and on (device check)"),
+    (
+        "python -m scripts.device.row_invariance_check",
+        "per-module outputs of each verify row vs the teacher's decode of the same token (device check)",
+    ),
+    (
+        "python -m scripts.device.split_divergence",
+        "KV lengths where verify and decode would pick different split counts without the plan",
+    ),
     ("python -m scripts.bench.metadata_microbench", "prebuilt vs inline exact-verify metadata, per step"),
 )
 """Every command line of the tooling; ``python -m scripts --help`` lists them."""

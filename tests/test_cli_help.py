@@ -24,6 +24,8 @@ MAINS = [
     ("scripts.tiny_laguna", []),
     ("scripts.device.graph_check", []),
     ("scripts.device.xpu_attention_check", []),
+    ("scripts.device.row_invariance_check", []),
+    ("scripts.device.split_divergence", []),
     ("scripts.bench.metadata_microbench", []),
 ]
 

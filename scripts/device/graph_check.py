@@ -450,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--models",
         type=Path,
-        help="folder from scripts.tiny_laguna (target/, draft/); generated in a temp folder if absent",
+        help="folder from scripts.tiny_laguna (target/, draft/); default: generated in a temp folder",
     )
     p.add_argument("--tokens", type=int, default=128, help="tokens per prompt")
     p.add_argument("--prompts", type=int, default=2, help="number of prompts")

@@ -162,13 +162,17 @@ def compare(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from scripts.cli import HelpFormatter
+
     parser = argparse.ArgumentParser(
-        prog="python -m scripts.device.row_invariance_check", description=__doc__.splitlines()[0]
+        prog="python -m scripts.device.row_invariance_check",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
     )
     models = parser.add_mutually_exclusive_group(required=True)
     models.add_argument("--tiny", metavar="DIR", help="generate (or reuse) the tiny Laguna pair in DIR (CPU)")
     models.add_argument("--model-dir", help="local target model (device run)")
-    parser.add_argument("--draft-dir", help="local DFlash drafter (required with --model-dir)")
+    parser.add_argument("--draft-dir", help="local DFlash drafter (required with --model-dir; default: none)")
     parser.add_argument("--dtype", default=None, help="default: float32 with --tiny, bfloat16 otherwise")
     parser.add_argument("--prompts", type=int, default=3, help="prompts (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per prompt (default: %(default)s)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from scripts.cli import positive_ints
+from scripts.cli import HelpFormatter, positive_ints
 
 
 def runs(flags: list[tuple[int, bool]]) -> list[tuple[int, int]]:
@@ -29,7 +29,11 @@ def runs(flags: list[tuple[int, bool]]) -> list[tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m scripts.device.split_divergence", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.device.split_divergence",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("--heads-q", type=int, default=12, help="Q heads per rank (default: %(default)s, Laguna-S TP4)")
     p.add_argument("--heads-kv", type=int, default=2, help="KV heads per rank (default: %(default)s)")
     p.add_argument("--block", type=int, default=64, help="KV block size (default: %(default)s)")
