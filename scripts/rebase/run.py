@@ -128,9 +128,11 @@ def _finalize(session: Session) -> None:
     st, tree, layout = session.state, session.tree, session.layout
     new_pins = _pins_from(st)
     upd = st.pins_update or {}
-    new_text = rewrite_pins(
-        layout.pins.read_text(encoding="utf-8"), {"vllm": upd["vllm"], "xpu_runtime": upd["xpu_runtime"]}
-    )
+    tables = {"vllm": upd["vllm"], "xpu_runtime": upd["xpu_runtime"]}
+    cpu_update = (st.cpu_runtime or {}).get("update")
+    if cpu_update:
+        tables["cpu_runtime"] = cpu_update
+    new_text = rewrite_pins(layout.pins.read_text(encoding="utf-8"), tables)
     parse_pins(new_text, layout.pins)  # validate before anything is written
     inputs = load_inputs(layout)
     patch_commits = git(tree, "rev-list", "--reverse", f"{st.onto.pristine}..HEAD").split()
@@ -275,7 +277,7 @@ def _start(
         patches=_pending(tree, commits, inputs),
         current=0,
         pins_update=pins_update(tree, new_base, new_pins),
-        cpu_runtime=cpu_runtime_note(pins, new_pins.vllm.version, offline),
+        cpu_runtime=cpu_runtime_note(pins, new_pins.vllm.version, offline, layout.cpu_runtime),
     )
     git(tree, "checkout", "-q", "-B", BRANCH, new_base)
     new_version = cached / "vllm_version.py"
@@ -341,7 +343,36 @@ def _continue(layout: Layout, report_path: Path) -> Json:
     dirty = status_porcelain(tree)
     if dirty:
         raise ToolError(f"{tree} has uncommitted changes (first: {dirty[0].strip()}); commit them on {BRANCH} first")
+    with step("take the fixes made since the checks"):
+        detail(repair_rewritten_history(st, tree))
+        session.save()
     return _run_to_end(session, len(st.patches))
+
+
+def repair_rewritten_history(st: RebaseState, tree: Path) -> str:
+    """Re-pair the replayed patches with their commits after the user rewrote the branch (``git rebase -i``:
+    reword a header, squash a fixup into its patch). Commits are paired in order, so the rewrite must keep
+    each patch's commit count and order; commits added on top stay extra commits."""
+    replayed = [p for p in st.patches if p.commit_new]
+    recorded = [c for p in replayed for c in p.commit_new or []]
+    if all(run_git(tree, "merge-base", "--is-ancestor", c, "HEAD", check=False).returncode == 0 for c in recorded):
+        return "history kept: each patch keeps its replayed commit(s)"
+    commits = git(tree, "rev-list", "--reverse", f"{st.onto.pristine}..HEAD").split()
+    if len(commits) < len(recorded):
+        raise ToolError(
+            f"{tree}: branch {BRANCH} was rewritten and now has {len(commits)} commit(s) for {len(recorded)} "
+            "replayed patch commit(s); keep one commit per patch (reword or squash fixups into their patch)"
+        )
+    changed = []
+    position = 0
+    for entry in replayed:
+        count = len(entry.commit_new or [])
+        new = commits[position : position + count]
+        position += count
+        if new != entry.commit_new:
+            changed.append(entry.name)
+            entry.commit_new = new
+    return f"history rewritten: re-paired {len(changed)} patch(es) with their new commit(s) in order ({', '.join(changed)})"
 
 
 def _abort(layout: Layout, report_path: Path) -> Json:
