@@ -92,6 +92,9 @@ def write_config(path: str, num_layers: int, moe_layers: tuple[int, ...]) -> Non
         moe_intermediate_size=32,
         shared_expert_intermediate_size=32,
         mlp_only_layers=[i for i in range(num_layers) if i not in moe_layers],
+        mlp_layer_types=[
+            "sparse" if i in moe_layers else "dense" for i in range(num_layers)
+        ],
         decoder_sparse_step=1,
         tie_word_embeddings=False,
     )
@@ -360,8 +363,15 @@ def real_attention(model, vllm_config, num_tokens: int):
         )
         metadata[layer.layer_name] = builder.build(0, common)
         slots[layer.layer_name] = slot_mapping
-        shape = backend.get_kv_cache_shape(1, bs, layer.num_kv_heads, layer.head_size)
-        layer.kv_cache = torch.zeros(shape, dtype=torch.float32)
+        # vLLM 0.32.0's layer view (block, head, token, 2 * head size) over
+        # the backend's preferred physical layout
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+
+        layouts = backend.supported_kv_cache_layouts() or (KVCacheLayout.LBNHC,)
+        order = layouts[0].layer_view_order
+        logical = (1, layer.num_kv_heads, bs, 2 * layer.head_size)
+        physical = torch.zeros([logical[i] for i in order], dtype=torch.float32)
+        layer.kv_cache = physical.permute(*[order.index(i) for i in range(4)])
     return metadata, slots
 
 
@@ -663,11 +673,16 @@ def run_config() -> dict[str, Any]:
         lambda: xbg.configure_breakable_graph(cfg, CudaLike())
     )
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
-    envs.VLLM_XPU_ENABLE_XPU_GRAPH = False
+    # vLLM 0.32.0 has XPU graphs on by default (no VLLM_XPU_ENABLE_XPU_GRAPH);
+    # what remains to refuse is a torch without XPU graphs
+    from vllm.utils import torch_utils
+
+    has_graphs = torch_utils.supports_xpu_graph
+    torch_utils.supports_xpu_graph = lambda: False
     res["xpu_graph_off"] = expect_error(
         lambda: xbg.configure_breakable_graph(cfg, PlatformStandIn("xpu"))
     )
-    envs.VLLM_XPU_ENABLE_XPU_GRAPH = True
+    torch_utils.supports_xpu_graph = has_graphs
     res["xpu"] = expect_error(
         lambda: xbg.configure_breakable_graph(cfg, PlatformStandIn("xpu"))
     )

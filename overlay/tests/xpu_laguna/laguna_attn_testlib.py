@@ -9,6 +9,7 @@ with the impl's own ``do_kv_cache_update``. On a machine without an XPU the
 backend runs on the pure-torch reference kernels.
 """
 
+import contextlib
 import functools
 import tempfile
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from vllm.config import (
     set_current_vllm_config,
 )
 from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.attention.backends import flash_attn as flash_attn_module
 from vllm.v1.attention.backends.flash_attn import (
     FlashAttentionBackend,
     FlashAttentionImpl,
@@ -91,13 +93,31 @@ def make_builder(
         )
 
 
+@contextlib.contextmanager
+def _xpu_fp8_kv_support():
+    """The impl's FP8 KV check answered as on XPU (vLLM 0.32.0 ``fa_utils``:
+    every FP8 cache dtype but ``fp8_e5m2``), which the CPU reference kernel
+    stands in for; CPU itself has no FlashAttention FP8 answer."""
+    original = flash_attn_module.flash_attn_supports_kv_cache_dtype
+    flash_attn_module.flash_attn_supports_kv_cache_dtype = (
+        lambda kv_cache_dtype="fp8_e4m3", **_: kv_cache_dtype != "fp8_e5m2"
+    )
+    try:
+        yield
+    finally:
+        flash_attn_module.flash_attn_supports_kv_cache_dtype = original
+
+
 def make_impl(
     num_heads: int,
     window: int | None,
     kv_cache_dtype: str = "auto",
     **kwargs,
 ) -> FlashAttentionImpl:
-    with set_current_vllm_config(vllm_config(num_heads)):
+    with (
+        set_current_vllm_config(vllm_config(num_heads)),
+        _xpu_fp8_kv_support(),
+    ):
         return FlashAttentionImpl(
             num_heads=num_heads,
             head_size=HEAD_SIZE,
@@ -123,15 +143,22 @@ class ScaleLayer(torch.nn.Module):
 def make_kv_cache(
     dtype: torch.dtype = torch.bfloat16, num_blocks: int = NUM_BLOCKS
 ) -> torch.Tensor:
-    """A KV cache in the backend's logical shape and physical stride order."""
-    shape = FlashAttentionBackend.get_kv_cache_shape(
-        num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE
-    )
-    with set_current_vllm_config(vllm_config()):
-        order = FlashAttentionBackend.get_kv_cache_stride_order()
-    physical = tuple(shape[i] for i in order)
-    inverse = [order.index(i) for i in range(len(order))]
-    return torch.zeros(physical, dtype=dtype).permute(*inverse)
+    """A KV cache as vLLM 0.32.0 hands it to the backend: the logical layer
+    view ``(blocks, kv heads, block size, 2 * head size)`` (keys then values
+    in the last axis) over the default physical layout LBNHC (NHD: block,
+    token, head, content)."""
+    return physical_nhd_kv_cache(num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE, dtype)
+
+
+def physical_nhd_kv_cache(
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    physical = torch.zeros(num_blocks, block_size, num_kv_heads, 2 * head_size, dtype=dtype)
+    return physical.permute(0, 2, 1, 3)
 
 
 def block_table_for(

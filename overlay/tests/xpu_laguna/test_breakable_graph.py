@@ -268,27 +268,72 @@ def test_v2_model_runner_is_refused_with_how_to_pick_v1() -> None:
     assert ok.compilation_config.cudagraph_capture_sizes == [8]
 
 
-def test_v2_paths_reach_the_refusal(monkeypatch) -> None:
-    """Both ways vLLM 0.26.0 picks V2 for this model: the env var, and a
-    DFlash draft that mixes sliding and full layers (several KV groups)."""
+def _runner_choice_stand_in():
+    """What ``VllmConfig.use_v2_model_runner`` reads, with upstream's own
+    ``_get_v2_model_runner_unsupported_features`` (series patch included)."""
     from types import SimpleNamespace
 
+    from vllm.config import VllmConfig
+
+    cfg = SimpleNamespace(
+        attention_config=SimpleNamespace(hisparse_config=None),
+        parallel_config=SimpleNamespace(
+            distributed_executor_backend="mp",
+            pipeline_parallel_size=1,
+            use_ubatching=False,
+        ),
+        speculative_config=SimpleNamespace(
+            method="dflash", parallel_drafting=True, use_heterogeneous_vocab=False
+        ),
+    )
+    cfg._get_v2_model_runner_unsupported_features = (
+        lambda: VllmConfig._get_v2_model_runner_unsupported_features(cfg)
+    )
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "toggle",
+    ["VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"],
+)
+def test_series_forces_the_v1_runner(monkeypatch, toggle) -> None:
+    """vLLM 0.32.0 picks V2 for Laguna + DFlash wherever Triton imports (XPU
+    ships triton-xpu). With a series toggle on, upstream's own rule picks V1
+    and says why in one line; with every toggle off V2 is chosen (negative
+    control: the forcing is the series', not upstream's)."""
+    import vllm.config.vllm as config_module
+    from vllm.config import VllmConfig
+
+    monkeypatch.setattr(config_module, "HAS_TRITON", True)  # as on XPU
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    use_v2 = VllmConfig.use_v2_model_runner.fget
+    for name in (
+        "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH",
+        "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA",
+    ):
+        monkeypatch.setenv(name, "0")
+    assert use_v2(_runner_choice_stand_in()) is True  # upstream's default
+    monkeypatch.setenv(toggle, "1")
+    cfg = _runner_choice_stand_in()
+    assert use_v2(cfg) is False
+    # the reason upstream logs once ("Model Runner V2 does not yet support ...")
+    assert any(
+        "XPU Laguna series" in f for f in cfg._get_v2_model_runner_unsupported_features()
+    )
+
+
+def test_explicit_v2_reaches_the_refusal(monkeypatch) -> None:
+    """An explicit VLLM_USE_V2_MODEL_RUNNER=1 wins upstream; the graph
+    configuration then refuses it in one line that says how to pick V1."""
     from vllm.compilation.xpu_breakable_graph import configure_breakable_graph
     from vllm.config import VllmConfig
 
-    use_v2 = VllmConfig.use_v2_model_runner.fget
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    by_env = use_v2(SimpleNamespace())
-    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
-    mixed = SimpleNamespace(
-        speculative_config=SimpleNamespace(method="dflash"),
-        _dflash_needs_multi_kv_group=lambda: True,
-    )
-    by_mixed_draft = use_v2(mixed)
-    for picked in (by_env, by_mixed_draft):
-        assert picked is True
-        with pytest.raises(BreakableGraphConfigError, match="V2 model runner"):
-            configure_breakable_graph(_config_stand_in(picked), _PlatformStandIn("xpu"))
+    monkeypatch.setenv("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", "1")
+    picked = VllmConfig.use_v2_model_runner.fget(_runner_choice_stand_in())
+    assert picked is True
+    with pytest.raises(BreakableGraphConfigError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
+        configure_breakable_graph(_config_stand_in(picked), _PlatformStandIn("xpu"))
 
 
 def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:

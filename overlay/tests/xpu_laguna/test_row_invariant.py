@@ -12,7 +12,7 @@ import torch
 from torch.nn import functional as F
 
 from vllm.model_executor.layers import xpu_laguna_row_invariant as ri
-from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+from vllm.model_executor.layers.fused_moe.router import cpu_router
 
 FUNCTIONS = {"softplus": F.softplus, "sigmoid": torch.sigmoid}
 # (rows, values per row): Laguna gate (4 heads), tiny router (8 experts),
@@ -72,14 +72,12 @@ def test_router_sigmoid_is_row_invariant():
     bias = torch.randn(8, generator=gen) * 0.1
 
     def route(x):
-        return cpu_fused_moe.select_experts(
-            hidden_states=torch.zeros(x.shape[0], 16),
-            router_logits=x,
-            use_grouped_topk=False,
+        return cpu_router._sigmoid_topk(
+            x,
             top_k=2,
             renormalize=True,
-            scoring_func="sigmoid",
             e_score_correction_bias=bias,
+            routed_scaling_factor=1.0,
         )
 
     weights, ids = route(logits)
