@@ -175,3 +175,13 @@ def test_reference_matches_dense_attention():
     s = torch.einsum("hd,khd->hk", q[0].float(), kk) * 128**-0.5
     want = torch.einsum("hk,khd->hd", torch.softmax(s, -1), vv)
     torch.testing.assert_close(out[0], want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(
+    ("block_size", "tile"),
+    # v0.1.15.4 (_vllm_fa2_C disassembly): multiples of 64 -> 64, 32 -> 32,
+    # anything else -> 16 (v0.1.11.1 would have said 64 for 48 and 96)
+    [(16, 16), (32, 32), (64, 64), (128, 64), (48, 16), (96, 16)],
+)
+def test_kv_tile_per_block_size(block_size, tile):
+    assert plan.kv_tile(block_size) == tile

@@ -11,12 +11,19 @@ from the *whole call* (batch size, longest KV length) unless the caller passes
 one, so the series passes it explicitly on both sides: the count a
 single-request q=1 decode of that KV length would get.
 
-Ported from ``vllm_xpu_kernels`` v0.1.11.1 (the version pinned in
-``pins.toml``), ``csrc/flash_attn/flash_api.cpp``: ``get_num_splits`` and the
-``effective_seqlen_k`` computation in ``mha_varlen_fwd``; the chunking from
+Ported from ``vllm_xpu_kernels`` v0.1.11.1, ``csrc/flash_attn/flash_api.cpp``:
+``get_num_splits`` and the ``effective_seqlen_k`` computation in
+``mha_varlen_fwd``; the chunking from
 ``csrc/xpu/attn/xe_2/kernel/paged_decode_kernel.hpp``
 (``XeFMHAFwdSplitKVKernel``: ``k_block0``, ``num_blocks_per_split``,
-``kMinBlocksForSplit``). Re-check all three on every kernel pin change.
+``kMinBlocksForSplit``). Checked against v0.1.15.4, the version vLLM 0.32.0
+pins (no source tag exists for it: its wheel's ``_vllm_fa2_C`` was
+disassembled): same constants, Xe-core source, window handling and explicit
+``num_splits_kv`` override; the one change is the tile of block sizes other
+than 32 and multiples of 64 (16 now, :func:`_tile_policy`). Its ReduceSplitK
+merge changed (log-sum-exp weights), which moves the last bits of a merged
+result but not which rows share a split count. Re-check all of this on every
+kernel pin change.
 
 Everything here is a pure function of integers; the Xe-core count comes from
 the device (:func:`device_xe_cores`).
@@ -26,10 +33,17 @@ import functools
 
 import torch
 
-# The kernel's KV tile per paged block size (paged_decode_utils.hpp
-# dispatch_by_page_size): block 16 -> tile 16, 32 -> 32, multiples of 64 -> 64.
-_TILE_POLICY = {16: (16, 1, 16), 32: (32, 2, 32)}  # tile, SGs per WG, split cap
-_TILE_POLICY_64 = (64, 4, 64)
+
+def _tile_policy(block_size: int) -> tuple[int, int, int]:
+    """(KV tile, sub-groups per work-group, split cap) for a paged block size:
+    multiples of 64 -> 64, 32 -> 32, anything else -> 16 (v0.1.15.4; v0.1.11.1
+    gave 64 to other sizes but rejected them at dispatch)."""
+    if block_size % 64 == 0:
+        return (64, 4, 64)
+    if block_size == 32:
+        return (32, 2, 32)
+    return (16, 1, 16)
+
 
 # Arc Pro B70 (Xe2, BMG-G31): 32 Xe cores. The CPU reference models this
 # device when no XPU is present.
@@ -38,7 +52,7 @@ REFERENCE_XE_CORES = 32
 
 def kv_tile(block_size: int) -> int:
     """KV tile width (tokens) of the decode kernel for a paged block size."""
-    return _TILE_POLICY.get(block_size, _TILE_POLICY_64)[0]
+    return _tile_policy(block_size)[0]
 
 
 def min_blocks_for_split(tile: int) -> int:
@@ -55,12 +69,12 @@ def heuristic_num_splits(
     block_size: int,
     num_xe_cores: int,
 ) -> int:
-    """``get_num_splits`` of vllm_xpu_kernels v0.1.11.1, constants and all.
+    """``get_num_splits`` of vllm_xpu_kernels (v0.1.11.1 = v0.1.15.4), constants and all.
 
     ``max_seqlen_k`` is the kernel's ``effective_seqlen_k`` (see
     :func:`effective_seqlen_k`).
     """
-    tile, sg_per_wg, policy_split_cap = _TILE_POLICY.get(block_size, _TILE_POLICY_64)
+    tile, sg_per_wg, policy_split_cap = _tile_policy(block_size)
     kv_tiles = (max_seqlen_k + tile - 1) // tile
     if kv_tiles < 16:
         return 1
