@@ -34,9 +34,7 @@ PATCHES = sorted(HANDOFF.glob("*.patch"))
 def _base_pin() -> VllmPin:
     data = tomllib.loads((HANDOFF / "base.toml").read_text())
     git_url = load_pins(Layout().pins).vllm.git_url
-    return VllmPin(
-        version=data["version"], sdist_sha256=data["sdist_sha256"], commit=data["commit"], git_url=git_url
-    )
+    return VllmPin(version=data["version"], sdist_sha256=data["sdist_sha256"], commit=data["commit"], git_url=git_url)
 
 
 def _touched(patch: Path) -> list[str]:
@@ -84,7 +82,9 @@ def test_patch_is_an_upstream_ready_mail(patch: Path) -> None:
     text = patch.read_text(encoding="utf-8")
     head, _, _ = text.partition("\n---\n")
     assert text.startswith("From ") and "\nSubject: [PATCH] " in head, "not a `git format-patch` mail"
-    assert head.rstrip().endswith("\nSigned-off-by: <your name>"), "Signed-off-by placeholder missing (never a fake person)"
+    assert head.rstrip().endswith("\nSigned-off-by: <your name>"), (
+        "Signed-off-by placeholder missing (never a fake person)"
+    )
     created = [f.path for f in PatchSet(text) if f.is_added_file]
     assert any(path.startswith("tests/") and PurePosixPath(path).name.startswith("test_") for path in created), (
         f"{patch.name} adds no upstream test (new files: {created})"
