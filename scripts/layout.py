@@ -67,5 +67,10 @@ class Layout:
         return self.build / "tiny-laguna"
 
     @property
+    def upstream_handoff(self) -> Path:
+        """Standalone upstream-ready patches (``git format-patch``) and the release they target."""
+        return self.root / "docs" / "upstream"
+
+    @property
     def dist(self) -> Path:
         return self.root / "dist"
