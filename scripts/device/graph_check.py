@@ -128,8 +128,8 @@ class Leg:
             # lines on this leg's own output.
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         }
-        if device == "xpu":
-            env["VLLM_XPU_ENABLE_XPU_GRAPH"] = "1" if self.graphs else "0"
+        # vLLM 0.32.0 has XPU graphs on by default (no VLLM_XPU_ENABLE_XPU_GRAPH);
+        # the off legs run eagerly through enforce_eager.
         return env
 
 

@@ -32,6 +32,9 @@ tiles); each chunk yields an unnormalised float32 partial output stored in
 the output dtype (the kernel's ``tmp_out`` has the query dtype), its base-2
 max logit and exp-sum; the partials are merged in split order like
 ReduceSplitK (``exp2`` rescale to the global max, sum, one reciprocal).
+That is v0.1.11.1's merge; v0.1.15.4 (pinned by vLLM 0.32.0) merges with
+log-sum-exp weights, also in split order: a different last-bit rounding, the
+same dependence on the split count.
 Reproduced: which keys each chunk sees, the merge order and the rounding of
 the partials to the output dtype, so a different split count gives a
 different result in the last bits, as on the device. Not reproduced: the
