@@ -35,7 +35,7 @@ BUILD_DEPS = [
     "jinja2",
     "numpy",
 ]
-RUFF = "ruff==0.14.0"  # the version vLLM 0.26.0's pre-commit runs
+RUFF = "ruff==0.14.0"  # the version vLLM 0.26.0's and 0.32.0's pre-commit run
 # nox: test_readme.py; matplotlib: test_measure_plot.py; ruff: test_style.py
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "nox", "matplotlib", RUFF]
 

@@ -12,12 +12,12 @@ import os
 import subprocess
 
 import pytest
+from test_rebase import NEW, new_files, prepare, release, report_of, run_stopped, statuses
 
 import synthetic
 from scripts.rebase import rebase
 from scripts.rebase.pins_update import rewrite_pins, torch_release_pinned
 from synthetic import Change, SyntheticProject
-from test_rebase import NEW, new_files, prepare, release, report_of, run_stopped, statuses
 
 OLD_CHECK = "Effect-Check: grep -q laguna_hook vllm/runner_v1.py\n"
 NEW_CHECK = "Effect-Check: grep -q laguna_hook vllm/runner/v1.py\n"
@@ -85,7 +85,11 @@ def test_continue_runs_the_reworded_effect_check(vxl_project: SyntheticProject) 
 @pytest.mark.parametrize(
     ("requires", "machine", "want"),
     [
-        (['torch==2.13.0+cpu; platform_machine == "x86_64"', 'torch==2.13.0; platform_system == "Darwin"'], "x86_64", "2.13.0"),
+        (
+            ['torch==2.13.0+cpu; platform_machine == "x86_64"', 'torch==2.13.0; platform_system == "Darwin"'],
+            "x86_64",
+            "2.13.0",
+        ),
         (['torch==2.11.0+cpu; platform_machine == "x86_64"'], "x86_64", "2.11.0"),
         (['torch==2.13.0+cpu; platform_machine == "s390x"'], "x86_64", None),  # not for this machine
         (["torch>=2.10"], "x86_64", None),  # no single release

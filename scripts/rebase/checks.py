@@ -14,8 +14,8 @@ from scripts.git import archive_to, blob_at, git
 from scripts.layout import Layout
 from scripts.overlay import OverlayFile, check_against_tree, list_overlay, read_replaces
 from scripts.rebase.evidence import upstream_change
-from scripts.series import parse_fields
 from scripts.rebase.state import Json, PatchEntry, RebaseState
+from scripts.series import parse_fields
 
 EFFECT_TIMEOUT_S = 120
 

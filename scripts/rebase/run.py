@@ -372,7 +372,8 @@ def repair_rewritten_history(st: RebaseState, tree: Path) -> str:
         if new != entry.commit_new:
             changed.append(entry.name)
             entry.commit_new = new
-    return f"history rewritten: re-paired {len(changed)} patch(es) with their new commit(s) in order ({', '.join(changed)})"
+    names = ", ".join(changed)
+    return f"history rewritten: re-paired {len(changed)} patch(es) with their new commit(s) in order ({names})"
 
 
 def _abort(layout: Layout, report_path: Path) -> Json:

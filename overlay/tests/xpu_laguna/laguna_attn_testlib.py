@@ -27,7 +27,6 @@ from vllm.config import (
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends import flash_attn as flash_attn_module
 from vllm.v1.attention.backends.flash_attn import (
-    FlashAttentionBackend,
     FlashAttentionImpl,
     FlashAttentionMetadataBuilder,
 )
@@ -157,7 +156,9 @@ def physical_nhd_kv_cache(
     head_size: int,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    physical = torch.zeros(num_blocks, block_size, num_kv_heads, 2 * head_size, dtype=dtype)
+    physical = torch.zeros(
+        num_blocks, block_size, num_kv_heads, 2 * head_size, dtype=dtype
+    )
     return physical.permute(0, 2, 1, 3)
 
 

@@ -294,10 +294,13 @@ def _runner_choice_stand_in():
 
 @pytest.mark.parametrize(
     "toggle",
-    ["VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"],
+    [
+        "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH",
+        "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA",
+    ],
 )
 def test_series_forces_the_v1_runner(monkeypatch, toggle) -> None:
-    """vLLM 0.32.0 picks V2 for Laguna + DFlash wherever Triton imports (XPU
+    """VLLM 0.32.0 picks V2 for Laguna + DFlash wherever Triton imports (XPU
     ships triton-xpu). With a series toggle on, upstream's own rule picks V1
     and says why in one line; with every toggle off V2 is chosen (negative
     control: the forcing is the series', not upstream's)."""
@@ -318,7 +321,8 @@ def test_series_forces_the_v1_runner(monkeypatch, toggle) -> None:
     assert use_v2(cfg) is False
     # the reason upstream logs once ("Model Runner V2 does not yet support ...")
     assert any(
-        "XPU Laguna series" in f for f in cfg._get_v2_model_runner_unsupported_features()
+        "XPU Laguna series" in f
+        for f in cfg._get_v2_model_runner_unsupported_features()
     )
 
 

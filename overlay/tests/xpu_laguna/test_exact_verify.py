@@ -10,7 +10,6 @@ of those tokens; every other step shape must be the upstream path unchanged.
 import dataclasses
 import os
 import sys
-
 from types import SimpleNamespace
 
 import pytest
@@ -245,17 +244,21 @@ def test_padded_step_is_not_eligible(monkeypatch):
 
 
 def test_exact_seq_len_under_async_speculative_decoding(monkeypatch):
-    """vLLM 0.32.0's host copy of seq_lens is an upper bound under async
+    """VLLM 0.32.0's host copy of seq_lens is an upper bound under async
     speculative decoding (every draft assumed accepted): the plan must then
     read the device value, which is what the split plan needs."""
     lib.set_toggles(monkeypatch, exact=True)
     cm = lib.common_metadata([8], [300], lib.block_table_for([[1, 2, 3, 4, 5]]))
     cm.seq_lens_cpu_upper_bound = torch.tensor([305], dtype=torch.int32)
-    on_device = xpu_laguna_exact.plan_step(cm, _config(async_scheduling=True, spec=True), 1)
+    on_device = xpu_laguna_exact.plan_step(
+        cm, _config(async_scheduling=True, spec=True), 1
+    )
     assert on_device is not None and on_device.seq_len == 300
     # Negative control: where the host copy is declared exact it is used as is
     # (here deliberately wrong, so the source of the value is visible).
-    on_host = xpu_laguna_exact.plan_step(cm, _config(async_scheduling=False, spec=True), 1)
+    on_host = xpu_laguna_exact.plan_step(
+        cm, _config(async_scheduling=False, spec=True), 1
+    )
     assert on_host is not None and on_host.seq_len == 305
 
 

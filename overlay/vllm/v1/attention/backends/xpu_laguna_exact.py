@@ -218,7 +218,7 @@ def step_width(
     common_attn_metadata: "CommonAttentionMetadata",
     dcp_world_size: int,
 ) -> int:
-    """q if this step is eligible for the exact path (1 = a single-request
+    """Q if this step is eligible for the exact path (1 = a single-request
     decode, which then runs with the planned split count), else 0."""
     width = exact_verify_width()
     cm = common_attn_metadata

@@ -195,18 +195,16 @@ def paged_attention(
 ) -> torch.Tensor:
     """Paged attention over a block-table KV cache.
 
-    Args:
-        q: (total_q, num_heads, head_size).
-        key_cache, value_cache: (num_blocks, block_size, num_kv_heads,
-            head_size); any strides (the backend passes NHD views of an HND
-            cache). FP8 caches are dequantised with ``k_descale``/``v_descale``.
-        cu_seqlens_q: (num_seqs + 1,) query offsets.
-        seqused_k: (num_seqs,) KV lengths.
-        block_table: (>= num_seqs, num_cols) block ids per sequence.
-        window_size: (left, right), -1 = unbounded.
-        max_seqlen_q, max_seqlen_k: as passed to the kernel; with
-            ``max_seqlen_q == 1`` the call models the split-K decode kernel.
-        num_splits_kv: explicit split count (None: the kernel's heuristic).
+    ``q`` is (total_q, num_heads, head_size). ``key_cache`` and
+    ``value_cache`` are (num_blocks, block_size, num_kv_heads, head_size)
+    with any strides (the backend passes views of its cache); FP8 caches are
+    dequantised with ``k_descale``/``v_descale``. ``cu_seqlens_q`` holds the
+    (num_seqs + 1,) query offsets, ``seqused_k`` the (num_seqs,) KV lengths,
+    ``block_table`` the block ids per sequence. ``window_size`` is (left,
+    right), -1 = unbounded. ``max_seqlen_q``/``max_seqlen_k`` are as passed
+    to the kernel: with ``max_seqlen_q == 1`` the call models the split-K
+    decode kernel, with ``num_splits_kv`` as its explicit split count (None:
+    the kernel's heuristic). Writes into ``out`` when given.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

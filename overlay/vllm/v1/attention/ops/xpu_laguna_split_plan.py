@@ -69,7 +69,7 @@ def heuristic_num_splits(
     block_size: int,
     num_xe_cores: int,
 ) -> int:
-    """``get_num_splits`` of vllm_xpu_kernels (v0.1.11.1 = v0.1.15.4), constants and all.
+    """``get_num_splits`` of vllm_xpu_kernels (v0.1.11.1 to v0.1.15.4).
 
     ``max_seqlen_k`` is the kernel's ``effective_seqlen_k`` (see
     :func:`effective_seqlen_k`).
