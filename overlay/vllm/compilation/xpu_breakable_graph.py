@@ -760,8 +760,9 @@ class _XpuEntry(_BreakableEntry):
 
 
 _AUTO: Any = object()
-# One accounting line (``ACCOUNTING_MARK`` + JSON) per capture and every
-# ``ACCOUNTING_EVERY`` replays: what records read from server logs.
+# One accounting line (``ACCOUNTING_MARK`` + JSON) per capture, at the first
+# replay and every ``ACCOUNTING_EVERY`` replays after it: what records read
+# from server logs (the first replay shows that replays happen at all).
 ACCOUNTING_MARK = "XPU_LAGUNA_GRAPH_ACCOUNTING "
 ACCOUNTING_EVERY = 1000
 
@@ -836,7 +837,7 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
             get_offloader().sync_prev_onload()
             entry.capture.replay()
         self.replays += 1
-        if self.replays % ACCOUNTING_EVERY == 0:
+        if self.replays % ACCOUNTING_EVERY == 1:
             self._log_accounting()
         return entry.output
 
