@@ -213,7 +213,9 @@ class Harness:
         from vllm.model_executor.models.laguna import LagunaForCausalLM
         from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
 
-        vllm_config = self.vllm_config(num_layers, moe_layers, draft_layers=draft_layers)
+        vllm_config = self.vllm_config(
+            num_layers, moe_layers, draft_layers=draft_layers
+        )
         self.ensure_dist(vllm_config)
         group = get_tp_group()
         group.world_size = tp  # fake TP size over a one-rank group

@@ -152,7 +152,9 @@ def test_moved_slot_mapping_group_is_refused(layer: str) -> None:
     moved = torch.randint(0, 64, (N,), generator=torch.Generator().manual_seed(9))
     slots = {k: moved if g == group else slots[k] for k, g in LAYERS.items()}
     first_layer = next(k for k, g in LAYERS.items() if g == group)
-    with pytest.raises(StaticInputMismatchError, match=rf"slot_mapping\['{first_layer}'\]"):
+    with pytest.raises(
+        StaticInputMismatchError, match=rf"slot_mapping\['{first_layer}'\]"
+    ):
         call(kwargs, slots)
     # Control: without the guard the replay reads the captured slots (stale).
     _bypass_guard(wrapper)

@@ -121,13 +121,24 @@ def test_drafter_counts_match_topology(observed, layers: int, tp: int) -> None:
     assert r["model"] == "DFlashLagunaForCausalLM"
     assert r["num_attention_modules"] == layers
     collective = 2 * layers + 1 if tp > 1 else 0
-    counts = {"graph": layers + collective + 1, "attention": layers, "collective": collective}
+    counts = {
+        "graph": layers + collective + 1,
+        "attention": layers,
+        "collective": collective,
+    }
     assert r["counts"] == counts
-    assert r["expected"] == {"attention": layers, "collective": collective, "graphs": counts["graph"]}
+    assert r["expected"] == {
+        "attention": layers,
+        "collective": collective,
+        "graphs": counts["graph"],
+    }
     assert r["kinds"] == _expected_kinds(layers, tp)
     acc = r["accounting"]
     assert acc["label"] == "drafter" and acc["graphs"] == counts["graph"]
-    assert acc["captures"][0]["breaks_by_kind"] == {"attention": layers, "collective": collective}
+    assert acc["captures"][0]["breaks_by_kind"] == {
+        "attention": layers,
+        "collective": collective,
+    }
     if tp == 1:  # no collectives: nothing for either control to miss
         assert r["without_embedding"]["error"] is None
         assert r["precomputed_embeds"]["error"] is None
