@@ -449,11 +449,11 @@ def static_input_probe(
     For the model runner's calling convention (keyword arguments only, the
     non-tensor ones None, a slot-mapping dict) the probe is straight-line
     code generated for the captured names: a dict lookup and a
-    ``data_ptr()`` per tensor, what every replay pays (about 0.3 us less per
-    step than the same reads through ``itemgetter``/``map``, in
-    ``scripts/bench/graph_host_overhead.py`` on CPU). The source holds no
-    captured name, only ``k0``, ``n0``, ``s0``... bound in its namespace.
-    Other conventions fall back to :func:`static_input_pointers`.
+    ``data_ptr()`` per tensor, what every replay pays (the host time per
+    step is what ``scripts/bench/graph_host_overhead.py`` measures against
+    upstream's wrapper). The source holds no captured name, only ``k0``,
+    ``n0``, ``s0``... bound in its namespace. Other conventions fall back
+    to :func:`static_input_pointers`.
     """
     others = [k for k, v in kwargs.items() if not isinstance(v, torch.Tensor)]
     if (
