@@ -88,3 +88,24 @@ def test_record_with_the_section_verifies_and_a_changed_count_does_not() -> None
     record["graph"]["graphs_per_rank"] = 147
     failures = verify(record, gates=load_gates()).failures
     assert any("graph.graphs_per_rank" in str(f) for f in failures)
+
+
+LIVE = ROOT / "tests" / "fixtures" / "graph-logs"
+
+
+def test_section_from_a_live_cpu_server_with_emulated_graphs() -> None:
+    """Lines kept from the server logs of a real crossover on CPU with ``--emulate-graphs``
+    (ngram, tiny Laguna, TP 1; command in the README): the wrapper's own accounting, emulated."""
+    logs = {leg: (LIVE / f"cpu-emulated-ngram-{leg}.log").read_text() for leg in ("A1", "B1", "B2")}
+    assert "EMULATED" in logs["B1"] and not logs["A1"]  # the control leg ran no graphs
+    section = graph_section(logs)
+    assert section is not None and section["measured"] is True
+    assert section["graph_class"] == "RecordingGraph (emulated device graph)"
+    assert (section["graphs_per_rank"], section["eager_breaks_per_rank"]) == (5, 4)
+    assert section["capture_sizes"] == [8]
+    for leg in ("B1", "B2"):
+        (capture,) = section["legs"][leg]["target"]["captures"]
+        assert capture["breaks_by_kind"] == {"attention": 4, "collective": 0}
+        assert section["legs"][leg]["target"]["replays_at_least"] >= 1
+        assert section[f"{leg}_distinct_rank_replays"] == 1
+    assert set(section["legs"]) == {"B1", "B2"}

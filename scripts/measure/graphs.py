@@ -1,7 +1,7 @@
 """The record's graph section from the breakable-graph wrappers' own accounting.
 
 With ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` every wrapper (target, DFlash drafter) logs one line
-``XPU_LAGUNA_GRAPH_ACCOUNTING {json}`` at each capture and every 1000 replays
+``XPU_LAGUNA_GRAPH_ACCOUNTING {json}`` at each capture, at the first replay and every 1000 replays after
 (``vllm/compilation/xpu_breakable_graph.py``): graph class, captures with graphs and breaks by
 kind, replays. This module reads those lines from a leg's server log; a leg without them has no
 graphs (the section stays ``measured: false``).
@@ -46,7 +46,7 @@ def graph_section(logs: dict[str, str]) -> dict[str, Any] | None:
 
     ``graphs_per_rank`` / ``eager_breaks_per_rank`` are the target's per captured shape (equal
     on every rank and every graph leg, else this raises); ``replays_at_least`` per leg and
-    wrapper is the count of the last logged line (logged every 1000 replays and at capture).
+    wrapper is the count of the last logged line (logged at capture, at replay 1, 1001, 2001, ...).
     """
     per_rank = {leg: ranks for leg, text in logs.items() if (ranks := rank_accounting_from_log(text))}
     if not per_rank:

@@ -102,6 +102,27 @@ def write_config(path: str, num_layers: int, moe_layers: tuple[int, ...]) -> Non
     cfg.save_pretrained(path)
 
 
+def write_draft_config(path: str, num_layers: int, target_layers: int) -> None:
+    """A DFlash Laguna drafter of ``num_layers`` dense full-attention layers
+    over the tiny target of ``write_config`` (same widths and vocabulary)."""
+    write_config(path, num_layers, ())
+    config_path = os.path.join(path, "config.json")
+    with open(config_path) as f:
+        cfg = json.load(f)
+    cfg.update(
+        architectures=["DFlashLagunaForCausalLM"],
+        draft_vocab_size=cfg["vocab_size"],
+        layer_types=["full_attention"] * num_layers,
+        mlp_only_layers=list(range(num_layers)),
+        dflash_config={
+            "target_layer_ids": list(range(min(2, target_layers))),
+            "mask_token_id": 255,
+        },
+    )
+    with open(config_path, "w") as f:
+        json.dump(cfg, f)
+
+
 class Harness:
     def __init__(self) -> None:
         torch._dynamo.config.disable = True  # eager vocab masking on CPU
@@ -116,7 +137,11 @@ class Harness:
         self._dist_ready = False
 
     def vllm_config(
-        self, num_layers: int, moe_layers: tuple[int, ...], flag_on: bool = False
+        self,
+        num_layers: int,
+        moe_layers: tuple[int, ...],
+        flag_on: bool = False,
+        draft_layers: int = 0,
     ):
         """A CPU config. The toggle is off while it is made (the CPU is no
         graph platform and the config hook would refuse, see run_config)
@@ -128,6 +153,17 @@ class Harness:
         if not os.path.exists(path):
             os.makedirs(path)
             write_config(path, num_layers, moe_layers)
+        speculative = None
+        if draft_layers:
+            draft = os.path.join(self.tmp, f"dflash-{num_layers}-{draft_layers}")
+            if not os.path.exists(draft):
+                os.makedirs(draft)
+                write_draft_config(draft, draft_layers, num_layers)
+            speculative = {
+                "method": "dflash",
+                "model": draft,
+                "num_speculative_tokens": 7,
+            }
         args = EngineArgs(
             model=path,
             skip_tokenizer_init=True,
@@ -137,6 +173,7 @@ class Harness:
             max_num_batched_tokens=128,
             max_num_seqs=8,
             kv_cache_memory_bytes=1 << 24,
+            speculative_config=speculative,
         )
         envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH = flag_on
         try:
@@ -164,12 +201,24 @@ class Harness:
             initialize_model_parallel(1, 1)
         self._dist_ready = True
 
-    def build(self, num_layers: int, tp: int, moe_layers: tuple[int, ...] = ()):
+    def build(
+        self,
+        num_layers: int,
+        tp: int,
+        moe_layers: tuple[int, ...] = (),
+        draft_layers: int = 0,
+    ):
+        """The tiny Laguna target at a fake TP size, or (``draft_layers``)
+        its DFlash drafter, built as the DFlash proposer builds it: from the
+        target's config carrying the speculative config."""
         from vllm.config import set_current_vllm_config
         from vllm.distributed.parallel_state import get_tp_group
         from vllm.model_executor.models.laguna import LagunaForCausalLM
+        from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
 
-        vllm_config = self.vllm_config(num_layers, moe_layers)
+        vllm_config = self.vllm_config(
+            num_layers, moe_layers, draft_layers=draft_layers
+        )
         self.ensure_dist(vllm_config)
         group = get_tp_group()
         group.world_size = tp  # fake TP size over a one-rank group
@@ -184,7 +233,8 @@ class Harness:
             group.all_reduce = out_of_place_all_reduce
         vllm_config.parallel_config.tensor_parallel_size = tp
         with set_current_vllm_config(vllm_config), torch.device("cpu"):
-            model = LagunaForCausalLM(vllm_config=vllm_config, prefix="")
+            model_cls = DFlashLagunaForCausalLM if draft_layers else LagunaForCausalLM
+            model = model_cls(vllm_config=vllm_config, prefix="")
         gen = torch.Generator().manual_seed(1234)
         with torch.no_grad():
             for p in model.parameters():
@@ -315,6 +365,69 @@ def run_counts(h: Harness, num_layers: int, tp: int, moe: bool) -> dict[str, Any
             1 for layer in model.model.layers if getattr(layer, "is_moe_layer", False)
         ),
         "num_attention_modules": len(attention_layers(model)),
+    }
+
+
+def run_drafter_counts(h: Harness, draft_layers: int, tp: int) -> dict[str, Any]:
+    """The DFlash drafter's capture at a fake TP size, called as the DFlash
+    proposer calls it (``inputs_embeds=None``: it embeds the query tokens
+    itself), with the expected topology the wrapper derives from the model
+    and the config. Controls: an expectation without the embedding's
+    all-reduce (2L) must be refused, and so must the drafter called with
+    precomputed embeddings (the embedding all-reduce then does not happen)
+    against the derived expectation."""
+    from vllm.compilation.xpu_breakable_graph import (
+        ExpectedTopology,
+        XpuBreakableGraphWrapper,
+    )
+
+    vllm_config, model = h.build(3, tp, draft_layers=draft_layers)
+    inputs = h.inputs()
+
+    def capture(wrapper, **extra) -> None:
+        with torch.no_grad(), forward_ctx(vllm_config):
+            wrapper(**inputs, **extra)
+
+    wrapper = XpuBreakableGraphWrapper(
+        model, vllm_config, backend=stand_in_backend(), label="drafter"
+    )
+    capture(wrapper, inputs_embeds=None)
+    (entry,) = wrapper.entries.values()
+    cap = entry.capture
+    exp = wrapper.expected
+    without_embedding = XpuBreakableGraphWrapper(
+        model,
+        vllm_config,
+        backend=stand_in_backend(),
+        expected=ExpectedTopology(
+            attention=draft_layers, collective=2 * draft_layers if tp > 1 else 0
+        ),
+    )
+    with torch.no_grad():
+        embeds = model.embed_input_ids(inputs["input_ids"])
+    precomputed = XpuBreakableGraphWrapper(
+        model, vllm_config, backend=stand_in_backend()
+    )
+    return {
+        "model": type(model).__name__,
+        "num_attention_modules": len(attention_layers(model)),
+        "counts": cap.break_counts(),
+        "graphs": cap.num_graphs,
+        "kinds": [k.value for k in cap.kinds],
+        "expected": None
+        if exp is None
+        else {
+            "attention": exp.attention,
+            "collective": exp.collective,
+            "graphs": exp.graphs,
+        },
+        "accounting": wrapper.accounting(),
+        "without_embedding": expect_error(
+            lambda: capture(without_embedding, inputs_embeds=None)
+        ),
+        "precomputed_embeds": expect_error(
+            lambda: capture(precomputed, inputs_embeds=embeds)
+        ),
     }
 
 
@@ -714,6 +827,13 @@ def main(argv: list[str] | None = None) -> int:
         "sigmoid-routing patch)",
     )
     ap.add_argument("--numerics-tp", type=int, nargs="*", default=[1, 2, 4])
+    ap.add_argument(
+        "--drafter-layers",
+        type=int,
+        nargs="*",
+        default=[1, 2],
+        help="DFlash drafter depths whose capture is counted at every --tp",
+    )
     args = ap.parse_args(argv)
     results: dict[str, Any] = {}
     try:
@@ -729,6 +849,13 @@ def main(argv: list[str] | None = None) -> int:
                     results[key] = run_counts(h, layers, tp, moe)
                 except Exception:  # noqa: BLE001
                     results[key] = {"crash": traceback.format_exc()}
+    for layers in args.drafter_layers:
+        for tp in args.tp:
+            key = f"drafter/L{layers}/tp{tp}"
+            try:
+                results[key] = run_drafter_counts(h, layers, tp)
+            except Exception:  # noqa: BLE001
+                results[key] = {"crash": traceback.format_exc()}
     for tp in args.numerics_tp:
         key = f"numerics/L3/tp{tp}"
         try:

@@ -30,6 +30,8 @@ TP_SIZES = (1, 2, 4)
 # All-MoE variants (FusedMoE with shared expert: one all-reduce per layer).
 # The CPU MoE kernel rejects the tiny expert width split in two (TP 2).
 MOE_TP_SIZES = (1, 4)
+# DFlash drafter depths (dense full-attention layers, as the tiny drafter).
+DRAFTER_LAYERS = (1, 2)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +48,8 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             *map(str, TP_SIZES),
             "--moe-tp",
             *map(str, MOE_TP_SIZES),
+            "--drafter-layers",
+            *map(str, DRAFTER_LAYERS),
         ],
         cwd=cwd,
         env=env,
@@ -105,6 +109,50 @@ def test_counts_match_topology(observed, layers: int, tp: int, mlp: str) -> None
     line = r["audit"][0]
     assert f"graphs={r['graphs']} breaks={r['breaks']}" in line
     assert f"collective={collective}" in line and "materialised=yes" in line
+
+
+@pytest.mark.parametrize("tp", TP_SIZES)
+@pytest.mark.parametrize("layers", DRAFTER_LAYERS)
+def test_drafter_counts_match_topology(observed, layers: int, tp: int) -> None:
+    """The DFlash drafter, called as the proposer calls it (it embeds the
+    query tokens itself), breaks at the embedding all-reduce and twice per
+    layer at TP > 1: 2L + 1 collectives, as the wrapper expects."""
+    r = _ok(observed[f"drafter/L{layers}/tp{tp}"])
+    assert r["model"] == "DFlashLagunaForCausalLM"
+    assert r["num_attention_modules"] == layers
+    collective = 2 * layers + 1 if tp > 1 else 0
+    counts = {
+        "graph": layers + collective + 1,
+        "attention": layers,
+        "collective": collective,
+    }
+    assert r["counts"] == counts
+    assert r["expected"] == {
+        "attention": layers,
+        "collective": collective,
+        "graphs": counts["graph"],
+    }
+    assert r["kinds"] == _expected_kinds(layers, tp)
+    acc = r["accounting"]
+    assert acc["label"] == "drafter" and acc["graphs"] == counts["graph"]
+    assert acc["captures"][0]["breaks_by_kind"] == {
+        "attention": layers,
+        "collective": collective,
+    }
+    if tp == 1:  # no collectives: nothing for either control to miss
+        assert r["without_embedding"]["error"] is None
+        assert r["precomputed_embeds"]["error"] is None
+        return
+    # Controls: a count without the embedding all-reduce (2L) is refused...
+    wrong = r["without_embedding"]
+    assert wrong["error"] == "TopologyMismatchError", wrong
+    assert f"collective={collective}) differs" in wrong["message"]
+    assert f"expected graphs={counts['graph'] - 1} " in wrong["message"]
+    assert wrong["capture_slot_clear"] is True
+    # ...and so is a drafter that skips it (precomputed embeddings).
+    skipped = r["precomputed_embeds"]
+    assert skipped["error"] == "TopologyMismatchError", skipped
+    assert f"collective={2 * layers}) differs" in skipped["message"]
 
 
 def _events_by_kind(events: list[list[Any]]) -> list[str]:

@@ -1,0 +1,62 @@
+"""Emulated breakable graphs in every process of a CPU ``vllm serve`` (``--emulate-graphs``).
+
+Put on ``PYTHONPATH`` by ``python -m scripts.measure crossover --emulate-graphs`` (see
+``scripts/measure/emulation.py``); Python imports it at start-up in the API server, the engine
+core and the worker alike (the CPU platform spawns them). In a process with
+``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` and the marker variable set, it installs the overlay's
+recording stand-in (``vllm/compilation/xpu_breakable_graph_emulation.py``,
+``install_cpu_emulation``: graphs captured and replayed by ``RecordingGraph``, results
+EMULATED, the graph class in the accounting says so) as soon as the process imports one of
+``HOOKED_MODULES``, before its config is checked or its model loaded. Nothing is imported at
+start-up: helper processes (resource trackers, compile workers) never load vLLM for it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+MARK_ENV = "XPU_LAGUNA_EMULATED_GRAPHS"
+# The first of these to be imported installs the emulation: the config's checks import the
+# wrapper module in the processes that build or check a config (API server, engine core), the
+# CPU worker imports its runner before it loads the model (it gets its config pickled).
+HOOKED_MODULES = frozenset({"vllm.compilation.xpu_breakable_graph", "vllm.v1.worker.cpu_model_runner"})
+_installed = False
+
+
+def _install() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    from vllm.compilation.xpu_breakable_graph_emulation import install_cpu_emulation
+
+    install_cpu_emulation()
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Runs ``_install`` once a hooked module has been executed."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in HOOKED_MODULES or _installed:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_install(module: ModuleType) -> None:
+            exec_module(module)
+            _install()
+
+        loader.exec_module = exec_and_install  # type: ignore[method-assign]
+        return spec
+
+
+if os.environ.get(MARK_ENV) == "1" and os.environ.get("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH") == "1":
+    sys.meta_path.insert(0, _Finder())
