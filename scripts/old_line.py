@@ -22,7 +22,7 @@ from scripts.git import git_live, resolve_commit
 from scripts.log import info, step
 
 OLD_VERSION = "0.26.0"
-LAST_0_26_0_COMMIT = "LAST_0_26_0_COMMIT_PLACEHOLDER"
+LAST_0_26_0_COMMIT = "e794f680ad5b8df1e5e425df18b4b61320e31f10"
 """The last commit of the series on vLLM 0.26.0 (the README names it; a test checks they agree)."""
 INSTRUCTION = f"git checkout {LAST_0_26_0_COMMIT[:12]} && nox -s apply build"
 
