@@ -115,21 +115,25 @@ def _upstream_on_cpu() -> Iterator[None]:
     saved = (
         torch.cuda.CUDAGraph,
         platform.get_global_graph_pool,
-        breakable_cudagraph.set_graph_pool_id,
+        breakable_cudagraph.capture_pool,
         breakable_cudagraph.weak_ref_tensors,
+        torch.accelerator.empty_cache,
     )
     torch.cuda.CUDAGraph = StandInGraph  # type: ignore[misc,assignment]
     platform.get_global_graph_pool = lambda self: "stand-in pool"  # type: ignore[method-assign]
-    breakable_cudagraph.set_graph_pool_id = lambda pool: None
+    # vLLM 0.32.0 routes the pool through cudagraph_pool.capture_pool (cuMem, NCCL allocator)
+    breakable_cudagraph.capture_pool = lambda pool, config: contextlib.nullcontext(pool)
     breakable_cudagraph.weak_ref_tensors = lambda tensors: tensors
+    torch.accelerator.empty_cache = lambda: None  # capture-time cleanup; no accelerator here
     try:
         yield
     finally:
         (
             torch.cuda.CUDAGraph,
             platform.get_global_graph_pool,
-            breakable_cudagraph.set_graph_pool_id,
+            breakable_cudagraph.capture_pool,
             breakable_cudagraph.weak_ref_tensors,
+            torch.accelerator.empty_cache,
         ) = saved
 
 
