@@ -1011,21 +1011,19 @@ def wrap_runner_models(runner: GPUModelRunner) -> None:
     # Scoped to PIECEWISE dispatch as upstream: FULL graphs (if any) are
     # left to upstream's CUDAGraphWrapper.
     mode = CUDAGraphMode.PIECEWISE
-    wrapper_cls = breakable_graph_wrapper_cls()
-    if wrapper_cls is XpuBreakableGraphWrapper:
-        runner.model = XpuBreakableGraphWrapper(
-            runner.model, runner.vllm_config, label="target", runtime_mode=mode
-        )
-    else:
-        runner.model = wrapper_cls(runner.model, runner.vllm_config, mode)
+    ours = breakable_graph_wrapper_cls() is XpuBreakableGraphWrapper
+
+    def wrap(model: Any, label: str) -> BreakableCUDAGraphWrapper:
+        if ours:
+            return XpuBreakableGraphWrapper(
+                model, runner.vllm_config, label=label, runtime_mode=mode
+            )
+        return BreakableCUDAGraphWrapper(model, runner.vllm_config, mode)
+
+    runner.model = wrap(runner.model, "target")
     drafter = getattr(runner, "drafter", None)
     if drafter is not None and hasattr(drafter, "model"):
-        if wrapper_cls is XpuBreakableGraphWrapper:
-            drafter.model = XpuBreakableGraphWrapper(
-                drafter.model, runner.vllm_config, label="drafter", runtime_mode=mode
-            )
-        else:
-            drafter.model = wrapper_cls(drafter.model, runner.vllm_config, mode)
+        drafter.model = wrap(drafter.model, "drafter")
 
 
 def graph_accounting(runner: GPUModelRunner) -> dict[str, Any]:
