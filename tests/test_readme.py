@@ -1,7 +1,7 @@
-"""The README's commands, taken from README.md itself so the two cannot drift.
+"""The README's commands, taken from README.md and the docs pages it links, so the two cannot drift.
 
-Snippets are marked in README.md with ``<!-- readme-test: NAME -->`` right before their fenced
-block. In CI (``nox -s tests``): every ``nox -s`` session and ``python -m`` module the README names
+Snippets are marked in README.md or a linked ``docs/`` page with ``<!-- readme-test: NAME -->``
+right before their fenced block. In CI (``nox -s tests``): every ``nox -s`` session and ``python -m`` module the README names
 exists; the series-editing snippet runs as written (real ``nox``, its sessions run on this
 interpreter with ``--no-venv --no-install``) on a copy of the repository against the real pinned
 sdist; the crossover snippet's options pass the crossover's own checks. The full crossover
@@ -30,12 +30,27 @@ MARKER = "<!-- readme-test: {} -->"
 FULL = os.environ.get("VXL_README_FULL") == "1"
 
 
+def linked_pages(readme: Path = README) -> list[Path]:
+    """README.md and every local Markdown page it links to (one level: the README is the index)."""
+    text = readme.read_text(encoding="utf-8")
+    pages = [readme]
+    for target in re.findall(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)", text):
+        page = (readme.parent / target).resolve()
+        if page.is_file() and page not in pages:
+            pages.append(page)
+    return pages
+
+
+def all_text() -> str:
+    return "\n".join(page.read_text(encoding="utf-8") for page in linked_pages())
+
+
 def snippet(name: str, text: str | None = None) -> str:
-    """The fenced block right after the marker ``name``."""
-    text = README.read_text(encoding="utf-8") if text is None else text
+    """The fenced block right after the marker ``name`` (in the README or a page it links)."""
+    text = all_text() if text is None else text
     marker = MARKER.format(name)
     if marker not in text:
-        raise AssertionError(f"README.md has no {marker}")
+        raise AssertionError(f"README.md and its linked pages have no {marker}")
     after = text.split(marker, 1)[1].lstrip("\n")
     match = re.match(r"```(?:bash|sh)\n(.*?)\n```", after, re.DOTALL)
     if match is None:
@@ -77,12 +92,25 @@ def nox_sessions() -> set[str]:
 def test_snippets_are_marked() -> None:
     for name in ("crossover", "series-editing"):
         assert commands(snippet(name))
-    with pytest.raises(AssertionError, match="no <!-- readme-test: nothing -->"):
+    with pytest.raises(AssertionError, match="have no <!-- readme-test: nothing -->"):
         snippet("nothing")
 
 
+def test_linked_pages_are_found_and_exist(tmp_path: Path) -> None:
+    pages = linked_pages()
+    names = {p.relative_to(REPO_ROOT).as_posix() for p in pages}
+    assert {"README.md", "docs/crossover.md", "docs/editing-the-series.md", "docs/architecture.md"} <= names
+    links = re.findall(r"\]\(([^)#\s:]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    missing = [link for link in links if not (REPO_ROOT / link).exists()]
+    assert not missing, f"README links to missing files: {missing}"
+    # negative control: a README whose link target is absent finds only itself
+    fake = tmp_path / "README.md"
+    fake.write_text("see [x](docs/absent.md)\n", encoding="utf-8")
+    assert linked_pages(fake) == [fake]
+
+
 def test_every_nox_session_and_module_the_readme_names_exists() -> None:
-    text = README.read_text(encoding="utf-8")
+    text = all_text()
     blocks = re.findall(r"```(?:bash|sh)\n(.*?)\n```", text, re.DOTALL)
     inline = re.findall(r"`([^`\n]*(?:nox -s|python3? -m) [^`\n]*)`", text)
     sessions = nox_sessions()
