@@ -282,7 +282,7 @@ def forward_ctx(
 
 
 def stand_in_backend():
-    from vllm.compilation.xpu_breakable_graph import DeviceGraphBackend
+    from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
 
     return DeviceGraphBackend(name="stand-in", graph_factory=StandInGraph)
 
@@ -296,7 +296,7 @@ def attention_layers(model) -> list[Any]:
 def observe_real_calls(model) -> None:
     """Log (not replace) the real eager work: each attention kernel call
     and each in-place all-reduce."""
-    import vllm.compilation.xpu_breakable_graph as xbg
+    from vllm.compilation.xpu_breakable_graph import collectives
 
     for mod in attention_layers(model):
         impl = mod.impl
@@ -307,19 +307,19 @@ def observe_real_calls(model) -> None:
             return __real(*a, **k)
 
         impl.forward = logged
-    if not getattr(xbg.all_reduce_into, "_observed", False):
-        real_into = xbg.all_reduce_into
+    if not getattr(collectives.all_reduce_into, "_observed", False):
+        real_into = collectives.all_reduce_into
 
         def into(input_, out, group):
             EVENTS.append(("all_reduce", out.data_ptr()))
             return real_into(input_, out, group)
 
         into._observed = True  # type: ignore[attr-defined]
-        xbg.all_reduce_into = into
+        collectives.all_reduce_into = into
 
 
 def run_counts(h: Harness, num_layers: int, tp: int, moe: bool) -> dict[str, Any]:
-    from vllm.compilation.xpu_breakable_graph import XpuBreakableGraphWrapper
+    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 
     moe_layers = tuple(range(num_layers)) if moe else ()
     vllm_config, model = h.build(num_layers, tp, moe_layers)
@@ -376,10 +376,8 @@ def run_drafter_counts(h: Harness, draft_layers: int, tp: int) -> dict[str, Any]
     all-reduce (2L) must be refused, and so must the drafter called with
     precomputed embeddings (the embedding all-reduce then does not happen)
     against the derived expectation."""
-    from vllm.compilation.xpu_breakable_graph import (
-        ExpectedTopology,
-        XpuBreakableGraphWrapper,
-    )
+    from vllm.compilation.xpu_breakable_graph.topology import ExpectedTopology
+    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 
     vllm_config, model = h.build(3, tp, draft_layers=draft_layers)
     inputs = h.inputs()
@@ -493,10 +491,8 @@ def run_numerics(h: Harness, num_layers: int, tp: int) -> dict[str, Any]:
     real attention, with graphs that record and do not run at capture."""
     from breakable_graph_standins import RecordingGraph, recording_capture
 
-    from vllm.compilation.xpu_breakable_graph import (
-        DeviceGraphBackend,
-        XpuBreakableGraphWrapper,
-    )
+    from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
+    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 
     vllm_config, model = h.build(num_layers, tp)
     metadata, slots = real_attention(model, vllm_config, 8)
@@ -544,10 +540,8 @@ def run_numerics(h: Harness, num_layers: int, tp: int) -> dict[str, Any]:
 
 
 def run_ceiling(h: Harness) -> dict[str, Any]:
-    from vllm.compilation.xpu_breakable_graph import (
-        ExpectedTopology,
-        XpuBreakableGraphWrapper,
-    )
+    from vllm.compilation.xpu_breakable_graph.topology import ExpectedTopology
+    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 
     vllm_config, model = h.build(3, 2)
     # Expect TP 1 topology (3 breaks, ceiling 14) from a TP 2 forward (10
@@ -590,7 +584,7 @@ class _Meta:
 
 
 def run_guard(h: Harness) -> dict[str, Any]:
-    from vllm.compilation.xpu_breakable_graph import XpuBreakableGraphWrapper
+    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 
     vllm_config, model = h.build(2, 2)
     names = [m.layer_name for m in attention_layers(model)]
@@ -682,8 +676,9 @@ def run_out_of_place(h: Harness) -> dict[str, Any]:
     """Decorate an out-of-place all-reduce (what the XPU communicator does)
     with the upstream break decorator instead of the in-place break: the
     replay must refuse before the next segment reads stale memory."""
-    import vllm.compilation.xpu_breakable_graph as xbg
     from vllm.compilation.breakable_cudagraph import eager_break_during_capture
+    from vllm.compilation.xpu_breakable_graph import collectives
+    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 
     def out_of_place(input_, group):
         output = input_.clone()
@@ -693,12 +688,12 @@ def run_out_of_place(h: Harness) -> dict[str, Any]:
     decorated = eager_break_during_capture(out_of_place)
     res: dict[str, Any] = {"decorator_active": decorated is not out_of_place}
     vllm_config, model = h.build(2, 2)
-    wrapper = xbg.XpuBreakableGraphWrapper(
+    wrapper = XpuBreakableGraphWrapper(
         model, vllm_config, backend=stand_in_backend(), expected=None
     )
     inputs = h.inputs()
-    real = xbg.breakable_all_reduce
-    xbg.breakable_all_reduce = lambda input_, group: (
+    real = collectives.breakable_all_reduce
+    collectives.breakable_all_reduce = lambda input_, group: (
         input_ if group.world_size == 1 else decorated(input_, group)
     )
     try:
@@ -713,7 +708,7 @@ def run_out_of_place(h: Harness) -> dict[str, Any]:
 
         res["replay"] = expect_error(replay)
     finally:
-        xbg.breakable_all_reduce = real
+        collectives.breakable_all_reduce = real
     return res
 
 
@@ -721,7 +716,7 @@ def run_config() -> dict[str, Any]:
     """configure_breakable_graph on a config built for CPU, with the
     platform given as CUDA / XPU / CPU stand-ins of the platform object."""
     import vllm.envs as envs
-    from vllm.compilation import xpu_breakable_graph as xbg
+    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
     from vllm.platforms import current_platform
 
     class PlatformStandIn:
@@ -755,8 +750,8 @@ def run_config() -> dict[str, Any]:
     cfg.compilation_config.cudagraph_mode = None
     cfg.compilation_config.cudagraph_capture_sizes = None
     cfg.compilation_config.max_cudagraph_capture_size = None
-    res["cpu"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CpuPlatform()))
-    res["cuda"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CudaLike()))
+    res["cpu"] = expect_error(lambda: configure_breakable_graph(cfg, CpuPlatform()))
+    res["cuda"] = expect_error(lambda: configure_breakable_graph(cfg, CudaLike()))
     cc = cfg.compilation_config
     res["cuda_result"] = {
         "mode": int(cc.mode),
@@ -765,25 +760,21 @@ def run_config() -> dict[str, Any]:
         "max": cc.max_cudagraph_capture_size,
         "env": os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH"),
     }
-    res["cuda_again"] = expect_error(
-        lambda: xbg.configure_breakable_graph(cfg, CudaLike())
-    )
+    res["cuda_again"] = expect_error(lambda: configure_breakable_graph(cfg, CudaLike()))
     from vllm.config import CUDAGraphMode
 
     cc.cudagraph_mode = CUDAGraphMode.FULL
-    res["full_mode"] = expect_error(
-        lambda: xbg.configure_breakable_graph(cfg, CudaLike())
-    )
+    res["full_mode"] = expect_error(lambda: configure_breakable_graph(cfg, CudaLike()))
     cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
     cc.cudagraph_capture_sizes = [1, 2, 4, 8]
-    res["sizes"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CudaLike()))
+    res["sizes"] = expect_error(lambda: configure_breakable_graph(cfg, CudaLike()))
     cc.cudagraph_capture_sizes = [8]
     cfg.model_config.enforce_eager = True
-    res["eager"] = expect_error(lambda: xbg.configure_breakable_graph(cfg, CudaLike()))
+    res["eager"] = expect_error(lambda: configure_breakable_graph(cfg, CudaLike()))
     cfg.model_config.enforce_eager = False
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "0"
     res["upstream_off"] = expect_error(
-        lambda: xbg.configure_breakable_graph(cfg, CudaLike())
+        lambda: configure_breakable_graph(cfg, CudaLike())
     )
     os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
     # vLLM 0.32.0 has XPU graphs on by default (no VLLM_XPU_ENABLE_XPU_GRAPH);
@@ -793,15 +784,15 @@ def run_config() -> dict[str, Any]:
     has_graphs = torch_utils.supports_xpu_graph
     torch_utils.supports_xpu_graph = lambda: False
     res["xpu_graph_off"] = expect_error(
-        lambda: xbg.configure_breakable_graph(cfg, PlatformStandIn("xpu"))
+        lambda: configure_breakable_graph(cfg, PlatformStandIn("xpu"))
     )
     torch_utils.supports_xpu_graph = has_graphs
     res["xpu"] = expect_error(
-        lambda: xbg.configure_breakable_graph(cfg, PlatformStandIn("xpu"))
+        lambda: configure_breakable_graph(cfg, PlatformStandIn("xpu"))
     )
     envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH = 4
     res["width_changed"] = expect_error(
-        lambda: xbg.configure_breakable_graph(cfg, PlatformStandIn("xpu"))
+        lambda: configure_breakable_graph(cfg, PlatformStandIn("xpu"))
     )
     return res
 
