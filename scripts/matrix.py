@@ -297,7 +297,7 @@ def _inject_stale_input(llm: Any, guarded: bool) -> None:
 
 
 def _runner_graph_accounting(worker: Any) -> dict[str, Any]:
-    from vllm.compilation.xpu_breakable_graph import graph_accounting
+    from vllm.compilation.xpu_breakable_graph.wrapper import graph_accounting
 
     return graph_accounting(worker.model_runner)
 

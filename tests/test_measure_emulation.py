@@ -1,7 +1,7 @@
 """``--emulate-graphs``: the sitecustomize hook that installs the emulated breakable graphs in
 every vLLM process of a CPU server, and only there. Runs against a stand-in ``vllm`` package
-(the hook's contract: call ``install_cpu_emulation`` once the wrapper module or the CPU runner
-module is imported); the live run against the real server is in the README."""
+(the hook's contract: call ``install_cpu_emulation`` once the breakable-graph package, or one of
+its modules, or the CPU runner module is imported); the live run against the real server is in the README."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ def _fake_vllm(root: Path) -> Path:
     (pkg / "v1" / "worker").mkdir(parents=True)
     for init in (pkg, pkg / "compilation", pkg / "v1", pkg / "v1" / "worker"):
         (init / "__init__.py").write_text("")
-    (pkg / "compilation" / "xpu_breakable_graph.py").write_text("")
+    (pkg / "compilation" / "xpu_breakable_graph").mkdir()
+    (pkg / "compilation" / "xpu_breakable_graph" / "__init__.py").write_text("")
+    (pkg / "compilation" / "xpu_breakable_graph" / "config.py").write_text("")
     (pkg / "v1" / "worker" / "cpu_model_runner.py").write_text("")
     (pkg / "other.py").write_text("")
     (pkg / "compilation" / "xpu_breakable_graph_emulation.py").write_text(
@@ -49,7 +51,14 @@ def _run(tmp_path: Path, module: str, **env: str) -> str:
     return done.stdout.strip()
 
 
-@pytest.mark.parametrize("module", ["vllm.compilation.xpu_breakable_graph", "vllm.v1.worker.cpu_model_runner"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "vllm.compilation.xpu_breakable_graph",
+        "vllm.compilation.xpu_breakable_graph.config",  # what the config's checks import
+        "vllm.v1.worker.cpu_model_runner",
+    ],
+)
 def test_hook_installs_once_when_vllm_loads_the_wrapper_or_the_cpu_runner(tmp_path: Path, module: str) -> None:
     out = _run(tmp_path, module, VLLM_XPU_LAGUNA_BREAKABLE_GRAPH="1", **emulated_graphs_env())
     assert out == "False 1"  # nothing of vLLM imported at start-up; installed once

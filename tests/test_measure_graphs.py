@@ -34,7 +34,7 @@ def _line(pid: int, label: str, graphs: int, breaks: int, replays: int) -> str:
             }
         ],
     }
-    return f"(Worker_TP{pid % 4} pid={pid}) INFO 11-30 [xpu_breakable_graph.py:1] {ACCOUNTING_MARK}{json.dumps(acc)}"
+    return f"(Worker_TP{pid % 4} pid={pid}) INFO 11-30 [wrapper.py:1] {ACCOUNTING_MARK}{json.dumps(acc)}"
 
 
 def _leg_log(first_pid: int, replays: int) -> str:
@@ -50,7 +50,7 @@ def _leg_log(first_pid: int, replays: int) -> str:
 
 
 def test_wrapper_logs_the_mark_this_module_reads() -> None:
-    source = (ROOT / "overlay" / "vllm" / "compilation" / "xpu_breakable_graph.py").read_text()
+    source = (ROOT / "overlay" / "vllm" / "compilation" / "xpu_breakable_graph" / "wrapper.py").read_text()
     assert f'ACCOUNTING_MARK = "{ACCOUNTING_MARK}"' in source
 
 

@@ -75,7 +75,8 @@ def _laguna_forward(input_ids: Any, positions: Any) -> Any:
     attention, attention-output all-reduce and MoE-output all-reduce."""
     import torch
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
-    from vllm.compilation.xpu_breakable_graph import BreakKind, XpuBreakableGraphCapture
+    from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
+    from vllm.compilation.xpu_breakable_graph.topology import BreakKind
 
     capture = BreakableCUDAGraphCapture.current()
     assert capture is not None
@@ -139,11 +140,9 @@ def _upstream_on_cpu() -> Iterator[None]:
 
 def _wrappers(config: Any) -> dict[str, Any]:
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
-    from vllm.compilation.xpu_breakable_graph import (
-        DeviceGraphBackend,
-        ExpectedTopology,
-        XpuBreakableGraphWrapper,
-    )
+    from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
+    from vllm.compilation.xpu_breakable_graph.topology import ExpectedTopology
+    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 
     backend = DeviceGraphBackend(name="stand-in", graph_factory=StandInGraph)
     expected = ExpectedTopology.decoder(LAYERS, TP)

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Unit tests of vllm/compilation/xpu_breakable_graph.py on CPU.
+"""Unit tests of vllm/compilation/xpu_breakable_graph/ on CPU.
 
 ``RecordingGraph`` (breakable_graph_standins.py) stands in for a device
 graph with the property that matters: between ``capture_begin`` and
@@ -16,18 +16,24 @@ import torch
 from breakable_graph_standins import RecordingGraph
 
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
-from vllm.compilation.xpu_breakable_graph import (
-    BreakableGraphConfigError,
-    BreakKind,
-    CaptureCeilingError,
+from vllm.compilation.xpu_breakable_graph.backends import (
     DeviceGraphBackend,
-    ExpectedTopology,
+    device_graph_backend,
+)
+from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
+from vllm.compilation.xpu_breakable_graph.errors import (
+    BreakableGraphConfigError,
+    CaptureCeilingError,
     OutOfPlaceBreakError,
     TopologyMismatchError,
-    XpuBreakableGraphCapture,
-    device_graph_backend,
+)
+from vllm.compilation.xpu_breakable_graph.guards import (
     first_difference,
     reachable_tensor_identities,
+)
+from vllm.compilation.xpu_breakable_graph.topology import (
+    BreakKind,
+    ExpectedTopology,
 )
 
 BACKEND = DeviceGraphBackend(name="recording", graph_factory=RecordingGraph)
@@ -169,7 +175,7 @@ def test_shared_capture_stream_for_every_capture() -> None:
     it); a new stream per capture was the old behaviour."""
     from types import ModuleType
 
-    from vllm.compilation.xpu_breakable_graph import _side_stream_capture
+    from vllm.compilation.xpu_breakable_graph.backends import _side_stream_capture
 
     class _Stream:
         def wait_stream(self, other) -> None:
@@ -227,7 +233,7 @@ def test_runner_wrapper_choice_follows_the_toggle(monkeypatch) -> None:
         BreakableCUDAGraphWrapper,
         is_breakable_cudagraph_enabled,
     )
-    from vllm.compilation.xpu_breakable_graph import (
+    from vllm.compilation.xpu_breakable_graph.wrapper import (
         XpuBreakableGraphWrapper,
         breakable_graph_wrapper_cls,
     )
@@ -257,7 +263,7 @@ def _config_stand_in(use_v2: bool):
 
 
 def test_v2_model_runner_is_refused_with_how_to_pick_v1() -> None:
-    from vllm.compilation.xpu_breakable_graph import configure_breakable_graph
+    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
 
     with pytest.raises(BreakableGraphConfigError) as err:
         configure_breakable_graph(_config_stand_in(True), _PlatformStandIn("cuda"))
@@ -329,7 +335,7 @@ def test_series_forces_the_v1_runner(monkeypatch, toggle) -> None:
 def test_explicit_v2_reaches_the_refusal(monkeypatch) -> None:
     """An explicit VLLM_USE_V2_MODEL_RUNNER=1 wins upstream; the graph
     configuration then refuses it in one line that says how to pick V1."""
-    from vllm.compilation.xpu_breakable_graph import configure_breakable_graph
+    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
     from vllm.config import VllmConfig
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
@@ -341,14 +347,17 @@ def test_explicit_v2_reaches_the_refusal(monkeypatch) -> None:
 
 
 def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
-    from vllm.compilation import xpu_breakable_graph as bg
+    from vllm.compilation.xpu_breakable_graph.backends import (
+        set_device_graph_backend_override,
+    )
+    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
     from vllm.compilation.xpu_breakable_graph_emulation import recording_backend
 
     with pytest.raises(BreakableGraphConfigError, match="XPU or CUDA"):
-        bg.configure_breakable_graph(_config_stand_in(False), _PlatformStandIn("cpu"))
-    bg.set_device_graph_backend_override(recording_backend())
+        configure_breakable_graph(_config_stand_in(False), _PlatformStandIn("cpu"))
+    set_device_graph_backend_override(recording_backend())
     try:
-        bg.configure_breakable_graph(_config_stand_in(False), _PlatformStandIn("cpu"))
-        assert "RecordingGraph" in bg.device_graph_backend().graph_class_name
+        configure_breakable_graph(_config_stand_in(False), _PlatformStandIn("cpu"))
+        assert "RecordingGraph" in device_graph_backend().graph_class_name
     finally:
-        bg.set_device_graph_backend_override(None)
+        set_device_graph_backend_override(None)

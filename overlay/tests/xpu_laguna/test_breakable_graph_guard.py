@@ -19,12 +19,12 @@ import tempfile
 import pytest
 import torch
 
-from vllm.compilation.xpu_breakable_graph import (
-    StaticInputMismatchError,
-    XpuBreakableGraphWrapper,
+from vllm.compilation.xpu_breakable_graph.errors import StaticInputMismatchError
+from vllm.compilation.xpu_breakable_graph.guards import (
     static_input_pointers,
     static_input_probe,
 )
+from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 from vllm.compilation.xpu_breakable_graph_emulation import recording_backend
 from vllm.config import CUDAGraphMode, ModelConfig, VllmConfig
 from vllm.forward_context import (

@@ -19,11 +19,9 @@ import pytest
 import torch
 
 import vllm.envs as envs
-from vllm.compilation.xpu_breakable_graph import (
-    DeviceGraphBackend,
-    StaticInputMismatchError,
-    XpuBreakableGraphWrapper,
-)
+from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
+from vllm.compilation.xpu_breakable_graph.errors import StaticInputMismatchError
+from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 from vllm.config import (
     CacheConfig,
     CUDAGraphMode,

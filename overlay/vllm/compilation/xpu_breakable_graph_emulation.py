@@ -47,7 +47,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from vllm.compilation.xpu_breakable_graph import DeviceGraphBackend
+from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
 
 # Ops that are eager breaks when a breakable capture is active.
 BREAK_OPS = frozenset(
@@ -219,11 +219,11 @@ def install_cpu_emulation() -> None:
     target and drafter exactly as the V1 GPU runner does on a device (the
     CPU runner loads its model through its own ``load_model``).
     """
-    from vllm.compilation import xpu_breakable_graph as bg
+    from vllm.compilation.xpu_breakable_graph import backends, config, wrapper
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-    bg.set_device_graph_backend_override(recording_backend())
+    backends.set_device_graph_backend_override(recording_backend())
     if not hasattr(torch.ops._C, "weak_ref_tensor"):
         _alias_weak_refs()
     if getattr(CpuPlatform, "_xpu_laguna_emulated", False):
@@ -234,11 +234,11 @@ def install_cpu_emulation() -> None:
     def check_and_update_config(cls, vllm_config):
         original_check(cls, vllm_config)
         # The CPU platform clears the capture sizes and graph mode.
-        bg.apply_breakable_graph_settings(vllm_config)
+        config.apply_breakable_graph_settings(vllm_config)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         original_load(self, *args, **kwargs)
-        bg.wrap_runner_models(self)
+        wrapper.wrap_runner_models(self)
 
     CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
     CPUModelRunner.load_model = load_model
@@ -264,10 +264,10 @@ def _alias_weak_refs() -> None:
     the same memory (a strong reference; the recording graph keeps that
     memory alive anyway, as the graph pool does on a device)."""
     from vllm.compilation import breakable_cudagraph
-    from vllm.compilation import xpu_breakable_graph as bg
+    from vllm.compilation.xpu_breakable_graph import wrapper
     from vllm.utils import torch_utils
 
-    for module in (torch_utils, breakable_cudagraph, bg):
+    for module in (torch_utils, breakable_cudagraph, wrapper):
         if hasattr(module, "weak_ref_tensor"):
             module.weak_ref_tensor = _alias
         if hasattr(module, "weak_ref_tensors"):

