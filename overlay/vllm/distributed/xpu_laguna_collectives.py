@@ -181,7 +181,7 @@ def _gather_flat(input_: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     gathered = torch.empty(
         (world, flat.numel()), dtype=input_.dtype, device=input_.device
     )
-    dist.all_gather_into_tensor(gathered.view(-1), flat, group=group)
+    dist.all_gather_single(gathered.view(-1), flat, group=group)
     return gathered
 
 
