@@ -56,6 +56,10 @@ ENTRY_POINTS = (
         "KV lengths where verify and decode would pick different split counts without the plan",
     ),
     ("python -m scripts.bench.metadata_microbench", "prebuilt vs inline exact-verify metadata, per step"),
+    (
+        "python -m scripts.bench.tp_collectives",
+        "plain gloo all-reduce vs rank-order sum vs XCCL stand-in on CPU ranks, per call",
+    ),
     ("python -m scripts.old_line build", "clone, check out the vLLM 0.26.0 line and build its wheel (CI)"),
 )
 """Every command line of the tooling; ``python -m scripts --help`` lists them."""

@@ -27,6 +27,7 @@ MAINS = [
     ("scripts.device.row_invariance_check", []),
     ("scripts.device.split_divergence", []),
     ("scripts.bench.metadata_microbench", []),
+    ("scripts.bench.tp_collectives", []),
     ("scripts.old_line", []),
 ]
 

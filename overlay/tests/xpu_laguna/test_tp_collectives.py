@@ -1,0 +1,565 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Exact tensor-parallel all-reduce (0010, ``xpu_laguna_collectives``).
+
+Real multi-process gloo groups on CPU (2 and 4 ranks, forked from this
+process so that torch and vLLM are imported once). A verify step all-reduces
+an 8-row message, the teacher's decode of the same token a 1-row message; a
+row is exact when its bits are the same in both. The XCCL ring stand-in must
+show rows that are not (at 4 ranks: this is the device's behaviour the fix
+exists for), the fixed rank-order sum none.
+
+Expected values are computed here from the inputs with plain torch adds in
+the order the test names, or written down by hand (the ring-order case), never
+by the module under test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import queue
+import socket
+import traceback
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import vllm._custom_ops  # noqa: F401  (loads the CPU SHM ops before the fork)
+import vllm.config  # noqa: F401  (imported by the communicators; before the fork)
+from vllm.distributed import xpu_laguna_collectives as xc
+from vllm.distributed.device_communicators import cpu_communicator
+from vllm.distributed.device_communicators.xpu_communicator import XpuCommunicator
+
+ROWS = 8  # the verify width M
+HIDDEN = (3072, 40)  # Laguna-S hidden size; a small odd-sized message
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+SEEDS = (0, 1)
+WORLDS = (2, 4)
+INT_VIEW = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
+TOGGLES = (
+    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
+    "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE",
+    "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN",
+    "VLLM_BATCH_INVARIANT",
+)
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    """The tensor's bit patterns (tells -0.0 from +0.0, unlike ==)."""
+    return t.contiguous().view(INT_VIEW[t.dtype]).numpy().copy()
+
+
+def _inputs(seed: int, rank: int, dtype: torch.dtype, hidden: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1000 * seed + rank)
+    return torch.randn(ROWS, hidden, generator=gen).to(dtype)
+
+
+def _embedding_inputs(
+    rank: int, world: int, dtype: torch.dtype, hidden: int, owners: int
+) -> torch.Tensor:
+    """Row i is non-zero on ``owners`` ranks (1: a vocab-parallel embedding,
+    whose other ranks masked the token to +0.0); the owner's row holds some
+    -0.0 values."""
+    gen = torch.Generator().manual_seed(77 + rank)
+    x = torch.randn(ROWS, hidden, generator=gen).to(dtype)
+    x[:, ::7] = -0.0
+    for row in range(ROWS):
+        if (rank - row) % world >= owners:
+            x[row] = 0.0
+    return x
+
+
+def _plain(x: torch.Tensor, group) -> torch.Tensor:
+    out = x.clone()
+    dist.all_reduce(out, group=group)
+    return out
+
+
+METHODS = {
+    "standin": xc.xccl_ring_standin_all_reduce,
+    "rank_order": xc.rank_order_all_reduce,
+    "plain": _plain,
+}
+
+
+def _row_check(fn, x: torch.Tensor, group) -> dict:
+    """All-reduce the 8-row message and each row alone; compare row bits."""
+    full = fn(x, group)
+    single = torch.cat([fn(x[i : i + 1].clone(), group) for i in range(ROWS)])
+    a, b = _bits(full), _bits(single)
+    return {
+        "full": a,
+        "rows_differ": int((a != b).any(axis=1).sum()),
+        "elems_differ": int((a != b).sum()),
+        "digest": hashlib.sha256(a.tobytes() + b.tobytes()).hexdigest(),
+    }
+
+
+def _scenarios(rank: int, world: int, group) -> dict:
+    out: dict = {}
+    for dname, dtype in DTYPES.items():
+        for hidden in HIDDEN:
+            for seed in SEEDS:
+                x = _inputs(seed, rank, dtype, hidden)
+                for name, fn in METHODS.items():
+                    out[("random", name, dname, hidden, seed)] = _row_check(
+                        fn, x, group
+                    )
+                upstream = XpuCommunicator._fixed_rank_sum(
+                    SimpleNamespace(world_size=world, device_group=group), x
+                )
+                out[("upstream", dname, hidden, seed)] = _bits(upstream)
+            for owners in (1, 3):
+                x = _embedding_inputs(rank, world, dtype, hidden, owners)
+                for name, fn in METHODS.items():
+                    out[("embedding", owners, name, dname, hidden)] = _row_check(
+                        fn, x, group
+                    )
+    # The ring order by hand: rank 0 holds 1.0, ranks 1 and 2 hold 2**-8, the
+    # rest 0. In bf16 1 + 2**-8 is a tie and rounds to 1, but 2**-8 + 2**-8
+    # is exact, so a sum that starts at rank 1 ends at 1 + 2**-7.
+    values = [1.0, 2.0**-8, 2.0**-8] + [0.0] * (world - 3)
+    for rows in (1, ROWS):
+        x = torch.full((rows, 3072), values[rank], dtype=torch.bfloat16)
+        for name in ("standin", "rank_order"):
+            out[("ring_order", name, rows)] = METHODS[name](x, group).float().numpy()
+    out["hook"] = _hook_through_cpu_communicator(x, group)
+    return out
+
+
+def _hook_through_cpu_communicator(x: torch.Tensor, group) -> dict:
+    """A real CpuCommunicator of a tp group (SHM transport where the CPU ops
+    have it): which path its all_reduce takes for each toggle setting."""
+    os.environ["VLLM_DIST_IDENT"] = f"test-tp-collectives-{os.getppid()}"
+    comm = cpu_communicator.CpuCommunicator(
+        cpu_group=group, device_group=group, unique_name="tp:0"
+    )
+    calls: list[str] = []
+    real = {
+        "rank_order": xc.rank_order_all_reduce,
+        "standin": xc.xccl_ring_standin_all_reduce,
+    }
+
+    def spy(name):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real[name](*args, **kwargs)
+
+        return call
+
+    xc.rank_order_all_reduce = spy("rank_order")
+    xc.xccl_ring_standin_all_reduce = spy("standin")
+    seen = {"transport": type(comm.dist_module).__name__}
+    try:
+        for label, env in {
+            "defaults": {},
+            "exact_off": {"VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0"},
+            "standin": {
+                "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0",
+                "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN": "1",
+            },
+        }.items():
+            for key in TOGGLES:
+                os.environ.pop(key, None)
+            os.environ.update(env)
+            xc.reset_tp_reduce_mode_cache()
+            calls.clear()
+            y = x.clone()
+            result = comm.all_reduce(y)
+            seen[label] = (
+                list(calls),
+                _bits(result),
+                result.data_ptr() == y.data_ptr(),
+            )
+    finally:
+        xc.rank_order_all_reduce = real["rank_order"]
+        xc.xccl_ring_standin_all_reduce = real["standin"]
+        for key in TOGGLES:
+            os.environ.pop(key, None)
+        xc.reset_tp_reduce_mode_cache()
+    return seen
+
+
+def _worker(rank: int, world: int, port: int, results) -> None:
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        )
+        results.put((rank, _scenarios(rank, world, dist.group.WORLD)))
+        dist.destroy_process_group()
+    except BaseException:
+        results.put((rank, traceback.format_exc()))
+
+
+def _run(world: int) -> list[dict]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # fork: the children reuse this process's imports (spawn would import
+    # torch and vLLM once per rank); they set one intra-op thread first.
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_worker, args=(rank, world, port, results))
+        for rank in range(world)
+    ]
+    for proc in procs:
+        proc.start()
+    got: dict[int, object] = {}
+    try:
+        for _ in range(world):
+            rank, value = results.get(timeout=240)
+            got[rank] = value
+    except queue.Empty:
+        pytest.fail(f"{world}-rank gloo run timed out; got ranks {sorted(got)}")
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    for rank, value in got.items():
+        assert isinstance(value, dict), f"rank {rank} failed:\n{value}"
+    return [got[rank] for rank in range(world)]
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[int, list[dict]]:
+    return {world: _run(world) for world in WORLDS}
+
+
+def _counts(runs, world, kind) -> dict:
+    return {
+        key[1:]: value
+        for key, value in runs[world][0].items()
+        if isinstance(key, tuple) and key[0] == kind
+    }
+
+
+# -- the XCCL ring stand-in -------------------------------------------------
+
+
+def test_standin_rows_depend_on_message_size_at_4_ranks(runs):
+    """The device behaviour the fix is for: at TP 4 some rows of an 8-row
+    message get other bits than the same row all-reduced alone."""
+    counts = {
+        (dname, hidden): sum(
+            runs[4][0][("random", "standin", dname, hidden, seed)]["rows_differ"]
+            for seed in SEEDS
+        )
+        for dname in DTYPES
+        for hidden in HIDDEN
+    }
+    elems = {
+        (dname, hidden): sum(
+            runs[4][0][("random", "standin", dname, hidden, seed)]["elems_differ"]
+            for seed in SEEDS
+        )
+        for dname in DTYPES
+        for hidden in HIDDEN
+    }
+    print(f"stand-in, 4 ranks, rows (of {ROWS * len(SEEDS)}) differing M=1 vs M=8:")
+    print(f"  {counts}; elements differing: {elems}")
+    for key, count in counts.items():
+        assert count > 0, key
+
+
+def test_standin_at_2_ranks_is_one_add_and_message_size_independent(runs):
+    """With two ranks the ring adds once; IEEE addition is commutative, so
+    ownership does not matter (a prediction for TP 2 on the device)."""
+    for (name, dname, hidden, seed), check in _counts(runs, 2, "random").items():
+        if name == "standin":
+            assert check["rows_differ"] == 0, (dname, hidden, seed)
+
+
+def test_standin_follows_the_ring_order_by_hand(runs):
+    """Chunk c is summed from rank c: only rank 1's chunk starts with the two
+    2**-8 values and ends at 1 + 2**-7. One row: elements 768..1535 are rank
+    1's quarter; eight rows: rows 2-3 are."""
+    high = 1.0 + 2.0**-7
+    one_row = np.ones((1, 3072), dtype=np.float32)
+    one_row[0, 768:1536] = high
+    eight_rows = np.ones((ROWS, 3072), dtype=np.float32)
+    eight_rows[2:4] = high
+    for rank_result in runs[4]:
+        assert np.array_equal(rank_result[("ring_order", "standin", 1)], one_row)
+        assert np.array_equal(rank_result[("ring_order", "standin", ROWS)], eight_rows)
+        for rows in (1, ROWS):
+            ordered = rank_result[("ring_order", "rank_order", rows)]
+            assert np.array_equal(ordered, np.ones((rows, 3072), dtype=np.float32))
+
+
+def test_standin_identical_on_all_ranks(runs):
+    for world in WORLDS:
+        for key, check in runs[world][0].items():
+            if isinstance(key, tuple) and key[0] == "random" and key[1] == "standin":
+                assert {r[key]["digest"] for r in runs[world]} == {check["digest"]}
+
+
+# -- the fixed rank-order sum -----------------------------------------------
+
+
+def test_rank_order_is_message_size_independent_and_the_same_on_all_ranks(runs):
+    for world in WORLDS:
+        for key, check in runs[world][0].items():
+            if isinstance(key, tuple) and key[:2] == ("random", "rank_order"):
+                assert check["rows_differ"] == 0, (world, key)
+                assert {r[key]["digest"] for r in runs[world]} == {check["digest"]}
+
+
+def test_rank_order_is_the_sum_in_rank_order(runs):
+    """Against ((x_0 + x_1) + x_2) + ... from the regenerated inputs, and
+    against upstream's XpuCommunicator._fixed_rank_sum (VLLM_BATCH_INVARIANT)."""
+    for world in WORLDS:
+        for dname, dtype in DTYPES.items():
+            for hidden in HIDDEN:
+                for seed in SEEDS:
+                    acc = _inputs(seed, 0, dtype, hidden)
+                    for rank in range(1, world):
+                        acc = acc + _inputs(seed, rank, dtype, hidden)
+                    got = runs[world][0][("random", "rank_order", dname, hidden, seed)]
+                    assert np.array_equal(got["full"], _bits(acc))
+                    upstream = runs[world][0][("upstream", dname, hidden, seed)]
+                    assert np.array_equal(got["full"], upstream)
+
+
+def test_plain_gloo_counts_for_the_record(runs):
+    """Not a gate: how gloo's own all-reduce behaves (printed)."""
+    for world in WORLDS:
+        rows = {
+            key: check["rows_differ"]
+            for key, check in _counts(runs, world, "random").items()
+            if key[0] == "plain"
+        }
+        print(f"plain gloo, {world} ranks, rows differing M=1 vs M=8: {rows}")
+
+
+# -- embedding-style reductions ---------------------------------------------
+
+
+def test_embedding_rows_are_exact_on_every_path(runs):
+    """One non-zero contributor per row (VocabParallelEmbedding): x + 0 + ...
+    is exact in any order, -0.0 included (-0.0 + +0.0 is +0.0), so the
+    embedding all-reduce needs no fixed order: plain, stand-in, rank order
+    all give the owner's row, at both message sizes."""
+    for world in WORLDS:
+        for dname, dtype in DTYPES.items():
+            for hidden in HIDDEN:
+                owner_rows = torch.zeros(ROWS, hidden, dtype=dtype)
+                for rank in range(world):
+                    x = _embedding_inputs(rank, world, dtype, hidden, owners=1)
+                    owned = (rank - torch.arange(ROWS)) % world < 1
+                    owner_rows[owned] = x[owned]
+                expected = _bits(owner_rows + 0.0)  # -0.0 -> +0.0
+                for name in METHODS:
+                    check = runs[world][0][("embedding", 1, name, dname, hidden)]
+                    assert check["rows_differ"] == 0, (world, name, dname, hidden)
+                    assert np.array_equal(check["full"], expected), (world, name)
+
+
+def test_negative_control_three_contributors_are_not_exact_under_the_standin(runs):
+    """The embedding's exactness comes from the single owner: with three
+    non-zero ranks per row the stand-in's rows depend on the message size."""
+    differing = {
+        (dname, hidden): runs[4][0][("embedding", 3, "standin", dname, hidden)][
+            "rows_differ"
+        ]
+        for dname in DTYPES
+        for hidden in HIDDEN
+    }
+    print(f"stand-in, 4 ranks, 3 contributors per row, rows differing: {differing}")
+    assert differing[("bf16", 3072)] > 0
+    assert sum(differing.values()) > 0
+
+
+def test_negative_control_the_bit_comparison_sees_signed_zero_and_one_ulp():
+    a = torch.tensor([0.0, 1.0], dtype=torch.bfloat16)
+    b = torch.tensor([-0.0, 1.0], dtype=torch.bfloat16)
+    c = torch.tensor([0.0, 1.0078125], dtype=torch.bfloat16)
+    assert torch.equal(a, b)  # what == would miss
+    assert (_bits(a) != _bits(b)).sum() == 1
+    assert (_bits(a) != _bits(c)).sum() == 1
+
+
+# -- ring split (oneCCL WorkSizeData, NoOverlap) ----------------------------
+
+
+def test_ring_split_matches_onecll_examples():
+    # work_size_data.hpp's own example: 35 bytes, 16-byte messages, 4 ranks
+    assert xc.ring_chunk_bounds(35, 1, 4) == [(0, 16), (16, 16), (32, 0), (32, 3)]
+    # Laguna-S, TP 4: one row of 3072 bf16, and eight rows
+    assert xc.ring_chunk_bounds(3072, 2, 4) == [(i * 768, 768) for i in range(4)]
+    assert xc.ring_chunk_bounds(8 * 3072, 2, 4) == [(i * 6144, 6144) for i in range(4)]
+    # 40 bf16 = 80 bytes = 5 messages: one spare message to chunk 0
+    assert xc.ring_chunk_bounds(40, 2, 4) == [(0, 16), (16, 8), (24, 8), (32, 8)]
+    with pytest.raises(ValueError):
+        xc.ring_chunk_bounds(8, 2, 0)
+
+
+# -- routing of the communicators' all_reduce (monkeypatch level) ----------
+
+
+@pytest.fixture
+def toggles(monkeypatch):
+    for key in TOGGLES:
+        monkeypatch.delenv(key, raising=False)
+    xc.reset_tp_reduce_mode_cache()
+
+    def set_env(**env: str) -> None:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        xc.reset_tp_reduce_mode_cache()
+
+    yield set_env
+    xc.reset_tp_reduce_mode_cache()
+
+
+def _recorders(monkeypatch, calls):
+    def record(name):
+        def call(input_, group, out=None):
+            calls.append((name, group))
+            return input_ if out is None else out
+
+        return call
+
+    monkeypatch.setattr(xc, "rank_order_all_reduce", record("rank_order"))
+    monkeypatch.setattr(xc, "xccl_ring_standin_all_reduce", record("standin"))
+
+
+def _cpu_comm(calls, name="tp:0", world=2):
+    comm = object.__new__(cpu_communicator.CpuCommunicator)
+    comm.unique_name, comm.world_size, comm.device_group = name, world, "GROUP"
+    comm.dist_module = SimpleNamespace(
+        all_reduce=lambda t, group=None: calls.append(("plain", group))
+    )
+    return comm
+
+
+CPU_CASES = [
+    ({}, "rank_order"),
+    ({"VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN": "1"}, "rank_order"),
+    ({"VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0"}, "plain"),
+    ({"VLLM_XPU_LAGUNA_EXACT_VERIFY": "0"}, "plain"),
+    (
+        {
+            "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0",
+            "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN": "1",
+        },
+        "standin",
+    ),
+    (
+        {
+            "VLLM_XPU_LAGUNA_EXACT_VERIFY": "0",
+            "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN": "1",
+        },
+        "standin",
+    ),
+]
+
+
+@pytest.mark.parametrize(("env", "path"), CPU_CASES, ids=str)
+def test_cpu_communicator_routing(env, path, toggles, monkeypatch):
+    calls: list = []
+    _recorders(monkeypatch, calls)
+    toggles(**env)
+    x = torch.ones(2, 4)
+    assert _cpu_comm(calls).all_reduce(x) is x
+    assert calls == [(path, "GROUP")]
+
+
+@pytest.mark.parametrize(("name", "world"), [("pp:0", 2), ("ep:0", 4), ("tp:0", 1)])
+def test_cpu_communicator_other_groups_stay_plain(name, world, toggles, monkeypatch):
+    calls: list = []
+    _recorders(monkeypatch, calls)
+    toggles(VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN="1")
+    _cpu_comm(calls, name, world).all_reduce(torch.ones(3))
+    assert calls == [("plain", "GROUP")]
+
+
+XPU_CASES = [
+    ({}, "rank_order"),
+    ({"VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0"}, "plain"),
+    ({"VLLM_XPU_LAGUNA_EXACT_VERIFY": "0"}, "plain"),
+    # the stand-in is CPU only: XPU keeps XCCL
+    (
+        {
+            "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0",
+            "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN": "1",
+        },
+        "plain",
+    ),
+    # upstream's batch-invariant branch keeps its own rank-order sum
+    ({"VLLM_BATCH_INVARIANT": "1"}, "upstream"),
+]
+
+
+@pytest.mark.parametrize(("env", "path"), XPU_CASES, ids=str)
+def test_xpu_communicator_routing(env, path, toggles, monkeypatch):
+    from vllm.distributed.device_communicators import xpu_communicator
+
+    calls: list = []
+    _recorders(monkeypatch, calls)
+    monkeypatch.setattr(
+        xpu_communicator.dist,
+        "all_reduce",
+        lambda t, group=None: calls.append(("plain", group)),
+    )
+    monkeypatch.setattr(
+        XpuCommunicator,
+        "_fixed_rank_sum",
+        lambda self, t: calls.append(("upstream", self.device_group)) or t,
+    )
+    toggles(**env)
+    comm = object.__new__(XpuCommunicator)
+    comm.unique_name, comm.world_size, comm.device_group = "tp:0", 4, "GROUP"
+    comm.all_reduce(torch.ones(2, 4))
+    assert calls == [(path, "GROUP")]
+
+
+def test_mode_is_cached_per_group(toggles):
+    assert xc.tp_reduce_mode("tp:7", 4) is xc.TpReduceMode.RANK_ORDER
+    os.environ["VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"] = "0"
+    try:
+        assert xc.tp_reduce_mode("tp:7", 4) is xc.TpReduceMode.RANK_ORDER  # cached
+        assert xc.tp_reduce_mode("tp:8", 4) is xc.TpReduceMode.PLAIN  # new group
+        xc.reset_tp_reduce_mode_cache()
+        assert xc.tp_reduce_mode("tp:7", 4) is xc.TpReduceMode.PLAIN
+    finally:
+        del os.environ["VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"]
+
+
+def test_all_reduce_into_only_on_the_exact_path(toggles, monkeypatch):
+    calls: list = []
+    _recorders(monkeypatch, calls)
+    group = SimpleNamespace(unique_name="tp:0", world_size=4, device_group="GROUP")
+    x, out = torch.ones(2), torch.empty(2)
+    assert xc.all_reduce_into(x, out, group) is out
+    toggles(VLLM_XPU_LAGUNA_EXACT_TP_REDUCE="0")
+    assert xc.all_reduce_into(x, out, group) is None
+    assert calls == [("rank_order", "GROUP")]
+
+
+# -- the hook on a real CpuCommunicator (SHM transport) in the gloo runs ---
+
+
+def test_real_cpu_communicator_takes_the_hook(runs):
+    """TP 2 and 4 on CPU: vLLM's CpuCommunicator (SHM transport when the CPU
+    ops provide it) reaches the rank-order path with the defaults, the
+    stand-in with the debug toggle, and its own transport otherwise; in
+    place, like the plain CPU path."""
+    for world in WORLDS:
+        for rank_result in runs[world]:
+            hook = rank_result["hook"]
+            print(f"{world} ranks: CpuCommunicator transport {hook['transport']}")
+            assert hook["defaults"][0] == ["rank_order"]
+            assert hook["exact_off"][0] == []
+            assert hook["standin"][0] == ["standin"]
+            assert all(hook[label][2] for label in ("defaults", "exact_off", "standin"))
+    # at 4 ranks the paths give different bits for the same input
+    four = runs[4][0]["hook"]
+    assert not np.array_equal(four["defaults"][1], four["standin"][1])

@@ -1,0 +1,174 @@
+"""Host time of one tensor-parallel all-reduce on CPU ranks: plain gloo vs rank-order sum vs XCCL stand-in.
+
+Runs in an environment with the patched vLLM tree (e.g. the CPU runtime venv with the series synced
+in). ``--world`` CPU processes (forked from this one, one intra-op thread each) join a gloo group over
+loopback and all-reduce the same message with three methods, interleaved in rounds so that machine
+noise hits all alike:
+
+* ``plain``: ``dist.all_reduce`` of a copy (what ``XpuCommunicator.all_reduce`` does without the
+  series; gloo here, XCCL on the device);
+* ``rank-order``: ``xpu_laguna_collectives.rank_order_all_reduce`` (all-gather, then the sum in
+  rank order: the exact path, on by default at TP > 1);
+* ``standin``: ``xpu_laguna_collectives.xccl_ring_standin_all_reduce`` (the CPU debug stand-in of
+  XCCL's ring).
+
+Per method and message shape: the fastest and the median round (microseconds per call, rank 0's
+clock, a barrier before every round); the ratio to ``plain`` on the fastest rounds. Nothing is
+asserted: the figures are CPU host costs of loopback gloo, not the device's XCCL costs.
+
+Usage (from the repository root)::
+
+    python -m scripts.bench.tp_collectives [--hidden 3072] [--rows 1,8] [--world 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+METHODS = ("plain", "rank-order", "standin")
+DTYPES = ("bf16", "fp32")
+
+
+def _methods() -> dict[str, Callable[[Any, Any], Any]]:
+    import torch.distributed as dist
+    from vllm.distributed import xpu_laguna_collectives as xc
+
+    def plain(x: Any, group: Any) -> Any:
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    return {"plain": plain, "rank-order": xc.rank_order_all_reduce, "standin": xc.xccl_ring_standin_all_reduce}
+
+
+def _measure(
+    rank: int, world: int, port: int, shapes: list[tuple[int, int]], dtype: str, steps: int, rounds: int
+) -> dict[tuple[int, int], dict[str, list[float]]]:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    group = dist.group.WORLD
+    methods = _methods()
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    samples: dict[tuple[int, int], dict[str, list[float]]] = {}
+    try:
+        for shape in shapes:
+            x = torch.randn(*shape, generator=torch.Generator().manual_seed(rank)).to(torch_dtype)
+            per_shape = samples.setdefault(shape, {name: [] for name in METHODS})
+            for fn in methods.values():  # warm-up
+                fn(x, group)
+            for _ in range(rounds):
+                for name in METHODS:
+                    fn = methods[name]
+                    dist.barrier(group)
+                    start = time.perf_counter_ns()
+                    for _ in range(steps):
+                        fn(x, group)
+                    per_shape[name].append((time.perf_counter_ns() - start) / steps / 1000)
+    finally:
+        dist.destroy_process_group()
+    return samples
+
+
+def _worker(rank: int, world: int, port: int, args: tuple[Any, ...], results: Any) -> None:
+    try:
+        results.put((rank, _measure(rank, world, port, *args)))
+    except BaseException as exc:  # reported by the parent, one line
+        results.put((rank, f"{type(exc).__name__}: {exc}"))
+
+
+def run(
+    world: int, shapes: list[tuple[int, int]], dtype: str, steps: int, rounds: int
+) -> dict[tuple[int, int], dict[str, list[float]]]:
+    """Rank 0's samples (us per call, one per round) per shape and method."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_worker, args=(rank, world, port, (shapes, dtype, steps, rounds), results))
+        for rank in range(world)
+    ]
+    for proc in procs:
+        proc.start()
+    got = dict(results.get(timeout=1800) for _ in range(world))
+    for proc in procs:
+        proc.join(timeout=60)
+    for rank, value in sorted(got.items()):
+        if not isinstance(value, dict):
+            raise RuntimeError(f"rank {rank}: {value}")
+    return got[0]
+
+
+def _shapes(rows: str, hidden: int) -> list[tuple[int, int]]:
+    try:
+        counts = [int(part) for part in rows.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--rows must be positive integers separated by commas, got {rows!r}")
+    return [(count, hidden) for count in counts]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from scripts.cli import HelpFormatter
+
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.bench.tp_collectives",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--hidden", type=int, default=3072, help="elements per row (Laguna-S hidden size)")
+    parser.add_argument("--rows", default="1,8", help="message rows to time, comma-separated (decode, verify)")
+    parser.add_argument("--world", type=int, default=2, help="CPU ranks in the gloo group (2..16)")
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16", help="message dtype")
+    parser.add_argument("--steps", type=int, default=200, help="calls per method and round")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
+    args = parser.parse_args(argv)
+    try:
+        shapes = _shapes(args.rows, args.hidden)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.hidden < 1 or args.steps < 1 or args.rounds < 1 or not 2 <= args.world <= 16:
+        print("error: --hidden, --steps, --rounds must be at least 1 and --world 2..16", file=sys.stderr)
+        return 2
+    try:
+        import torch  # noqa: F401
+        from vllm.distributed import xpu_laguna_collectives  # noqa: F401
+    except ImportError:
+        print("error: needs torch and the patched vLLM tree (the CPU runtime's python)", file=sys.stderr)
+        return 2
+    try:
+        result = run(args.world, shapes, args.dtype, args.steps, args.rounds)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"host time per all-reduce, {args.world} CPU ranks (gloo, loopback), {args.dtype}; "
+        f"{args.rounds} interleaved rounds x {args.steps} calls; fastest round, median round in ()"
+    )
+    header = f"{'shape':<12}" + "".join(f"{name + ' us':>22}" for name in METHODS)
+    header += "".join(f"{name + '/plain':>18}" for name in METHODS[1:])
+    print(header)
+    for shape, per_method in result.items():
+        fastest = {name: min(values) for name, values in per_method.items()}
+        line = f"{'x'.join(map(str, shape)):<12}"
+        line += "".join(f"{fastest[name]:>12.1f} ({statistics.median(per_method[name]):>7.1f})" for name in METHODS)
+        line += "".join(f"{fastest[name] / fastest['plain']:>17.2f}x" for name in METHODS[1:])
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
