@@ -296,9 +296,9 @@ def observe_real_calls(model) -> None:
     if not getattr(collectives.all_reduce_into, "_observed", False):
         real_into = collectives.all_reduce_into
 
-        def into(input_, out, group):
+        def into(input_, out, group, gathered=None):
             EVENTS.append(("all_reduce", out.data_ptr()))
-            return real_into(input_, out, group)
+            return real_into(input_, out, group, gathered)
 
         into._observed = True  # type: ignore[attr-defined]
         collectives.all_reduce_into = into

@@ -45,7 +45,13 @@ def run_counts(h: Harness, num_layers: int, tp: int, moe: bool) -> dict[str, Any
     (entry,) = wrapper.entries.values()
     cap = entry.capture
     exp = wrapper.expected
+    slots = wrapper.collective_buffers
     return {
+        # the collective breaks' output slots, allocated when the wrapper was
+        # built (before the capture), in the order the breaks take them
+        "collective_slots": []
+        if slots is None
+        else [buf.data_ptr() for buf in slots.outputs],
         "counts": cap.break_counts(),
         "graphs": cap.num_graphs,
         "breaks": cap.num_eager_breaks,

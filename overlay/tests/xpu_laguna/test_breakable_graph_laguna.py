@@ -193,6 +193,10 @@ def test_replay_order_and_inplace_buffers(observed, layers, tp) -> None:
     buffers = [e[1] for e in r["replay_events"] if e[0] == "all_reduce"]
     assert len(buffers) == (2 * layers + 1 if tp > 1 else 0)
     assert len(set(buffers)) == len(buffers)  # one owned buffer per call site
+    # ... and that buffer is the slot the wrapper allocated before the capture,
+    # in break order (no allocation inside the captured forward)
+    assert buffers == r["collective_slots"]
+    assert len(r["collective_slots"]) == (2 * layers + 1 if tp > 1 else 0)
     attn = [e[1] for e in r["replay_events"] if e[0] == "attention"]
     assert attn == [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
 

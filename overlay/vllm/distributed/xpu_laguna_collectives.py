@@ -172,15 +172,30 @@ def reset_tp_reduce_mode_cache() -> None:
     _MODES.clear()
 
 
-def _gather_flat(input_: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
-    """``[world, numel]``: every rank's flattened input, in rank order."""
+def _gather_flat(
+    input_: torch.Tensor, group: ProcessGroup, gathered: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[world, numel]``: every rank's flattened input, in rank order.
+
+    Into ``gathered`` when given (a caller-owned buffer of at least
+    ``world * numel`` elements of the input dtype: the breakable-graph
+    collective break allocates it before capture), else into a new tensor.
+    """
     if group is None:
         raise ValueError("the exact all-reduce needs an explicit process group")
     world = dist.get_world_size(group)
     flat = input_.contiguous().view(-1)
-    gathered = torch.empty(
-        (world, flat.numel()), dtype=input_.dtype, device=input_.device
-    )
+    if gathered is None:
+        gathered = torch.empty(
+            (world, flat.numel()), dtype=input_.dtype, device=input_.device
+        )
+    else:
+        if gathered.dtype != input_.dtype or gathered.numel() < world * flat.numel():
+            raise ValueError(
+                f"gather buffer {tuple(gathered.shape)} {gathered.dtype} cannot "
+                f"hold {world} x {flat.numel()} {input_.dtype}"
+            )
+        gathered = gathered.view(-1)[: world * flat.numel()].view(world, -1)
     dist.all_gather_single(gathered.view(-1), flat, group=group)
     return gathered
 
@@ -196,7 +211,10 @@ def _finish(
 
 
 def rank_order_all_reduce(
-    input_: torch.Tensor, group: ProcessGroup, out: torch.Tensor | None = None
+    input_: torch.Tensor,
+    group: ProcessGroup,
+    out: torch.Tensor | None = None,
+    gathered: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sum ``input_`` over ``group`` as ``((x_0 + x_1) + x_2) + ...``.
 
@@ -204,9 +222,9 @@ def rank_order_all_reduce(
     the input dtype (in-place adds of that dtype). The result does not depend
     on the message size and is the same on every rank. Returns a new tensor,
     or ``out`` (any tensor of the input's shape, ``input_`` itself included)
-    filled with the sum.
+    filled with the sum; ``gathered``: a caller-owned gather buffer.
     """
-    gathered = _gather_flat(input_, group)
+    gathered = _gather_flat(input_, group, gathered)
     acc = gathered[0].clone()
     for rank in range(1, gathered.shape[0]):
         acc.add_(gathered[rank])
@@ -247,7 +265,10 @@ def ring_chunk_bounds(
 
 
 def xccl_ring_standin_all_reduce(
-    input_: torch.Tensor, group: ProcessGroup, out: torch.Tensor | None = None
+    input_: torch.Tensor,
+    group: ProcessGroup,
+    out: torch.Tensor | None = None,
+    gathered: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """CPU stand-in for XCCL's LL256 ring all-reduce (debug).
 
@@ -256,7 +277,7 @@ def xccl_ring_standin_all_reduce(
     after each add, the same bits on every rank (module docstring: what is and
     is not reproduced). Returns a new tensor, or ``out`` filled with the sum.
     """
-    gathered = _gather_flat(input_, group)
+    gathered = _gather_flat(input_, group, gathered)
     world, numel = gathered.shape
     acc = torch.empty_like(gathered[0])
     for chunk, (offset, count) in enumerate(
@@ -272,14 +293,24 @@ def xccl_ring_standin_all_reduce(
 
 
 def all_reduce_into(
-    input_: torch.Tensor, out: torch.Tensor, group: _TpGroup
+    input_: torch.Tensor,
+    out: torch.Tensor,
+    group: _TpGroup,
+    gathered: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """Reduce ``input_`` into ``out`` the exact way, or return None.
+    """Reduce ``input_`` into ``out`` the group's non-plain way, or return None.
 
     For callers that own the output buffer (a collective break of a device
     graph): ``out`` filled by :func:`rank_order_all_reduce` when the group's
-    mode is ``RANK_ORDER``; None otherwise (the caller keeps its plain path).
+    mode is ``RANK_ORDER``, by :func:`xccl_ring_standin_all_reduce` when it is
+    ``XCCL_STANDIN`` and the tensors are on CPU (the stand-in replaces the
+    plain all-reduce of CPU runs only, as in the CPU communicator); None
+    otherwise (the caller keeps its plain path). ``gathered``: a caller-owned
+    gather buffer (see :func:`_gather_flat`).
     """
-    if tp_reduce_mode(group.unique_name, group.world_size) is TpReduceMode.RANK_ORDER:
-        return rank_order_all_reduce(input_, group.device_group, out=out)
+    mode = tp_reduce_mode(group.unique_name, group.world_size)
+    if mode is TpReduceMode.RANK_ORDER:
+        return rank_order_all_reduce(input_, group.device_group, out, gathered)
+    if mode is TpReduceMode.XCCL_STANDIN and input_.device.type == "cpu":
+        return xccl_ring_standin_all_reduce(input_, group.device_group, out, gathered)
     return None

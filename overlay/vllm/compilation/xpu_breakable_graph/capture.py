@@ -13,6 +13,7 @@ from typing import Any
 
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
 from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
+from vllm.compilation.xpu_breakable_graph.collective_buffers import CollectiveBuffers
 from vllm.compilation.xpu_breakable_graph.errors import (
     CaptureCeilingError,
     OutOfPlaceBreakError,
@@ -58,9 +59,15 @@ class XpuBreakableGraphCapture(BreakableCUDAGraphCapture):
         expected: ExpectedTopology | None = None,
         max_segments: int | None = None,
         materialize: bool = True,
+        collective_buffers: CollectiveBuffers | None = None,
     ) -> None:
         super().__init__(pool=pool)
         self.backend = backend
+        # Output and gather slots of the collective breaks, allocated by the
+        # wrapper before any capture (None: the break allocates at capture).
+        self.collective_buffers = collective_buffers
+        if collective_buffers is not None:
+            collective_buffers.begin()
         self.expected = expected
         if max_segments is None and expected is not None:
             max_segments = expected.ceiling

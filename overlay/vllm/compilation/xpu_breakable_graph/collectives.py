@@ -1,7 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Tensor-parallel all-reduce as an eager break that reduces in place into
-a buffer owned by the capture."""
+a buffer owned by the capture.
+
+On the exact path (``vllm.distributed.xpu_laguna_collectives``: exact
+verify and ``VLLM_XPU_LAGUNA_EXACT_TP_REDUCE`` on, TP > 1) the break runs the
+all-gather + fixed rank-order sum, the same arithmetic the communicator's
+all-reduce runs outside a capture (patch 0010), so a replayed verify step and
+an eager teacher decode sum every element in the same order. The break count
+is unchanged (one break per all-reduce: 2L + 1 at TP > 1)."""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import torch.distributed
 
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
 from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
+from vllm.distributed import xpu_laguna_collectives
 from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphError
 from vllm.compilation.xpu_breakable_graph.topology import BreakKind
 from vllm.config import CUDAGraphMode
@@ -22,9 +30,17 @@ if TYPE_CHECKING:
 
 
 def all_reduce_into(
-    input_: torch.Tensor, out: torch.Tensor, group: GroupCoordinator
+    input_: torch.Tensor,
+    out: torch.Tensor,
+    group: GroupCoordinator,
+    gathered: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Sum ``input_`` across ``group`` into the caller-owned ``out``."""
+    """Sum ``input_`` across ``group`` into the caller-owned ``out``: the
+    exact rank-order sum (or the CPU XCCL stand-in) when the group's mode
+    says so, through the caller-owned ``gathered``; else the plain in-place
+    all-reduce."""
+    if xpu_laguna_collectives.all_reduce_into(input_, out, group, gathered) is not None:
+        return out
     out.copy_(input_)
     torch.distributed.all_reduce(out, group=group.device_group)
     return out
@@ -53,13 +69,18 @@ def breakable_all_reduce(input_: torch.Tensor, group: GroupCoordinator) -> torch
             "collective break inside an upstream breakable capture: "
             "wrap the model with XpuBreakableGraphWrapper"
         )
+    buffers = capture.collective_buffers
     owned: list[torch.Tensor] = []
+    gathered: torch.Tensor | None = None
+    if buffers is not None:
+        out, gathered = buffers.take(input_)
+        owned.append(out)
 
     def reduce_in_place() -> torch.Tensor:
-        if not owned:
+        if not owned:  # no preallocated slots (unknown topology)
             owned.append(
                 torch.empty(input_.shape, dtype=input_.dtype, device=input_.device)
             )
-        return all_reduce_into(input_, owned[0], group)
+        return all_reduce_into(input_, owned[0], group, gathered)
 
     return capture.add_eager(reduce_in_place, kind=BreakKind.COLLECTIVE, in_place=True)

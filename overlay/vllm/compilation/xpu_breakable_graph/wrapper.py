@@ -24,6 +24,10 @@ from vllm.compilation.xpu_breakable_graph.backends import (
     device_graph_backend,
 )
 from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
+from vllm.compilation.xpu_breakable_graph.collective_buffers import (
+    CollectiveBuffers,
+    collective_buffers_for,
+)
 from vllm.compilation.xpu_breakable_graph.config import (
     breakable_graph_enabled,
     debug_checks_enabled,
@@ -40,6 +44,7 @@ from vllm.compilation.xpu_breakable_graph.guards import (
 from vllm.compilation.xpu_breakable_graph.topology import (
     BreakKind,
     ExpectedTopology,
+    _unwrap_model,
     expected_topology_for,
 )
 from vllm.config import CUDAGraphMode, VllmConfig
@@ -102,6 +107,7 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         )
         self.max_segments = max_segments
         self.label = label
+        self.collective_buffers = _collective_buffers(runnable, vllm_config, self.expected)
         self.entries: dict[Any, _BreakableEntry] = {}
         self.audit: list[str] = []
         self.replays = 0
@@ -165,6 +171,7 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
                 backend=self.backend,
                 expected=self.expected,
                 max_segments=self.max_segments,
+                collective_buffers=self.collective_buffers,
             ) as capture,
         ):
             output = self.runnable(*args, **kwargs)
@@ -283,6 +290,32 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
             },
             "debug_checks": self.is_debugging_mode,
         }
+
+
+def _collective_buffers(
+    runnable: Any, vllm_config: VllmConfig, expected: ExpectedTopology | None
+) -> CollectiveBuffers | None:
+    """The collective breaks' slots, allocated now (model load, before any
+    capture): one per expected collective, each for the largest capture size
+    of the model's hidden size, on the model's device and in its dtype."""
+    if expected is None or expected.collective == 0:
+        return None
+    model = _unwrap_model(runnable)
+    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    sizes = vllm_config.compilation_config.cudagraph_capture_sizes
+    if param is None or not sizes:
+        return None
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    if hidden is None:
+        hidden = vllm_config.model_config.get_hidden_size()
+    return collective_buffers_for(
+        expected.collective,
+        rows=max(sizes),
+        hidden=int(hidden),
+        world_size=vllm_config.parallel_config.tensor_parallel_size,
+        dtype=vllm_config.model_config.dtype,
+        device=param.device,
+    )
 
 
 def wrap_runner_models(runner: GPUModelRunner) -> None:
