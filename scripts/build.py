@@ -38,6 +38,25 @@ def build_env(version: str, epoch: int) -> dict[str, str]:
     return env
 
 
+def pip_wheel_command(out: Path, *options: str) -> list[str]:
+    """``pip wheel`` of the tree in the working directory into ``out`` as the series is built: no
+    dependencies, no build isolation, no cache, the limited API of cp38; ``options`` go before ``-w``."""
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-cache-dir",
+        *options,
+        "-w",
+        str(out),
+        "--config-settings=--build-option=--py-limited-api=cp38",
+        ".",
+    ]
+
+
 def build(layout: Layout | None = None, dist: Path | None = None) -> Path:
     """Build ``dist/vllm-<version>+xpu.<label>-*.whl``; the work tree must be up to date."""
     layout = layout or Layout()
@@ -73,19 +92,7 @@ def build(layout: Layout | None = None, dist: Path | None = None) -> Path:
     dist.mkdir(parents=True, exist_ok=True)
     out = layout.build / "wheel-out"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "--no-deps",
-        "--no-build-isolation",
-        "--no-cache-dir",
-        "-w",
-        str(out),
-        "--config-settings=--build-option=--py-limited-api=cp38",
-        ".",
-    ]
+    cmd = pip_wheel_command(out)
     with step(f"pip wheel vllm {version} for VLLM_TARGET_DEVICE=xpu (log: {layout.build / 'wheel-build.log'})"):
         log_path = layout.build / "wheel-build.log"
         with open(log_path, "w") as log:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.digest import sha256_file
-from scripts.errors import ToolError
+from scripts.errors import ToolError, exit_status
 from scripts.git import blob_bytes, git
 from scripts.layout import Layout
 from scripts.log import detail, info, step
@@ -353,7 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="vllm package folder to write (default: the one this interpreter imports)",
     )
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> None:
         if args.command == "ensure":
             ensure(
                 None if args.no_sync else args.tree.resolve(),
@@ -365,10 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             install(cache=args.cache)
         else:
             sync(args.tree, package=args.package)
-    except ToolError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    return 0
+
+    return exit_status(run)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from scripts import REPO_ROOT
 from scripts.cli import HelpFormatter
-from scripts.errors import ToolError
+from scripts.errors import ToolError, exit_status
 from scripts.git import git_live, resolve_commit
 from scripts.log import info, step
 
@@ -66,17 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--repo", type=Path, default=REPO_ROOT, help="the repository to clone")
     b.add_argument("--dest", type=Path, default=None, help="scratch folder (default: a new temporary folder)")
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> None:
         if args.dest is None:
             with tempfile.TemporaryDirectory(prefix="vxl-old-line-") as tmp:
                 build_old_line(args.repo, Path(tmp))
         else:
             args.dest.mkdir(parents=True, exist_ok=True)
             build_old_line(args.repo, args.dest)
-    except ToolError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    return 0
+
+    return exit_status(run)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
-from scripts.errors import ToolError
+from scripts.errors import ToolError, exit_status
 from scripts.git import archive_to
 from scripts.layout import Layout
 from scripts.log import detail, info
@@ -95,12 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--offline", action="store_true", help="use only the download cache (default: off)")
     args = parser.parse_args(argv)
-    try:
-        check_overlay(offline=args.offline)
-    except ToolError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    return 0
+    return exit_status(lambda: check_overlay(offline=args.offline))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ def vxl_index() -> Iterator[synthetic.SimpleIndex]:
         yield index
 
 
-def _isolate(monkeypatch: pytest.MonkeyPatch, index: synthetic.SimpleIndex, tmp: Path) -> None:
+def _isolated_project(
+    monkeypatch: pytest.MonkeyPatch, index: synthetic.SimpleIndex, tmp: Path, seed: bool
+) -> synthetic.SyntheticProject:
     # pip's configuration is exactly the loopback index: no config files, no extra indexes
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_INDEX_URL", index.url)
@@ -40,21 +42,16 @@ def _isolate(monkeypatch: pytest.MonkeyPatch, index: synthetic.SimpleIndex, tmp:
     monkeypatch.setenv("VXL_BUILD_DIR", str(tmp / "build"))
     for key in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         monkeypatch.delenv(key, raising=False)
+    return synthetic.new_project(tmp, index, seed=seed)
 
 
 @pytest.fixture
-def vxl_project(
-    tmp_path: Path, vxl_index: synthetic.SimpleIndex, monkeypatch: pytest.MonkeyPatch
-) -> synthetic.SyntheticProject:
+def vxl_project(tmp_path: Path, vxl_index, monkeypatch) -> synthetic.SyntheticProject:  # type: ignore[no-untyped-def]
     """A synthetic repository root (pins, 2 patches, 2 overlay files) whose sdist is already cached."""
-    _isolate(monkeypatch, vxl_index, tmp_path)
-    return synthetic.new_project(tmp_path, vxl_index, seed=True)
+    return _isolated_project(monkeypatch, vxl_index, tmp_path, seed=True)
 
 
 @pytest.fixture
-def vxl_cold_project(
-    tmp_path: Path, vxl_index: synthetic.SimpleIndex, monkeypatch: pytest.MonkeyPatch
-) -> synthetic.SyntheticProject:
+def vxl_cold_project(tmp_path: Path, vxl_index, monkeypatch) -> synthetic.SyntheticProject:  # type: ignore[no-untyped-def]
     """Like vxl_project, but with an empty download cache: the sdist comes from the loopback index."""
-    _isolate(monkeypatch, vxl_index, tmp_path)
-    return synthetic.new_project(tmp_path, vxl_index, seed=False)
+    return _isolated_project(monkeypatch, vxl_index, tmp_path, seed=False)

@@ -13,6 +13,7 @@ import http.server
 import io
 import json
 import os
+import re
 import shutil
 import socketserver
 import subprocess
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.export import FORMAT_PATCH_FLAGS
+from scripts.git import git_env as tool_git_env
 
 VERSION = "9.9.9"
 COMMIT = "abc1234"
@@ -32,6 +34,33 @@ PATCH_AUTHOR_NAME = "Patch Author"
 PATCH_AUTHOR_EMAIL = "patch.author@example.invalid"
 PATCH_DATE = "2001-02-03T04:05:06+0000"
 SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
+ENVS = "vllm/envs.py"  # the upstream file patch 0001 edits
+INDEX_LINE = r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})"  # a full-index patch's blob line
+HUNK_HEADER = r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@"
+
+
+def replace_first(text: str, pattern: str, new: Callable[[re.Match[str]], str]) -> str:
+    """``text`` with the first match of ``pattern`` (a line-anchored regex, which must match)
+    replaced by ``new(match)``."""
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match, f"no {pattern!r} in the text"
+    return text.replace(match.group(0), new(match), 1)
+
+
+def hunk_moved(start: int = 0, length: int = 0) -> Callable[[re.Match[str]], str]:
+    """For ``replace_first(text, HUNK_HEADER, ...)``: the header with both starts moved by
+    ``start`` lines and both lengths by ``length``."""
+
+    def new(match: re.Match[str]) -> str:
+        a, b, c, d = map(int, match.groups())
+        return f"@@ -{a + start},{b + length} +{c + start},{d + length} @@"
+
+    return new
+
+
+def moved_path(text: str, old: str, new: str) -> str:
+    """A patch's text with file ``old`` named ``new`` on both sides (a/ and b/)."""
+    return text.replace(f"a/{old}", f"a/{new}").replace(f"b/{old}", f"b/{new}")
 
 
 def version_py(commit: str = COMMIT, version: str = VERSION) -> str:
@@ -53,7 +82,7 @@ def upstream_files(commit: str = COMMIT, version: str = VERSION) -> dict[str, st
         "setup.py": "from setuptools import setup\nsetup()\n",
         "vllm/__init__.py": '"""Toy vLLM for the tooling tests."""\n\nfrom vllm._version import __version__\n',
         "vllm/_version.py": version_py(commit, version),
-        "vllm/envs.py": envs_py(),
+        ENVS: envs_py(),
         "vllm/utils.py": "def helper():\n    return 1\n",
     }
 
@@ -233,13 +262,10 @@ class SimpleIndex:
 
 
 def git_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
+    """The tooling's git environment (no user configuration, C locale, UTC) with the synthetic
+    series' author, committer and date."""
+    return tool_git_env(
         {
-            "GIT_CONFIG_GLOBAL": os.devnull,
-            "GIT_CONFIG_NOSYSTEM": "1",
-            "LC_ALL": "C",
-            "TZ": "UTC",
             "GIT_AUTHOR_NAME": PATCH_AUTHOR_NAME,
             "GIT_AUTHOR_EMAIL": PATCH_AUTHOR_EMAIL,
             "GIT_COMMITTER_NAME": PATCH_AUTHOR_NAME,
@@ -248,9 +274,6 @@ def git_env() -> dict[str, str]:
             "GIT_COMMITTER_DATE": PATCH_DATE,
         }
     )
-    for key in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
-        env.pop(key, None)
-    return env
 
 
 def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
@@ -328,10 +351,10 @@ TOGGLE_LINE = '    "VLLM_TOY_XPU": lambda: os.getenv("VLLM_TOY_XPU", "0"),'
 
 
 def default_changes(files: dict[str, str]) -> list[Change]:
-    envs = files["vllm/envs.py"].replace('    "VLLM_TOY_11"', TOGGLE_LINE + '\n    "VLLM_TOY_11"')
+    envs = files[ENVS].replace('    "VLLM_TOY_11"', TOGGLE_LINE + '\n    "VLLM_TOY_11"')
     init = files["vllm/__init__.py"] + "\nfrom vllm import toy_overlay  # noqa: F401\n"
     return [
-        Change("envs: declare the toy XPU toggle", {"vllm/envs.py": envs}),
+        Change("envs: declare the toy XPU toggle", {ENVS: envs}),
         Change("init: import the overlay module", {"vllm/__init__.py": init}),
     ]
 
@@ -440,6 +463,16 @@ class SyntheticProject:
         rev = commit_change(repo, change)
         path = format_patch(repo, rev, number, self.patches)
         self.write_series(self.series_names() + [path.name])
+        return path
+
+    def patch_file(self, number: int) -> Path:
+        """The file of patch ``number`` in patches/."""
+        return sorted(self.patches.glob(f"{number:04d}-*"))[0]
+
+    def edit_patch(self, number: int, edit: Callable[[str], str]) -> Path:
+        """Rewrite patch ``number``'s file with ``edit`` (no checks: tests break things on purpose)."""
+        path = self.patch_file(number)
+        path.write_text(edit(path.read_text()))
         return path
 
     def write_overlay(self, files: dict[str, str]) -> None:

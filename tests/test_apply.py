@@ -3,7 +3,6 @@ offset, no drift), series and patch validation, overlay rules, and never clobber
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import time
@@ -13,9 +12,7 @@ import pytest
 
 import synthetic
 from scripts.worktree import OVERLAY_SUBJECT, apply, read_state, state_path
-from synthetic import Change, tool_error
-
-ENVS = "vllm/envs.py"
+from synthetic import ENVS, HUNK_HEADER, INDEX_LINE, Change, hunk_moved, moved_path, replace_first, tool_error
 
 
 def _apply(project: synthetic.SyntheticProject, **kw):
@@ -122,7 +119,7 @@ def test_stale_tree_is_rebuilt_when_inputs_change(change: str, vxl_project) -> N
         project.write_overlay({"vllm/toy_more.py": "X = 1\n"})
     elif change == "patch-dropped":
         project.write_series(project.series_names()[:1])
-        (project.patches / sorted(project.patches.glob("0002-*"))[0].name).unlink()
+        project.patch_file(2).unlink()
     else:
         (project.root / "pins.toml").write_text(
             (project.root / "pins.toml").read_text().replace('torch = "2.11.0"', 'torch = "2.11.1"')
@@ -166,11 +163,7 @@ def test_offset_only_patch_is_rejected(vxl_project, tmp_path: Path) -> None:
     patch = _third_patch_on(
         project, project.patched_files(), lambda t: _replace_line(t, '"VLLM_TOY_21", "21"', '"VLLM_TOY_21", "x"')
     )
-    text = patch.read_text()
-    header = re.search(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@", text, re.MULTILINE)
-    assert header
-    a, b, c, d = map(int, header.groups())
-    patch.write_text(text.replace(header.group(0), f"@@ -{a + 2},{b} +{c + 2},{d} @@", 1))
+    patch.write_text(replace_first(patch.read_text(), HUNK_HEADER, hunk_moved(start=2)))
     # plain git would apply it (with an offset): it is a pure offset, context and blob are right
     check = tmp_path / "check"
     synthetic.patch_repo(check, project.patched_files())
@@ -210,11 +203,7 @@ def test_patch_editing_a_missing_file_is_rejected(vxl_project) -> None:
 
 def test_abbreviated_index_line_is_rejected(vxl_project) -> None:
     project = vxl_project
-    patch = sorted(project.patches.glob("0001-*"))[0]
-    text = patch.read_text()
-    full = re.search(r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})", text, re.MULTILINE)
-    assert full
-    patch.write_text(text.replace(full.group(0), f"index {full.group(1)[:7]}..{full.group(2)[:7]}", 1))
+    project.edit_patch(1, lambda text: replace_first(text, INDEX_LINE, lambda m: f"index {m[1][:7]}..{m[2][:7]}"))
     assert "abbreviated index" in _failed_first_apply(project)
 
 
@@ -227,20 +216,14 @@ def test_binary_patch_is_rejected(vxl_project) -> None:
 @pytest.mark.parametrize("bad", ["../envs.py", ".git/config", "vllm/./envs.py"])
 def test_unsafe_path_in_a_patch_is_rejected(bad: str, vxl_project) -> None:
     project = vxl_project
-    patch = sorted(project.patches.glob("0001-*"))[0]
-    text = patch.read_text()
-    for prefix in ("a/", "b/"):
-        text = text.replace(f"{prefix}{ENVS}", f"{prefix}{bad}")
-    patch.write_text(text)
+    project.edit_patch(1, lambda text: moved_path(text, ENVS, bad))
     message = _failed_first_apply(project)
     assert "unsafe path" in message and bad.split("/")[0] in message
 
 
 def test_absolute_path_in_a_patch_is_rejected(vxl_project) -> None:
     project = vxl_project
-    patch = sorted(project.patches.glob("0001-*"))[0]
-    text = patch.read_text().replace(f"a/{ENVS}", "/etc/passwd").replace(f"b/{ENVS}", "/etc/passwd")
-    patch.write_text(text)
+    project.edit_patch(1, lambda text: text.replace(f"a/{ENVS}", "/etc/passwd").replace(f"b/{ENVS}", "/etc/passwd"))
     assert "unsafe path '/etc/passwd'" in _failed_first_apply(project)
 
 
@@ -286,40 +269,27 @@ def test_series_comments_and_blank_lines_are_ignored(vxl_project) -> None:
 
 def test_plain_diff_is_not_a_format_patch(vxl_project) -> None:
     project = vxl_project
-    patch = sorted(project.patches.glob("0002-*"))[0]
-    text = patch.read_text()
-    patch.write_text(text[text.index("diff --git ") :])
+    patch = project.edit_patch(2, lambda text: text[text.index("diff --git ") :])
     message = _failed_first_apply(project)
     assert patch.name in message and "not a git format-patch file" in message
 
 
 def test_format_patch_without_a_diff_is_rejected(vxl_project) -> None:
     project = vxl_project
-    patch = sorted(project.patches.glob("0002-*"))[0]
-    text = patch.read_text()
-    patch.write_text(text[: text.index("diff --git ")])
+    patch = project.edit_patch(2, lambda text: text[: text.index("diff --git ")])
     message = _failed_first_apply(project)
     assert patch.name in message and "no diff" in message
 
 
 def test_patch_without_subject_is_rejected(vxl_project) -> None:
     project = vxl_project
-    patch = sorted(project.patches.glob("0002-*"))[0]
-    text = patch.read_text()
-    subject = re.search(r"^Subject: .*$", text, re.MULTILINE)
-    assert subject
-    patch.write_text(text.replace(subject.group(0), "Subject: ", 1))
+    project.edit_patch(2, lambda text: replace_first(text, r"^Subject: .*$", lambda m: "Subject: "))
     assert "missing Subject" in _failed_first_apply(project)
 
 
 def test_garbled_hunk_is_rejected(vxl_project) -> None:
     project = vxl_project
-    patch = sorted(project.patches.glob("0002-*"))[0]
-    text = patch.read_text()
-    header = re.search(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@", text, re.MULTILINE)
-    assert header
-    a, b, c, d = map(int, header.groups())
-    patch.write_text(text.replace(header.group(0), f"@@ -{a},{b + 5} +{c},{d + 5} @@", 1))
+    patch = project.edit_patch(2, lambda text: replace_first(text, HUNK_HEADER, hunk_moved(length=5)))
     message = _failed_first_apply(project)
     assert patch.name in message
 
@@ -496,8 +466,7 @@ def test_failed_apply_leaves_the_old_tree_untouched(failure: str, vxl_project) -
     elif failure == "overlay-shadowing":
         project.write_overlay({"vllm/utils.py": "shadow\n"})
     else:
-        patch = sorted(project.patches.glob("0002-*"))[0]
-        patch.write_text(patch.read_text().replace("Subject: ", "Subject:\n", 1).replace("From ", "Frm ", 1))
+        project.edit_patch(2, lambda text: text.replace("Subject: ", "Subject:\n", 1).replace("From ", "Frm ", 1))
     tool_error(_apply, project)
     assert project.head() == state.head
     assert synthetic.tree_snapshot(project.tree) == before

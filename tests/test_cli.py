@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 import synthetic
-from synthetic import Change, Member
+from synthetic import ENVS, Change, Member
 
-ENVS = "vllm/envs.py"
 NAME = f"vllm-{synthetic.VERSION}.tar.gz"
 
 
@@ -111,13 +110,11 @@ def _malformed_series(p: synthetic.SyntheticProject) -> None:
 
 
 def _not_a_patch(p: synthetic.SyntheticProject) -> None:
-    path = sorted(p.patches.glob("0002-*"))[0]
-    path.write_text("just some text\n")
+    p.patch_file(2).write_text("just some text\n")
 
 
 def _unsafe_patch_path(p: synthetic.SyntheticProject) -> None:
-    path = sorted(p.patches.glob("0001-*"))[0]
-    path.write_text(path.read_text().replace(f"a/{ENVS}", "a/../x").replace(f"b/{ENVS}", "b/../x"))
+    p.edit_patch(1, lambda text: synthetic.moved_path(text, ENVS, "../x"))
 
 
 def _shadow(p: synthetic.SyntheticProject) -> None:
@@ -136,12 +133,7 @@ def _drift(p: synthetic.SyntheticProject) -> None:
 
 
 def _offset_only(p: synthetic.SyntheticProject) -> None:
-    path = sorted(p.patches.glob("0001-*"))[0]
-    text = path.read_text()
-    header = re.search(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@", text, re.MULTILINE)
-    assert header
-    a, b, c, d = map(int, header.groups())
-    path.write_text(text.replace(header.group(0), f"@@ -{a + 1},{b} +{c + 1},{d} @@", 1))
+    p.edit_patch(1, lambda text: synthetic.replace_first(text, synthetic.HUNK_HEADER, synthetic.hunk_moved(start=1)))
 
 
 def _creates_existing(p: synthetic.SyntheticProject) -> None:
@@ -156,13 +148,11 @@ def _series_duplicate(p: synthetic.SyntheticProject) -> None:
 
 
 def _series_missing_file(p: synthetic.SyntheticProject) -> None:
-    sorted(p.patches.glob("0002-*"))[0].unlink()
+    p.patch_file(2).unlink()
 
 
 def _patch_without_diff(p: synthetic.SyntheticProject) -> None:
-    path = sorted(p.patches.glob("0002-*"))[0]
-    text = path.read_text()
-    path.write_text(text[: text.index("diff --git ")])
+    p.edit_patch(2, lambda text: text[: text.index("diff --git ")])
 
 
 def _archive(*extra: Member) -> Callable[[synthetic.SyntheticProject], None]:

@@ -19,7 +19,7 @@ MAINS = [
     ("scripts.measure.cli", ["crossover"]),
     ("scripts.measure.cli", ["analyze"]),
     ("scripts.measure.cli", ["verify-record"]),
-    ("scripts.matrix", []),
+    ("scripts.matrix.cli", []),
     ("scripts.cpu_runtime", []),
     ("scripts.tiny_laguna", []),
     ("scripts.device.graph_check", []),

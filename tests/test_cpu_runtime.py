@@ -148,15 +148,29 @@ def tree_and_site(tmp_path: Path) -> tuple[Path, Path]:
     return tree, site / "vllm"
 
 
+# a series on the tiny tree: an edit, a new overlay file, a deletion and the version file
+PATCHED = {
+    "vllm/envs.py": "A = 2\n",
+    "vllm/new_overlay.py": "NEW = True\n",
+    "vllm/gone.py": None,
+    "vllm/_version.py": "__version__ = 'patched'\n",
+}
+
+
+def _edit_and_commit(tree: Path, edits: dict[str, str | None], message: str) -> str:
+    """Write each file of ``edits`` (None: delete it), commit; the new head."""
+    for rel, text in edits.items():
+        if text is None:
+            (tree / rel).unlink()
+        else:
+            (tree / rel).write_text(text)
+    return _commit(tree, message)
+
+
 def test_changed_files_of_a_tiny_repo(tree_and_site: tuple[Path, Path]) -> None:
     tree, _ = tree_and_site
     root = tree_root_commit(tree)
-    (tree / "vllm/envs.py").write_text("A = 2\n")
-    (tree / "vllm/new_overlay.py").write_text("NEW = True\n")
-    (tree / "vllm/gone.py").unlink()
-    (tree / "vllm/_version.py").write_text("__version__ = 'patched'\n")
-    (tree / "setup.py").write_text("# changed\n")
-    head = _commit(tree, "patch")
+    head = _edit_and_commit(tree, {**PATCHED, "setup.py": "# changed\n"}, "patch")
     changes = tree_changes(tree, root, head)
     assert sorted((c.status, c.path) for c in changes) == [
         ("A", "vllm/new_overlay.py"),
@@ -169,13 +183,12 @@ def test_changed_files_of_a_tiny_repo(tree_and_site: tuple[Path, Path]) -> None:
 
 def test_sync_copies_deletes_restores_and_is_a_noop_when_current(tree_and_site: tuple[Path, Path]) -> None:
     tree, package = tree_and_site
-    (tree / "vllm/envs.py").write_text("A = 2\n")
-    (tree / "vllm/models/laguna.py").write_text("bias = 'loaded'\n")
-    (tree / "vllm/new_overlay.py").write_text("NEW = True\n")
-    (tree / "vllm/gone.py").unlink()
-    (tree / "vllm/_version.py").write_text("__version__ = 'patched'\n")
-    (tree / "vllm/platforms/__init__.py").write_text("# patched platforms\n")
-    head = _commit(tree, "patches")
+    edits = {
+        **PATCHED,
+        "vllm/models/laguna.py": "bias = 'loaded'\n",
+        "vllm/platforms/__init__.py": "# patched platforms\n",
+    }
+    head = _edit_and_commit(tree, edits, "patches")
 
     plan = sync(tree, package=package)
     assert plan is not None
@@ -197,9 +210,11 @@ def test_sync_copies_deletes_restores_and_is_a_noop_when_current(tree_and_site: 
 
     # Dropping a patch: a file synced before and no longer changed goes back to
     # pristine; a file that only the dropped change added is removed.
-    (tree / "vllm/models/laguna.py").write_text("bias = None\n")
-    (tree / "vllm/new_overlay.py").unlink()
-    _commit(tree, "drop the laguna patch and the overlay")
+    _edit_and_commit(
+        tree,
+        {"vllm/models/laguna.py": "bias = None\n", "vllm/new_overlay.py": None},
+        "drop the laguna patch and the overlay",
+    )
     plan = sync(tree, package=package)
     assert plan is not None and "vllm/models/laguna.py" in plan.restore
     assert (package / "models/laguna.py").read_text() == "bias = None\n"

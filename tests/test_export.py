@@ -14,9 +14,7 @@ from scripts.export import export
 from scripts.lint import lint_static
 from scripts.series import load_patch
 from scripts.worktree import apply
-from synthetic import tool_error
-
-ENVS = "vllm/envs.py"
+from synthetic import ENVS, tool_error
 
 
 def _inputs(project: synthetic.SyntheticProject) -> dict[str, bytes]:

@@ -3,17 +3,13 @@ application on a scratch tree (never the user's work tree)."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 import synthetic
 from scripts.lint import lint, lint_static
 from scripts.series import REQUIRED_FIELDS, parse_fields
 from scripts.worktree import Layout, apply
-from synthetic import Change, tool_error
-
-ENVS = "vllm/envs.py"
+from synthetic import ENVS, Change, tool_error
 
 
 def test_clean_series_lints_clean(vxl_project, capfd) -> None:
@@ -51,7 +47,7 @@ def test_patch_numbers_out_of_order_are_a_problem(vxl_project) -> None:
 
 def test_duplicate_patch_numbers_are_a_problem(vxl_project) -> None:
     project = vxl_project
-    second = sorted(project.patches.glob("0002-*"))[0]
+    second = project.patch_file(2)
     renamed = second.with_name(second.name.replace("0002-", "0001-"))
     second.rename(renamed)
     project.write_series([project.series_names()[0], renamed.name])
@@ -92,11 +88,9 @@ def test_header_continuation_lines_are_read() -> None:
 
 def test_abbreviated_index_is_a_problem(vxl_project) -> None:
     project = vxl_project
-    patch = sorted(project.patches.glob("0001-*"))[0]
-    text = patch.read_text()
-    full = re.search(r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})", text, re.MULTILINE)
-    assert full
-    patch.write_text(text.replace(full.group(0), f"index {full.group(1)[:9]}..{full.group(2)[:9]}", 1))
+    patch = project.edit_patch(
+        1, lambda text: synthetic.replace_first(text, synthetic.INDEX_LINE, lambda m: f"index {m[1][:9]}..{m[2][:9]}")
+    )
     assert f"{patch.name}: abbreviated 'index' line (export with --full-index)" in lint_static(project.layout())
 
 
@@ -146,8 +140,7 @@ def test_malformed_series_fails_lint(entry: str, vxl_project) -> None:
 
 def test_unsafe_patch_path_fails_lint(vxl_project) -> None:
     project = vxl_project
-    patch = sorted(project.patches.glob("0001-*"))[0]
-    patch.write_text(patch.read_text().replace(f"a/{ENVS}", "a/../x").replace(f"b/{ENVS}", "b/../x"))
+    project.edit_patch(1, lambda text: synthetic.moved_path(text, ENVS, "../x"))
     assert "unsafe path" in tool_error(lint, project.layout())
 
 

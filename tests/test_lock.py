@@ -13,8 +13,7 @@ import pytest
 import synthetic
 from scripts import worktree
 from scripts.worktree import apply, read_state
-
-ENVS = "vllm/envs.py"
+from synthetic import ENVS
 
 # holds the lock until its stdin closes; prints "held" once it has it
 HOLDER = """

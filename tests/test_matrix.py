@@ -6,19 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from scripts.matrix import (
-    LEGS,
-    NOT_RUN_NO_GRAPHS,
-    PASSED_EMULATED_GRAPHS,
-    GraphExpectation,
-    LegResult,
-    Topology,
-    decoder_topology,
-    evaluate,
-    first_difference,
-    make_prompts,
-    table,
-)
+from scripts.matrix.evaluate import LegResult, evaluate
+from scripts.matrix.graphs import GraphExpectation, Topology, decoder_topology
+from scripts.matrix.legs import LEGS, NOT_RUN_NO_GRAPHS, PASSED_EMULATED_GRAPHS, make_prompts
+from scripts.matrix.report import table
+from scripts.tokens import first_difference
 
 
 def _logprobs(tokens: list[int]) -> list:
@@ -93,7 +85,7 @@ def test_evaluate_fails_when_cached_tokens_were_used() -> None:
 def test_a_non_positive_token_budget_is_refused_before_anything_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from scripts.matrix import main
+    from scripts.matrix.cli import main
 
     assert main(["run", "--tiny", str(tmp_path / "tiny"), "--max-num-batched-tokens", "0"]) == 2
     assert "--max-num-batched-tokens must be positive" in capsys.readouterr().err

@@ -5,8 +5,9 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
-from scripts.matrix import LEGS, evaluate
-from scripts.matrix_logprobs import collect_logprobs, compare_logprobs, gate
+from scripts.matrix.evaluate import evaluate
+from scripts.matrix.legs import LEGS
+from scripts.matrix.logprobs import collect_logprobs, compare_logprobs, gate
 
 LEG = {leg.name: leg for leg in LEGS}
 

@@ -58,17 +58,12 @@ def words(text: str) -> int:
     return len(text.split())
 
 
+def _thirteen_prompts() -> list:
+    return build_prompts(13, "tag", 7, words, prompt_tokens=20, long_prompt_tokens=300, rollover_at=100, max_tokens=64)
+
+
 def test_prompts_are_unique_and_sized() -> None:
-    prompts = build_prompts(
-        13,
-        "tag",
-        7,
-        words,
-        prompt_tokens=20,
-        long_prompt_tokens=300,
-        rollover_at=100,
-        max_tokens=64,
-    )
+    prompts = _thirteen_prompts()
     assert len({p.text for p in prompts}) == 13
     assert len({p.sha256 for p in prompts}) == 13
     assert [p.index for p in prompts] == list(range(13))
@@ -76,16 +71,7 @@ def test_prompts_are_unique_and_sized() -> None:
         assert prompt.text.startswith(f"Note tag-{prompt.index}: ")
         expected = {"long": 300, "rollover": 100 - 32, "normal": 20}[prompt.kind]
         assert words(prompt.text) == expected  # the counter decides the size exactly
-    again = build_prompts(
-        13,
-        "tag",
-        7,
-        words,
-        prompt_tokens=20,
-        long_prompt_tokens=300,
-        rollover_at=100,
-        max_tokens=64,
-    )
+    again = _thirteen_prompts()
     assert [p.text for p in again] == [p.text for p in prompts]  # seeded
     with pytest.raises(ToolError, match="rollover"):
         build_prompts(3, "t", 1, words, prompt_tokens=5, long_prompt_tokens=9, rollover_at=20, max_tokens=64)

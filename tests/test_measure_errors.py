@@ -38,14 +38,7 @@ def write_run(out: Path) -> dict:
     )
     manifest = {
         "config": CONFIG.to_json(),
-        "record_meta": {
-            "schema": meta.schema,
-            "date": meta.date,
-            "source": meta.source,
-            "treatment": meta.treatment,
-            "speculative": meta.speculative,
-            "prior": None,
-        },
+        "record_meta": meta.manifest_json(),
     }
     _, record = finish_run(out, manifest, raw, meta, load_gates())
     return record
@@ -77,6 +70,11 @@ def test_analyze_names_a_missing_artifact_in_one_line(tmp_path: Path, capsys) ->
     assert "no readable record.json" in capsys.readouterr().err
 
 
+def _run_module(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``python -m ARGV`` in the repository."""
+    return subprocess.run([sys.executable, "-m", *argv], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+
+
 def test_no_traceback_for_bad_options(tmp_path: Path) -> None:
     cases = [
         (["scripts.measure", "analyze", str(tmp_path / "nope")], "no readable run.json"),
@@ -88,7 +86,7 @@ def test_no_traceback_for_bad_options(tmp_path: Path) -> None:
         (["scripts.matrix", "run", "--model-dir", str(REPO_ROOT)], "no config.json"),
     ]
     for argv, message in cases:
-        proc = subprocess.run([sys.executable, "-m", *argv], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+        proc = _run_module(*argv)
         assert proc.returncode != 0, argv
         assert "Traceback" not in proc.stderr, proc.stderr
         assert message in proc.stderr, proc.stderr
@@ -97,8 +95,6 @@ def test_no_traceback_for_bad_options(tmp_path: Path) -> None:
 def test_crossover_refuses_a_long_prompt_that_does_not_fit(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
     base = [
-        sys.executable,
-        "-m",
         "scripts.measure",
         "crossover",
         "--treatment",
@@ -114,30 +110,16 @@ def test_crossover_refuses_a_long_prompt_that_does_not_fit(tmp_path: Path) -> No
         "--check-only",
     ]
     # the README's old command: default --long-prompt-tokens 1024 + 32 > --max-model-len 1024
-    proc = subprocess.run(
-        [*base, "--server-args", "--max-model-len 1024"], cwd=REPO_ROOT, capture_output=True, text=True, check=False
-    )
+    proc = _run_module(*base, "--server-args", "--max-model-len 1024")
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
         "crossover: error: the long prompt (1024 tokens, --long-prompt-tokens) + --max-tokens 32 = 1056 > 1024 "
         "(--max-model-len in --server-args); lower --long-prompt-tokens or --max-tokens, or raise the limit"
     )
-    proc = subprocess.run(
-        [*base, "--server-args", "--max-model-len 1024", "--long-prompt-tokens", "200"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = _run_module(*base, "--server-args", "--max-model-len 1024", "--long-prompt-tokens", "200")
     assert proc.returncode == 0, proc.stderr
     # without --max-model-len the model's max_position_embeddings is the limit
-    proc = subprocess.run(
-        [*base, "--max-tokens", "4000", "--rollover-at", "4000"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = _run_module(*base, "--max-tokens", "4000", "--rollover-at", "4000")
     assert proc.returncode == 1 and "max_position_embeddings" in proc.stderr
 
 

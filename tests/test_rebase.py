@@ -102,6 +102,14 @@ def conflicting_envs() -> str:
     return envs
 
 
+def stop_at_a_conflict(project: SyntheticProject) -> tuple[str, str]:
+    """Release an upstream with :func:`conflicting_envs` and rebase onto it: the rebase stops at
+    the conflict in patch 0001. Returns (the upstream envs.py, the stop message)."""
+    upstream_envs = conflicting_envs()
+    release(project, new_files(**{"vllm/envs.py": upstream_envs}))
+    return upstream_envs, run_stopped(onto_version=NEW, layout=project.layout())
+
+
 # --------------------------------------------------------------------------- outcomes
 
 
@@ -154,7 +162,7 @@ def test_moved_hunk_is_merged_and_shown(vxl_project: SyntheticProject) -> None:
     assert len(moved) == 1
     assert moved[0]["file"] == "vllm/envs.py" and moved[0]["offset"] == 2
     assert moved[0]["old"].startswith("@@ -12,") and moved[0]["new"].startswith("@@ -14,")
-    patch1 = sorted(project.patches.glob("0001-*.patch"))[0].read_text()
+    patch1 = project.patch_file(1).read_text()
     assert "@@ -14,6 +14,7 @@" in patch1 and synthetic.TOGGLE_LINE in patch1
 
 
@@ -162,10 +170,8 @@ def test_conflict_stops_then_continue_finishes(vxl_project: SyntheticProject) ->
     project = vxl_project
     prepare(project)
     before = inputs_snapshot(project)
-    upstream_envs = conflicting_envs()
-    release(project, new_files(**{"vllm/envs.py": upstream_envs}))
+    upstream_envs, message = stop_at_a_conflict(project)
     layout = project.layout()
-    message = run_stopped(onto_version=NEW, layout=layout)
     assert "0001-envs-declare-the-toy-XPU-toggle.patch" in message and "vllm/envs.py" in message
     report = report_of(project)
     assert report["outcome"] == "conflict" and statuses(report) == ["conflict", "pending"]
@@ -193,7 +199,7 @@ def test_conflict_stops_then_continue_finishes(vxl_project: SyntheticProject) ->
     rebase(cont=True, layout=layout)
     report = report_of(project)
     assert report["outcome"] == "success" and statuses(report) == ["resolved", "clean"]
-    patch1 = sorted(project.patches.glob("0001-*.patch"))[0].read_text()
+    patch1 = project.patch_file(1).read_text()
     assert synthetic.TOGGLE_LINE in patch1 and '"VLLM_TOY_10", "ten"' in patch1
     assert "Effect-Check: true" in patch1  # header fields survive the round trip
     assert load_pins(project.root / "pins.toml").vllm.version == NEW
@@ -316,10 +322,8 @@ def test_effect_check_failure_is_reported(vxl_project: SyntheticProject) -> None
 def test_bad_resolution_fails_compile_check_then_fix_continues(vxl_project: SyntheticProject) -> None:
     project = vxl_project
     prepare(project)
-    upstream_envs = conflicting_envs()
-    release(project, new_files(**{"vllm/envs.py": upstream_envs}))
+    upstream_envs, _ = stop_at_a_conflict(project)
     layout = project.layout()
-    run_stopped(onto_version=NEW, layout=layout)
     broken = upstream_envs.replace('    "VLLM_TOY_11"', '    "VLLM_TOY_XPU": lambda: (\n    "VLLM_TOY_11"')
     (project.tree / "vllm/envs.py").write_text(broken)
     project.tree_git("add", "vllm/envs.py")
@@ -543,10 +547,8 @@ def test_continue_redoes_an_interrupted_pick(vxl_project: SyntheticProject) -> N
 def test_continue_accepts_a_committed_resolution(vxl_project: SyntheticProject) -> None:
     project = vxl_project
     prepare(project)
-    upstream_envs = conflicting_envs()
-    release(project, new_files(**{"vllm/envs.py": upstream_envs}))
+    upstream_envs, _ = stop_at_a_conflict(project)
     layout = project.layout()
-    run_stopped(onto_version=NEW, layout=layout)
     state = json.loads((project.build / "rebase-state.json").read_text())
     original = state["patches"][0]["commit_old"]
     resolved = upstream_envs.replace('    "VLLM_TOY_11"', synthetic.TOGGLE_LINE + '\n    "VLLM_TOY_11"')
@@ -565,7 +567,7 @@ def test_continue_accepts_a_committed_resolution(vxl_project: SyntheticProject) 
     report = report_of(project)
     assert report["outcome"] == "success" and statuses(report) == ["resolved", "clean"]
     assert report["patches"][0]["commit_new"] == [project.tree_git("rev-parse", "HEAD~2")]
-    patch1 = sorted(project.patches.glob("0001-*.patch"))[0].read_text()
+    patch1 = project.patch_file(1).read_text()
     assert f"From: {synthetic.PATCH_AUTHOR_NAME} <{synthetic.PATCH_AUTHOR_EMAIL}>" in patch1
     assert synthetic.TOGGLE_LINE in patch1
 

@@ -78,7 +78,7 @@ def test_continue_runs_the_reworded_effect_check(vxl_project: SyntheticProject) 
     first = report["patches"][0]
     assert first["effect"]["ok"] is True and first["effect"]["command"] == NEW_CHECK.split(": ", 1)[1].strip()
     assert first["commit_new"] == [project.tree_git("rev-parse", "HEAD~2")]
-    exported = sorted(project.patches.glob("0001-*.patch"))[0].read_text()
+    exported = project.patch_file(1).read_text()
     assert NEW_CHECK in exported and "vllm/runner/v1.py" in exported
 
 

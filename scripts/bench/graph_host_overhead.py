@@ -30,10 +30,11 @@ import argparse
 import contextlib
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from scripts.bench.tiny_config import tiny_vllm_config
 
 LAYERS = 48
 TP = 4
@@ -55,19 +56,7 @@ class StandInGraph:
 
 
 def _vllm_config() -> Any:
-    from transformers import LlamaConfig
-    from vllm.config import ModelConfig, VllmConfig
-
-    path = tempfile.mkdtemp(prefix="graph_host_overhead_")
-    LlamaConfig(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=1,
-        intermediate_size=64,
-        vocab_size=256,
-    ).save_pretrained(path)
-    return VllmConfig(model_config=ModelConfig(model=path, skip_tokenizer_init=True, dtype="float32"))
+    return tiny_vllm_config("graph_host_overhead_")
 
 
 def _laguna_forward(input_ids: Any, positions: Any) -> Any:

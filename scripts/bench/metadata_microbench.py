@@ -31,9 +31,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from typing import Any
+
+from scripts.bench.tiny_config import tiny_vllm_config
 
 LAYERS = 48
 GLOBAL_LAYERS = 12
@@ -47,27 +48,15 @@ WIDTH = 8
 
 
 def _vllm_config(max_len: int) -> Any:
-    from transformers import LlamaConfig
-    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, VllmConfig
+    from vllm.config import CacheConfig, ParallelConfig
 
-    path = tempfile.mkdtemp(prefix="metadata_microbench_")
-    LlamaConfig(
-        hidden_size=HEADS * HEAD_SIZE,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
+    return tiny_vllm_config(
+        "metadata_microbench_",
+        heads=HEADS,
+        kv_heads=KV_HEADS,
         head_dim=HEAD_SIZE,
-        num_hidden_layers=1,
-        intermediate_size=64,
-        vocab_size=256,
-        max_position_embeddings=max_len,
-    ).save_pretrained(path)
-    return VllmConfig(
-        model_config=ModelConfig(
-            model=path,
-            skip_tokenizer_init=True,
-            dtype="bfloat16",
-            max_model_len=max_len,
-        ),
+        dtype="bfloat16",
+        max_len=max_len,
         cache_config=CacheConfig(block_size=BLOCK),
         parallel_config=ParallelConfig(tensor_parallel_size=1),
     )

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from scripts.build import build, build_env
+from scripts.build import build, build_env, pip_wheel_command
 from scripts.errors import ToolError
 from scripts.log import info
 from scripts.source import cached_sdist, fetch_sdist
@@ -68,20 +68,7 @@ def _baseline_wheel(layout: Layout, tree: Path, out: Path) -> None:
     inputs = load_inputs(layout)
     env = build_env(f"{inputs.pins.vllm.version}+xpu.{inputs.label}", 946684800)
     _checked(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-cache-dir",
-            "-q",
-            "-w",
-            str(out),
-            "--config-settings=--build-option=--py-limited-api=cp38",
-            ".",
-        ],
+        pip_wheel_command(out, "-q"),
         "baseline pip wheel (needs the build deps of `nox -s bench`: cmake >= 3.26 on PATH, torch, ...)",
         cwd=tree,
         env=env,

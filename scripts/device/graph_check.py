@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scripts.matrix.legs import GRAPH_ENV, META_ENV
+
 __all__ = ["Leg", "LegResult", "plan_legs", "validate", "main"]
 
 PROMPTS = (
@@ -121,8 +123,8 @@ class Leg:
 
     def env(self, width: int, device: str) -> dict[str, str]:
         env = {
-            "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH": "1" if self.graphs else "0",
-            "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA": "1" if self.metadata else "0",
+            GRAPH_ENV: "1" if self.graphs else "0",
+            META_ENV: "1" if self.metadata else "0",
             "VLLM_XPU_LAGUNA_VERIFY_WIDTH": str(width),
             # In-process engine core: step timings without IPC, capture log
             # lines on this leg's own output.

@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # hooks live in this process
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model with a local function
-    from scripts.matrix import _route_and_count, device_kind
+    from scripts.matrix.engine import route_and_count
+    from scripts.matrix.legs import device_kind
 
     device = device_kind()
     if args.tiny:
@@ -207,13 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         target, draft = args.model_dir, args.draft_dir
     dtype = args.dtype or ("float32" if args.tiny else "bfloat16")
-    _route_and_count(device == "cpu")
+    route_and_count(device == "cpu")
     words = "amber basalt cedar delta ember fjord granite harbor iris juniper kestrel lagoon".split()
     prompts = [
         f"row check {i} " + " ".join(words[(i + j) % len(words)] for j in range(8 + 3 * i)) for i in range(args.prompts)
     ]
     if args.long_prompt_tokens > 0:
-        from scripts.matrix_logprobs import long_prompt
+        from scripts.matrix.logprobs import long_prompt
 
         prompts.append(long_prompt(target, args.long_prompt_tokens, tuple(words), "rowcheck", 0)[0])
     teacher, order, t_tokens, prompt_lens = _run(target, None, prompts, args.max_tokens, dtype, device == "cpu")

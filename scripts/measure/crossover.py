@@ -422,15 +422,7 @@ def main(argv: list[str]) -> int:
             "retries": 0,
             "warmup_requests": 0,
         },
-        "record_meta": {
-            "schema": meta.schema,
-            "date": meta.date,
-            "source": meta.source,
-            "treatment": meta.treatment,
-            "speculative": meta.speculative,
-            "prior": None if meta.prior is None else meta.prior.__dict__,
-            "graph": meta.graph,
-        },
+        "record_meta": meta.manifest_json(),
     }
     with step("analyze, plot and write the record"):
         analysis, record = finish_run(out, manifest, raw, meta, gates, plot)
@@ -494,18 +486,7 @@ def reanalyze_main(argv: list[str]) -> int:
             f"{out}: raw artifact(s) missing: {', '.join(missing)}; the record's hashes cover "
             f"them, so the run cannot be re-analyzed without them"
         )
-    meta = RecordMeta(
-        schema=stored["schema"],
-        date=stored["date"],
-        run_root=str(out),
-        source=stored["source"],
-        treatment=stored["treatment"],
-        speculative=stored["speculative"],
-        artifacts={},
-        sha256={},
-        prior=None if stored["prior"] is None else Prior(**stored["prior"]),
-        graph=stored.get("graph"),
-    )
+    meta = RecordMeta.from_manifest(stored, run_root=str(out))
     plot = None
     if not args.no_plot:
         from scripts.measure.plot import require_matplotlib, write_plot

@@ -36,6 +36,34 @@ class RecordMeta:
     prior: Prior | None = None
     graph: dict[str, Any] | None = None
 
+    def manifest_json(self) -> dict[str, Any]:
+        """What ``run.json`` keeps of it (``record_meta``), read back by :meth:`from_manifest`."""
+        return {
+            "schema": self.schema,
+            "date": self.date,
+            "source": self.source,
+            "treatment": self.treatment,
+            "speculative": self.speculative,
+            "prior": None if self.prior is None else self.prior.__dict__,
+            "graph": self.graph,
+        }
+
+    @staticmethod
+    def from_manifest(stored: dict[str, Any], run_root: str) -> RecordMeta:
+        """The meta of a run re-analyzed from its ``run.json`` (artifacts and hashes: filled in anew)."""
+        return RecordMeta(
+            schema=stored["schema"],
+            date=stored["date"],
+            run_root=run_root,
+            source=stored["source"],
+            treatment=stored["treatment"],
+            speculative=stored["speculative"],
+            artifacts={},
+            sha256={},
+            prior=None if stored["prior"] is None else Prior(**stored["prior"]),
+            graph=stored.get("graph"),
+        )
+
 
 def metric_name(window: int) -> str:
     return f"median_tok_s_1_{window}_after_ttft"

@@ -419,23 +419,23 @@ class InternalChecks(Checker):
                     (f"{base}.accepted_draft_tokens", f"{base}.draft_tokens"),
                 )
             del accepted
+        # per pair: (leg metric, pair field, word in the formula, saving: control minus candidate)
+        deltas = (
+            ("draft_acceptance_rate", "acceptance_rate_delta", "rate", False),
+            ("cycle_ms", "aggregate_cycle_saving_ms", "cycle_ms", True),
+        )
         for cand, ctrl in PAIRS:
             name = pair_name(cand, ctrl)
-            rates = [self.record["legs"][leg].get("draft_acceptance_rate") for leg in (cand, ctrl)]
-            if None not in rates:
+            for metric, pair_field, word, saving in deltas:
+                values = {leg: self.record["legs"][leg].get(metric) for leg in (cand, ctrl)}
+                if None in values.values():
+                    continue
+                first, second = (ctrl, cand) if saving else (cand, ctrl)
                 self.derived(
-                    f"pairs.{name}.acceptance_rate_delta",
-                    rates[0] - rates[1],
-                    f"{cand} rate - {ctrl} rate",
-                    (f"legs.{cand}.draft_acceptance_rate", f"legs.{ctrl}.draft_acceptance_rate"),
-                )
-            cycles = [self.record["legs"][leg].get("cycle_ms") for leg in (cand, ctrl)]
-            if None not in cycles:
-                self.derived(
-                    f"pairs.{name}.aggregate_cycle_saving_ms",
-                    cycles[1] - cycles[0],
-                    f"{ctrl} cycle_ms - {cand} cycle_ms",
-                    (f"legs.{cand}.cycle_ms", f"legs.{ctrl}.cycle_ms"),
+                    f"pairs.{name}.{pair_field}",
+                    values[first] - values[second],
+                    f"{first} {word} - {second} {word}",
+                    (f"legs.{cand}.{metric}", f"legs.{ctrl}.{metric}"),
                 )
         if len(self.summaries) == 1:
             key = self.summaries[0]

@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from scripts.errors import ToolError
 
@@ -86,7 +86,19 @@ def _fields_from(cls: type, data: Any, where: str, rename: dict[str, str] | None
 
 
 @dataclass
-class Base:
+class _Record:
+    """A dataclass of the state file: saved field by field, read back with every field checked."""
+
+    def to_json(self) -> Json:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> Self:
+        return cls(**_fields_from(cls, data, where))
+
+
+@dataclass
+class Base(_Record):
     """One upstream release: where the series comes from, or where it goes."""
 
     version: str
@@ -95,16 +107,9 @@ class Base:
     pristine: str  # its pristine commit in the work repository
     git_commit: str | None  # the full upstream commit, when known (git source)
 
-    def to_json(self) -> Json:
-        return dataclasses.asdict(self)
-
-    @staticmethod
-    def from_json(data: Any, where: str) -> Base:
-        return Base(**_fields_from(Base, data, where))
-
 
 @dataclass
-class Restore:
+class Restore(_Record):
     """What ``--abort`` puts back."""
 
     head: str
@@ -112,16 +117,9 @@ class Restore:
     version_py: str | None
     worktree_state: str | None
 
-    def to_json(self) -> Json:
-        return dataclasses.asdict(self)
-
-    @staticmethod
-    def from_json(data: Any, where: str) -> Restore:
-        return Restore(**_fields_from(Restore, data, where))
-
 
 @dataclass
-class PatchEntry:
+class PatchEntry(_Record):
     """One patch of the series and what its replay found (the report's per-patch entry)."""
 
     name: str
@@ -167,10 +165,6 @@ class PatchEntry:
             if value is not None or spec.default is dataclasses.MISSING:
                 out[spec.name] = value
         return out
-
-    @staticmethod
-    def from_json(data: Any, where: str) -> PatchEntry:
-        return PatchEntry(**_fields_from(PatchEntry, data, where))
 
 
 @dataclass

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scripts.matrix import LEGS, NOT_RUN_NO_GRAPHS, PASSED_EMULATED_GRAPHS
+from scripts.matrix.legs import LEGS, NOT_RUN_NO_GRAPHS, PASSED_EMULATED_GRAPHS
 
 REPO = Path(__file__).resolve().parents[2]
 GRAPH_LEGS = ("dflash-graph1-meta0", "dflash-graph1-meta1")

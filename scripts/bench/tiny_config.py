@@ -1,0 +1,42 @@
+"""The benchmarks' tiny ``VllmConfig``: a one-layer Llama written to a temporary folder, enough
+for vLLM's attention and graph code to run without a model (vLLM and transformers are imported
+inside)."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+
+def tiny_vllm_config(
+    prefix: str,
+    *,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int | None = None,
+    dtype: str = "float32",
+    max_len: int | None = None,
+    **sections: Any,
+) -> Any:
+    """``heads`` x ``head_dim`` wide (default: 64 wide, transformers' head size), ``max_len``
+    positions (default: transformers' and vLLM's); ``sections`` go to ``VllmConfig``."""
+    from transformers import LlamaConfig
+    from vllm.config import ModelConfig, VllmConfig
+
+    path = tempfile.mkdtemp(prefix=prefix)
+    shape: dict[str, Any] = {"hidden_size": heads * head_dim if head_dim else 64}
+    if head_dim:
+        shape["head_dim"] = head_dim
+    if max_len:
+        shape["max_position_embeddings"] = max_len
+    LlamaConfig(
+        **shape,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        vocab_size=256,
+    ).save_pretrained(path)
+    lengths = {"max_model_len": max_len} if max_len else {}
+    model = ModelConfig(model=path, skip_tokenizer_init=True, dtype=dtype, **lengths)
+    return VllmConfig(model_config=model, **sections)

@@ -1,0 +1,171 @@
+"""Command line of the equivalence matrix: ``run`` (options checked before any engine starts)
+and ``leg`` (internal: one leg, run by the driver in its own process)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import scripts.matrix
+from scripts.layout import Layout
+from scripts.matrix.driver import drive
+from scripts.matrix.engine import FAULTS, run_leg
+from scripts.matrix.legs import LEGS, LONG_PROMPT_TOKENS
+
+
+def main(argv: list[str] | None = None) -> int:
+    from scripts.cli import HelpFormatter
+
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.matrix",
+        description=(scripts.matrix.__doc__ or "").split("\n\n")[0],
+        formatter_class=HelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser(
+        "run",
+        help="run the matrix and write the report",
+        formatter_class=HelpFormatter,
+        description="Run the equivalence matrix and write the report. Options are checked before any engine starts.",
+    )
+    models = run.add_mutually_exclusive_group(required=True)
+    models.add_argument("--tiny", metavar="DIR", help="generate (or reuse) the tiny random Laguna pair in DIR")
+    models.add_argument("--model-dir", help="local target model (e.g. the pinned Laguna-S-2.1-INT4)")
+    run.add_argument(
+        "--draft-dir", help="local DFlash drafter (required with --model-dir; default: none, --tiny brings its own)"
+    )
+    run.add_argument("--method", default="dflash", choices=("dflash", "ngram"), help="speculative method")
+    run.add_argument("--prompts", type=int, default=13, help="fresh prompts per leg")
+    run.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt")
+    run.add_argument("--legs", default=",".join(leg.name for leg in LEGS), help="comma-separated leg names")
+    run.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    run.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on devices")
+    run.add_argument(
+        "--max-model-len",
+        type=int,
+        default=8192,
+        help="engine max_model_len; must hold the long-context prompt (default: %(default)s)",
+    )
+    run.add_argument(
+        "--long-prompt-tokens",
+        type=int,
+        default=LONG_PROMPT_TOKENS,
+        help="add one prompt of at least this many tokens, generating max(8, max-tokens/4) "
+        "tokens (0: none; default: %(default)s)",
+    )
+    run.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="engine token budget per step, the same in every leg (default: --max-model-len, "
+        "so every prompt is prefilled in one chunk; 4096, the CPU default, reproduces "
+        "the long-context last-bit residual)",
+    )
+    run.add_argument("--kv-cache-bytes", type=int, default=512 << 20, help="KV cache bytes (CPU only)")
+    run.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh per run)")
+    run.add_argument("--report", default=str(Layout().build / "matrix-report.json"), help="JSON report path")
+    run.add_argument(
+        "--check-only",
+        action="store_true",
+        help="check the options (paths, config.json, sizes) and exit; nothing is installed or run",
+    )
+    run.add_argument(
+        "--min-graph-replays",
+        type=int,
+        default=200,
+        help="each graph leg fails unless target and drafter each replayed at least this often",
+    )
+    run.add_argument(
+        "--inject-fault",
+        choices=FAULTS,
+        default=None,
+        help="negative control for the graph legs: hand the target its input ids in a new "
+        "tensor while the captured buffer stays stale; 'stale-input' must trip the replay "
+        "guard, 'stale-input-unguarded' (guard bypassed) must break teacher-exactness "
+        "(default: none)",
+    )
+    run.add_argument(
+        "--no-emulated-graphs",
+        action="store_true",
+        help="on CPU, report the graph legs as not run instead of running them through the "
+        "recording stand-in graph (emulated device graphs)",
+    )
+    leg = sub.add_parser("leg", help="(internal) run one leg from a JSON config file", formatter_class=HelpFormatter)
+    leg.add_argument("config", help="leg config JSON (written by run)")
+    leg.add_argument("output", help="where the leg writes its JSON result")
+    args = parser.parse_args(argv)
+    if args.command == "leg":
+        config = json.loads(Path(args.config).read_text())
+        Path(args.output).write_text(json.dumps(run_leg(config)))
+        return 0
+    problem = validate_run(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.check_only:
+        print("matrix: options OK", file=sys.stderr)
+        return 0
+    return drive(args)
+
+
+def _model_problem(option: str, directory: str | None) -> str | None:
+    if not directory:
+        return f"{option} is required"
+    path = Path(directory)
+    if not path.is_dir():
+        return f"{option} {directory}: no such directory"
+    config = path / "config.json"
+    if not config.is_file():
+        return f"{option} {directory}: no config.json (not a model directory)"
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"{option} {directory}: config.json is not readable JSON ({exc})"
+    return None
+
+
+def validate_run(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``run``'s options, in one line (None: nothing). Runs before anything is
+    installed, generated or started; needs neither torch nor vLLM."""
+    if args.model_dir:
+        problem = _model_problem("--model-dir", args.model_dir)
+        if problem:
+            return problem
+        if args.method == "dflash":
+            problem = _model_problem("--draft-dir", args.draft_dir)
+            if problem:
+                return problem + " (the DFlash drafter, with --model-dir)"
+    elif args.draft_dir:
+        return "--draft-dir goes with --model-dir (--tiny generates its own drafter)"
+    elif Path(args.tiny).exists() and not Path(args.tiny).is_dir():
+        return f"--tiny {args.tiny}: exists and is not a directory"
+    names = [n.strip() for n in args.legs.split(",") if n.strip()]
+    known = [leg.name for leg in LEGS]
+    unknown = [n for n in names if n not in known]
+    if unknown or "teacher" not in names:
+        return f"--legs: unknown leg(s) {unknown} or no teacher leg; known: {', '.join(known)}"
+    if args.prompts < 3:
+        return f"--prompts {args.prompts}: the matrix needs at least 3 (long, long-then-next, plain)"
+    if args.tp < 1:
+        return f"--tp {args.tp}: must be >= 1"
+    if not 1 <= args.max_tokens < args.max_model_len:
+        return (
+            f"--max-tokens {args.max_tokens} must be >= 1 and leave room for the prompt in "
+            f"--max-model-len {args.max_model_len}"
+        )
+    if args.long_prompt_tokens < 0:
+        return f"--long-prompt-tokens {args.long_prompt_tokens}: must be >= 0 (0: no long-context prompt)"
+    if args.long_prompt_tokens and args.long_prompt_tokens + max(8, args.max_tokens // 4) + 64 > args.max_model_len:
+        return (
+            f"--max-model-len {args.max_model_len} cannot hold the long-context prompt (>= "
+            f"{args.long_prompt_tokens} tokens + {max(8, args.max_tokens // 4)} generated); raise it or "
+            "pass --long-prompt-tokens 0"
+        )
+    if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < 1:
+        return f"--max-num-batched-tokens must be positive, got {args.max_num_batched_tokens}"
+    report = Path(args.report)
+    if report.is_dir():
+        return f"--report {args.report}: is a directory"
+    return None

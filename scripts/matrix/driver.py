@@ -1,0 +1,133 @@
+"""The matrix's driver: each leg a fresh engine in its own process (``python -m scripts.matrix
+leg``), then the verdicts and the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from scripts.matrix.evaluate import evaluate
+from scripts.matrix.graphs import GraphExpectation, decoder_topology
+from scripts.matrix.legs import LEGS, NOT_RUN_NO_GRAPHS, device_kind, long_context_prompt, make_prompts
+from scripts.matrix.report import finish, series_info
+
+
+def _num_layers(model_dir: str) -> int:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = config.get("text_config", config)
+    return int(config["num_hidden_layers"])
+
+
+def _graph_expectation(target: str, draft: str, args: argparse.Namespace) -> GraphExpectation | None:
+    """Expected topology from the models' own config files (not from the code under test)."""
+    if args.method != "dflash":
+        return None
+    return GraphExpectation(
+        target=decoder_topology(_num_layers(target), args.tp),
+        drafter=decoder_topology(_num_layers(draft), args.tp),
+        min_replays=args.min_graph_replays,
+    )
+
+
+def drive(args: argparse.Namespace) -> int:
+    """Run the legs, evaluate them, write the report; the exit status (``validate_run`` checked
+    the options)."""
+    device = device_kind()
+    series = series_info()  # fail early, before any engine runs
+    if args.tiny:
+        from scripts.tiny_laguna import generate
+
+        models = generate(Path(args.tiny))
+        target, draft = str(models.target), str(models.draft)
+    else:
+        target, draft = args.model_dir, args.draft_dir
+    names = [n.strip() for n in args.legs.split(",") if n.strip()]
+    known = {leg.name: leg for leg in LEGS}
+    legs = tuple(known[n] for n in names)  # validate_run checked them
+    prompts = make_prompts(args.prompts, args.max_tokens, args.seed)
+    if args.long_prompt_tokens > 0:
+        spec = long_context_prompt(target, args.long_prompt_tokens, args.max_tokens, args.seed)
+        if spec.max_tokens + args.long_prompt_tokens + 64 > args.max_model_len:
+            print(
+                f"error: --max-model-len {args.max_model_len} cannot hold the long-context prompt "
+                f"(>= {args.long_prompt_tokens} tokens + {spec.max_tokens} generated)",
+                file=sys.stderr,
+            )
+            return 2
+        prompts.append(spec)
+    dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
+    outputs: dict[str, dict[str, Any]] = {}
+    started = time.monotonic()
+    for number, leg in enumerate(legs, 1):
+        if leg.graph and device == "cpu" and args.no_emulated_graphs:
+            outputs[leg.name] = {"status": NOT_RUN_NO_GRAPHS}
+            print(f"==> [{number}/{len(legs)}] {leg.name}: {NOT_RUN_NO_GRAPHS}", file=sys.stderr)
+            continue
+        config = {
+            "leg": asdict(leg),
+            "target": target,
+            "draft": draft,
+            "method": args.method,
+            "dtype": dtype,
+            "tp": args.tp,
+            "max_model_len": args.max_model_len,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
+            "cpu_flash_attn": device == "cpu",
+            "emulate_graphs": device == "cpu",
+            "fault": args.inject_fault,
+            "prompts": [asdict(p) for p in prompts],
+        }
+        with tempfile.TemporaryDirectory(prefix="vxl-leg-") as tmp:
+            cfg, out = Path(tmp) / "config.json", Path(tmp) / "out.json"
+            cfg.write_text(json.dumps(config))
+            env = {**os.environ, **leg.env()}
+            if device == "cpu":
+                env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: the backend override applies
+            print(
+                f"==> [{number}/{len(legs)}] {leg.name}: fresh engine, {len(prompts)} prompts, "
+                f"{' '.join(f'{k}={v}' for k, v in leg.env().items())}",
+                file=sys.stderr,
+                flush=True,
+            )
+            t0 = time.monotonic()
+            proc = subprocess.run(
+                [sys.executable, "-m", "scripts.matrix", "leg", str(cfg), str(out)], env=env, check=False
+            )
+            print(f"    {leg.name} took {time.monotonic() - t0:.1f}s (exit {proc.returncode})", file=sys.stderr)
+            outputs[leg.name] = (
+                json.loads(out.read_text())
+                if proc.returncode == 0 and out.exists()
+                else {"status": f"error: leg process exited {proc.returncode}"}
+            )
+    if "rows" not in outputs.get("teacher", {}):
+        print(f"error: the teacher leg did not run: {outputs.get('teacher')}", file=sys.stderr)
+        return 1
+    long_ones = frozenset(i for i, p in enumerate(prompts) if p.role == "long-context")
+    results = evaluate(
+        outputs,
+        legs,
+        len(prompts),
+        require_bitwise=device == "cpu",
+        long_context=long_ones,
+        graph_expectation=_graph_expectation(target, draft, args),
+    )
+    return finish(
+        Path(args.report),
+        device=device,
+        series=series,
+        method=args.method,
+        dtype=dtype,
+        prompts=prompts,
+        outputs=outputs,
+        results=results,
+        started=started,
+    )

@@ -1,0 +1,192 @@
+"""One leg in its own process (``python -m scripts.matrix leg CONFIG OUT``): a fresh engine, the
+attention counters, the graph emulation and the graph legs' fault injection. vLLM is imported
+inside the functions only."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from typing import Any
+
+from scripts.matrix.legs import LOGPROBS_TOPK, WIDTH, Leg
+from scripts.matrix.logprobs import collect_logprobs
+
+
+def run_leg(config: dict[str, Any]) -> dict[str, Any]:
+    """Run one leg in this process: a fresh engine, one request at a time."""
+    from vllm import LLM, SamplingParams
+
+    leg = Leg(**config["leg"])
+    kwargs: dict[str, Any] = dict(
+        model=config["target"],
+        dtype=config["dtype"],
+        seed=0,
+        enable_prefix_caching=False,
+        max_model_len=config["max_model_len"],
+        disable_log_stats=False,
+        tensor_parallel_size=config["tp"],
+        enforce_eager=not leg.graph,
+    )
+    # The same token budget in every leg; by default max_model_len, so every prompt is prefilled
+    # in one chunk. With the CPU default (4096) the long-context prompt is prefilled in chunks and
+    # the speculative legs' logprobs then differ from the teacher's in the last bit (README,
+    # "Long-context prompt on CPU"); --max-num-batched-tokens 4096 reproduces that.
+    kwargs["max_num_batched_tokens"] = config.get("max_num_batched_tokens") or config["max_model_len"]
+    if config.get("kv_cache_memory_bytes"):
+        kwargs["kv_cache_memory_bytes"] = config["kv_cache_memory_bytes"]
+    if leg.speculative:
+        kwargs["speculative_config"] = {"method": config["method"], "num_speculative_tokens": WIDTH - 1}
+        if config["method"] != "ngram":
+            kwargs["speculative_config"]["model"] = config["draft"]
+        else:
+            kwargs["speculative_config"].update(prompt_lookup_min=2, prompt_lookup_max=5)
+    if leg.graph:
+        kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [WIDTH]}
+    counts = route_and_count(config.get("cpu_flash_attn", False))
+    if leg.graph and config.get("emulate_graphs"):
+        _install_graph_emulation()
+    llm = LLM(**kwargs)
+    if leg.graph and config.get("fault"):
+        _inject_stale_input(llm, guarded=config["fault"] == "stale-input")
+    rows = []
+    try:
+        for spec in config["prompts"]:
+            params = SamplingParams(
+                temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True, logprobs=LOGPROBS_TOPK
+            )
+            start = time.monotonic()
+            out = llm.generate([spec["text"]], params, use_tqdm=False)[0]
+            rows.append(
+                {
+                    "prompt_tokens": len(out.prompt_token_ids or []),
+                    "token_ids": list(out.outputs[0].token_ids),
+                    "cached_tokens": int(out.num_cached_tokens or 0),
+                    "seconds": time.monotonic() - start,
+                    "logprobs": collect_logprobs(out.outputs[0].logprobs, LOGPROBS_TOPK),
+                }
+            )
+        drafts = accepted = 0
+        for metric in llm.get_metrics():
+            name = metric.name.removesuffix("_total")
+            if name == "vllm:spec_decode_num_draft_tokens":
+                drafts = int(getattr(metric, "value", 0))
+            elif name == "vllm:spec_decode_num_accepted_tokens":
+                accepted = int(getattr(metric, "value", 0))
+        block_size = llm.llm_engine.vllm_config.cache_config.block_size
+        sched = llm.llm_engine.vllm_config.scheduler_config
+        print(
+            f"    scheduler: max_num_batched_tokens={sched.max_num_batched_tokens} "
+            f"chunked_prefill={sched.enable_chunked_prefill}",
+            file=sys.stderr,
+            flush=True,
+        )
+        graphs = _collect_graph_accounting(llm) if leg.graph else {}
+    finally:
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # noqa: BLE001 - best effort; the process exits next
+            pass
+        del llm
+        gc.collect()
+    return {
+        "rows": rows,
+        "draft_tokens": drafts,
+        "accepted_tokens": accepted,
+        "acceptance_rate": (accepted / drafts) if drafts else None,
+        "block_size": block_size,
+        "attention": _read_counts(counts),
+        "graphs": graphs,
+    }
+
+
+# ---------------------------------------------------------------- graph legs (child process)
+
+
+def _install_graph_emulation() -> None:
+    """CPU: breakable graphs through the recording stand-in (emulated device graphs).
+
+    Needs the in-process engine (the driver sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and
+    ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` (the leg's environment).
+    """
+    from vllm.compilation.xpu_breakable_graph_emulation import install_cpu_emulation
+
+    install_cpu_emulation()
+
+
+FAULTS = ("stale-input", "stale-input-unguarded")
+
+
+def _inject_stale_input(llm: Any, guarded: bool) -> None:
+    """Negative control: the target's input ids are handed over in a new tensor each step
+    while the captured buffer keeps the previous step's ids (a refreshed tensor replaced
+    instead of written in place). With the guard the replay must refuse; without it
+    (``guarded=False``) the replay reads the stale buffer and the tokens must go wrong."""
+
+    def inject(worker: Any) -> None:
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        wrapper = worker.model_runner.model
+        real = type(wrapper)
+        previous: list[Any] = []
+
+        class StaleInput(real):  # type: ignore[misc,valid-type]
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                entry = (
+                    self.entries.get(get_forward_context().batch_descriptor) if is_forward_context_available() else None
+                )
+                if entry is None or entry.capture is None:
+                    return real.__call__(self, *args, **kwargs)  # eager or capture
+                buffer = kwargs["input_ids"]
+                fresh = buffer.clone()
+                if previous:
+                    buffer.copy_(previous[0])  # the captured buffer is not refreshed...
+                previous[:] = [fresh.clone()]
+                kwargs = dict(kwargs, input_ids=fresh)  # ...the new ids come in a new tensor
+                if not guarded:
+                    entry.input_pointers = None  # the cheap pointer guard is bypassed
+                    self._check_static_inputs = lambda *a: None  # and the full check
+                return real.__call__(self, *args, **kwargs)
+
+        wrapper.__class__ = StaleInput
+
+    llm.llm_engine.collective_rpc(inject)
+
+
+def _runner_graph_accounting(worker: Any) -> dict[str, Any]:
+    from vllm.compilation.xpu_breakable_graph.wrapper import graph_accounting
+
+    return graph_accounting(worker.model_runner)
+
+
+def _collect_graph_accounting(llm: Any) -> dict[str, Any]:
+    """The breakable-graph wrappers' own accounting (target and drafter) from rank 0."""
+    return llm.llm_engine.collective_rpc(_runner_graph_accounting)[0]
+
+
+def route_and_count(cpu_flash_attn: bool) -> dict[str, Any]:
+    """Exact-verify calls (by width), kernel calls and prebuilt-metadata uses in this process.
+
+    The counts are the overlay's own (``xpu_laguna_exact.counters``), read when the leg ends.
+    With ``cpu_flash_attn`` the FlashAttention backend, the path Laguna takes on XPU, is
+    registered under ``CPU_ATTN`` so that the CPU engine (in-process, see the leg's
+    environment) runs the real builder and impl on the reference kernels.
+    """
+    from vllm.v1.attention.backends import xpu_laguna_exact
+
+    xpu_laguna_exact.counters.reset()
+    counts: dict[str, Any] = {"backend": "default", "kernel_seam": xpu_laguna_exact.kernel_seam_name()}
+    if cpu_flash_attn:
+        from vllm.v1.attention import selector
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+        register_backend(AttentionBackendEnum.CPU_ATTN, "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend")
+        selector._cached_get_attn_backend.cache_clear()
+        counts["backend"] = "FLASH_ATTN on CPU (reference kernels)"
+    return counts
+
+
+def _read_counts(counts: dict[str, Any]) -> dict[str, Any]:
+    from vllm.v1.attention.backends import xpu_laguna_exact
+
+    return {**counts, **xpu_laguna_exact.counters.snapshot()}

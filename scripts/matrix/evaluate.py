@@ -1,0 +1,147 @@
+"""Verdicts per leg (pure): teacher-exact and cross-leg tokens, zero cached tokens, the logprob
+gate and the graph legs' accounting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from scripts.matrix.graphs import GraphExpectation, check_graph_accounting, graph_leg_is_emulated
+from scripts.matrix.legs import PASSED_EMULATED_GRAPHS, Leg
+from scripts.matrix.logprobs import LogprobComparison, compare_logprobs, gate
+from scripts.tokens import first_difference
+
+
+@dataclass
+class LegResult:
+    name: str
+    status: str  # "passed", "failed", NOT_RUN_NO_GRAPHS, "error: ..."
+    env: dict[str, str] = field(default_factory=dict)
+    acceptance_rate: float | None = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    teacher_exact: str = ""
+    cross_leg_exact: str = ""
+    cached_tokens_zero: str = ""
+    mismatches: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    attention: dict[str, Any] = field(default_factory=dict)
+    logprobs: dict[str, Any] = field(default_factory=dict)  # see logprob_verdict()
+    longest_context: int = 0  # prompt + generated tokens of the longest request
+    graphs: dict[str, Any] = field(default_factory=dict)
+
+
+def logprob_verdict(
+    result: LegResult,
+    leg: Leg,
+    teacher_rows: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    require_bitwise: bool,
+    long_context: frozenset[int] = frozenset(),
+) -> None:
+    """The logprob gate for one leg (:mod:`.logprobs`): fills ``result.logprobs`` and
+    adds any problem to ``result.mismatches``.
+
+    Every prompt is gated. The prompts in ``long_context`` are also reported on their own under
+    ``long_context``: the leg without the split plan differs from the teacher only there, so it
+    is that leg's negative control.
+    """
+    comparison: LogprobComparison = compare_logprobs(
+        [r.get("logprobs", []) for r in teacher_rows], [r.get("logprobs", []) for r in rows]
+    )
+    verdict, problems = gate(comparison, expect_equal=not leg.diagnostic, require_bitwise=require_bitwise)
+    result.logprobs = {
+        "verdict": verdict,
+        "positions": comparison.positions,
+        "tokens_equal": comparison.tokens_equal,
+        "logprobs_bitwise_equal": comparison.logprobs_bitwise_equal,
+        "first_difference": comparison.first_difference,
+    }
+    if long_context:
+        extra = compare_logprobs(
+            [r.get("logprobs", []) for i, r in enumerate(teacher_rows) if i in long_context],
+            [r.get("logprobs", []) for i, r in enumerate(rows) if i in long_context],
+        )
+        result.logprobs["long_context"] = {
+            "positions": extra.positions,
+            "tokens_equal": extra.tokens_equal,
+            "logprobs_bitwise_equal": extra.logprobs_bitwise_equal,
+            "first_difference": extra.first_difference,
+        }
+    result.mismatches += problems
+
+
+def longest_context(rows: list[dict[str, Any]]) -> int:
+    return max((r["prompt_tokens"] + len(r["token_ids"]) for r in rows), default=0)
+
+
+def compare(teacher: list[list[int]], leg: list[list[int]], what: str) -> tuple[int, list[str]]:
+    """Count equal prompts; describe each mismatch with its first differing position."""
+    equal, notes = 0, []
+    for index, (t, got) in enumerate(zip(teacher, leg, strict=True)):
+        diff = first_difference(t, got)
+        if diff is None:
+            equal += 1
+        else:
+            pos, x, y = diff
+            notes.append(f"{what}: prompt {index} differs first at token {pos}: expected {x}, got {y}")
+    return equal, notes
+
+
+def evaluate(
+    outputs: dict[str, dict[str, Any]],
+    legs: tuple[Leg, ...],
+    n_prompts: int,
+    require_bitwise: bool = True,
+    long_context: frozenset[int] = frozenset(),
+    graph_expectation: GraphExpectation | None = None,
+) -> list[LegResult]:
+    teacher = outputs["teacher"]
+    teacher_tokens = [r["token_ids"] for r in teacher["rows"]]
+    reference_leg: list[list[int]] | None = None
+    results = []
+    for leg in legs:
+        data = outputs.get(leg.name)
+        result = LegResult(leg.name, status="", env=leg.env() if leg.speculative else {})
+        if data is None or "status" in data:
+            result.status = (data or {}).get("status", "error: no output")
+            results.append(result)
+            continue
+        tokens = [r["token_ids"] for r in data["rows"]]
+        equal, notes = compare(teacher_tokens, tokens, "teacher-exact")
+        result.teacher_exact = f"{equal}/{n_prompts}"
+        result.longest_context = longest_context(data["rows"])
+        if leg.diagnostic:  # tokens reported, only its negative control gates
+            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context)
+            result.attention = data.get("attention", {})
+            result.status = "failed" if result.mismatches else "passed"
+            results.append(result)
+            continue
+        result.mismatches += notes
+        if leg.speculative:
+            if reference_leg is None:
+                reference_leg = tokens
+                result.cross_leg_exact = f"{n_prompts}/{n_prompts} (reference)"
+            else:
+                equal_x, notes_x = compare(reference_leg, tokens, "cross-leg")
+                result.cross_leg_exact = f"{equal_x}/{n_prompts}"
+                result.mismatches += notes_x
+        if leg.speculative:
+            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context)
+        zero = sum(1 for r in data["rows"] if r["cached_tokens"] == 0)
+        result.cached_tokens_zero = f"{zero}/{n_prompts}"
+        if zero != n_prompts:
+            result.mismatches.append(f"cached tokens: {n_prompts - zero} prompt(s) reused cached tokens")
+        result.acceptance_rate = data.get("acceptance_rate")
+        result.draft_tokens = data.get("draft_tokens", 0)
+        result.accepted_tokens = data.get("accepted_tokens", 0)
+        result.seconds = sum(r["seconds"] for r in data["rows"])
+        result.attention = data.get("attention", {})
+        emulated = False
+        if leg.graph:
+            result.graphs = data.get("graphs", {})
+            result.mismatches += check_graph_accounting(result.graphs, graph_expectation)
+            emulated = graph_leg_is_emulated(result.graphs)
+        result.status = "failed" if result.mismatches else (PASSED_EMULATED_GRAPHS if emulated else "passed")
+        results.append(result)
+    return results

