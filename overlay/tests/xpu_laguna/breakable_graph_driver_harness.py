@@ -205,6 +205,10 @@ class Harness:
         vllm_config = self.vllm_config(
             num_layers, moe_layers, draft_layers=draft_layers
         )
+        # One capture size, the verify width, as the series configures it
+        # (the config above is eager): the wrapper sizes its collective
+        # slots from it.
+        vllm_config.compilation_config.cudagraph_capture_sizes = [8]
         self.ensure_dist(vllm_config)
         group = get_tp_group()
         group.world_size = tp  # fake TP size over a one-rank group

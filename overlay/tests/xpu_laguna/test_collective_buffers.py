@@ -26,21 +26,24 @@ def test_slots_in_order_and_again_per_capture() -> None:
     slots = _slots()
     x = torch.zeros(8, 16)
     taken = [slots.take(x) for _ in range(3)]
+    assert all(t is not None for t in taken)
     assert [out.data_ptr() for out, _ in taken] == [
         b.data_ptr() for b in slots.outputs
     ]
     assert all(out.shape == x.shape for out, _ in taken)
     assert [g.numel() for _, g in taken] == [2 * 8 * 16] * 3
     slots.begin()
-    out, _ = slots.take(torch.zeros(1, 16))  # a smaller batch: a view of slot 0
+    out, _ = slots.take(torch.zeros(1, 16)) or (None, None)  # smaller: a view of slot 0
+    assert out is not None
     assert out.data_ptr() == slots.outputs[0].data_ptr() and out.shape == (1, 16)
 
 
-def test_more_breaks_than_expected_is_refused() -> None:
+def test_more_breaks_than_expected_get_no_slot() -> None:
+    """The surplus break gets no slot (the capture's topology check then
+    refuses the capture: test_breakable_graph_laguna's 2L control)."""
     slots = _slots(count=1)
-    slots.take(torch.zeros(8, 16))
-    with pytest.raises(BreakableGraphError, match="more than the 1 collective"):
-        slots.take(torch.zeros(8, 16))
+    assert slots.take(torch.zeros(8, 16)) is not None
+    assert slots.take(torch.zeros(8, 16)) is None
 
 
 def test_bigger_or_other_dtype_is_refused() -> None:

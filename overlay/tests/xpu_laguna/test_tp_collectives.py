@@ -421,7 +421,7 @@ def toggles(monkeypatch):
 
 def _recorders(monkeypatch, calls):
     def record(name):
-        def call(input_, group, out=None):
+        def call(input_, group, out=None, gathered=None):
             calls.append((name, group))
             return input_ if out is None else out
 
@@ -542,6 +542,11 @@ def test_all_reduce_into_only_on_the_exact_path(toggles, monkeypatch):
     toggles(VLLM_XPU_LAGUNA_EXACT_TP_REDUCE="0")
     assert xc.all_reduce_into(x, out, group) is None
     assert calls == [("rank_order", "GROUP")]
+    # the CPU stand-in replaces the plain path of a graph break on CPU only
+    toggles(VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN="1")
+    assert xc.all_reduce_into(x, out, group) is out
+    assert calls[-1] == ("standin", "GROUP")
+    assert xc.all_reduce_into(x.to("meta"), out.to("meta"), group) is None
 
 
 # -- the hook on a real CpuCommunicator (SHM transport) in the gloo runs ---

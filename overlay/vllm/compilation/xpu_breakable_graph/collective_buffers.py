@@ -16,8 +16,12 @@ capture), and each capture hands them out in order.
 The number of slots is the expected topology's collective count (2L + 1 for
 a Laguna decoder at TP > 1: the embedding, and the attention output and the
 MLP/MoE output of each layer); each slot holds the largest captured batch
-(the largest capture size) of the model's hidden size. A capture that needs
-more slots, or a bigger one, is refused in one line instead of allocating.
+(the largest capture size) of the model's hidden size. A break bigger than
+a slot is refused in one line. A capture with more collective breaks than
+slots differs from the expected topology, which the capture check refuses
+right after that capture (with the counts); its surplus breaks get buffers
+allocated at capture so that the forward can finish and be reported, and no
+such capture is ever replayed.
 """
 
 from __future__ import annotations
@@ -72,8 +76,10 @@ class CollectiveBuffers:
         captures replay one at a time, so they may share slots)."""
         self._next = 0
 
-    def take(self, input_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next slot's output (shaped like ``input_``) and gather buffer."""
+    def take(self, input_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The next slot's output (shaped like ``input_``) and gather buffer;
+        None once every slot is taken (more breaks than expected: the
+        topology check refuses this capture)."""
         if input_.dtype != self.dtype or input_.numel() > self.capacity:
             raise BreakableGraphError(
                 f"collective break of {tuple(input_.shape)} {input_.dtype} does "
@@ -82,11 +88,7 @@ class CollectiveBuffers:
                 "one the wrapper was built for"
             )
         if self._next >= self.count:
-            raise BreakableGraphError(
-                f"capture needs more than the {self.count} collective breaks "
-                "the expected topology allows (buffers are preallocated per "
-                "expected break)"
-            )
+            return None
         slot = self._next
         self._next += 1
         out = self.outputs[slot][: input_.numel()].view(input_.shape)

@@ -72,12 +72,15 @@ def breakable_all_reduce(input_: torch.Tensor, group: GroupCoordinator) -> torch
     buffers = capture.collective_buffers
     owned: list[torch.Tensor] = []
     gathered: torch.Tensor | None = None
-    if buffers is not None:
-        out, gathered = buffers.take(input_)
-        owned.append(out)
+    slot = buffers.take(input_) if buffers is not None else None
+    if slot is not None:
+        owned.append(slot[0])
+        gathered = slot[1]
 
     def reduce_in_place() -> torch.Tensor:
-        if not owned:  # no preallocated slots (unknown topology)
+        # no preallocated slot: unknown topology, or more breaks than the
+        # expected topology (that capture is refused by its topology check)
+        if not owned:
             owned.append(
                 torch.empty(input_.shape, dtype=input_.dtype, device=input_.device)
             )
