@@ -4,8 +4,9 @@ Snippets are marked in README.md or a linked ``docs/`` page with ``<!-- readme-t
 right before their fenced block. In CI (``nox -s tests``): every ``nox -s`` session and
 ``python -m`` module the README and its pages name exists; the series-editing snippet runs as
 written (real ``nox``, its sessions run on this interpreter with ``--no-venv --no-install``) on a
-copy of the repository against the real pinned sdist; the crossover snippet's options pass the crossover's own checks. The full crossover
-snippet (five servers, minutes) runs with ``nox -s readme`` (``VXL_README_FULL=1``).
+copy of the repository against the real pinned sdist; the crossover snippet's options pass the
+crossover's own checks. The full crossover snippet (five servers, minutes) runs with
+``nox -s readme`` (``VXL_README_FULL=1``).
 """
 
 from __future__ import annotations
