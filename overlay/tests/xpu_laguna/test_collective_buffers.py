@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from vllm.compilation.xpu_breakable_graph.collective_buffers import (
     CollectiveBuffers,
     collective_buffers_for,
@@ -17,7 +16,11 @@ from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphError
 
 def _slots(count: int = 3) -> CollectiveBuffers:
     return CollectiveBuffers(
-        count, rows=8, hidden=16, world_size=2, dtype=torch.float32,
+        count,
+        rows=8,
+        hidden=16,
+        world_size=2,
+        dtype=torch.float32,
         device=torch.device("cpu"),
     )
 
@@ -27,9 +30,7 @@ def test_slots_in_order_and_again_per_capture() -> None:
     x = torch.zeros(8, 16)
     taken = [slots.take(x) for _ in range(3)]
     assert all(t is not None for t in taken)
-    assert [out.data_ptr() for out, _ in taken] == [
-        b.data_ptr() for b in slots.outputs
-    ]
+    assert [out.data_ptr() for out, _ in taken] == [b.data_ptr() for b in slots.outputs]
     assert all(out.shape == x.shape for out, _ in taken)
     assert [g.numel() for _, g in taken] == [2 * 8 * 16] * 3
     slots.begin()

@@ -27,7 +27,6 @@ such capture is ever replayed.
 from __future__ import annotations
 
 import torch
-
 from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphError
 
 
@@ -53,8 +52,7 @@ class CollectiveBuffers:
         self.world_size = world_size
         self.dtype = dtype
         self.outputs = [
-            torch.empty(rows * hidden, dtype=dtype, device=device)
-            for _ in range(count)
+            torch.empty(rows * hidden, dtype=dtype, device=device) for _ in range(count)
         ]
         self.gathers = [
             torch.empty(world_size * rows * hidden, dtype=dtype, device=device)

@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed
-
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
 from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
-from vllm.distributed import xpu_laguna_collectives
 from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphError
 from vllm.compilation.xpu_breakable_graph.topology import BreakKind
 from vllm.config import CUDAGraphMode
+from vllm.distributed import xpu_laguna_collectives
 from vllm.forward_context import get_forward_context, is_forward_context_available
 
 if TYPE_CHECKING:

@@ -107,7 +107,9 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         )
         self.max_segments = max_segments
         self.label = label
-        self.collective_buffers = _collective_buffers(runnable, vllm_config, self.expected)
+        self.collective_buffers = _collective_buffers(
+            runnable, vllm_config, self.expected
+        )
         self.entries: dict[Any, _BreakableEntry] = {}
         self.audit: list[str] = []
         self.replays = 0
@@ -301,7 +303,9 @@ def _collective_buffers(
     if expected is None or expected.collective == 0:
         return None
     model = _unwrap_model(runnable)
-    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    param = (
+        next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    )
     sizes = vllm_config.compilation_config.cudagraph_capture_sizes
     if param is None or not sizes:
         return None
