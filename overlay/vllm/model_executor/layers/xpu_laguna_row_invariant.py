@@ -84,7 +84,9 @@ def apply(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.
     return out[:n].reshape(x.shape)
 
 
-def per_row(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def per_row(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+) -> torch.Tensor:
     """``fn`` called on each ``x[i:i+1]`` (dim 0), results concatenated."""
     return torch.cat([fn(x[i : i + 1]) for i in range(x.shape[0])])
 
@@ -98,7 +100,9 @@ def norm_pad_tokens(tokens: int, rows_per_token: int) -> int:
     return 1 if (tokens * rows_per_token) % per_wg == 0 else 0
 
 
-def norm_padded(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def norm_padded(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+) -> torch.Tensor:
     """``fn(x)`` for a ``[tokens, heads, head_dim]`` norm input, called with
     a token count whose row count takes the one-token kernel (see module
     doc); the result has ``x``'s shape and is contiguous."""
