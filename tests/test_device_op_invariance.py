@@ -153,3 +153,66 @@ def test_recommendation() -> None:
     assert change[3] == "YES: the series' form differs (no switch in the series); use gather+rank-sum"
     assert change[4] == "YES: use gather+rank-sum"
     assert change[5] == "-"
+
+
+def _ctx(trials: int = 2) -> oc.Ctx:
+    torch = pytest.importorskip("torch")
+    forms, _ = oc.load_forms()
+    return oc.Ctx(torch, "cpu", trials, 8, oc.SHAPES["small"], forms)
+
+
+def test_int4_check_with_a_cpu_stand_in_kernel() -> None:
+    """The int4 rows' plumbing (weight/scale layout, per-row form) with a stand-in of
+    int4_gemm_w4a16 whose accumulation order depends on M, as oneDNN's; the XPU op runs only on
+    a device."""
+    ctx = _ctx()
+    t = ctx.torch
+    calls: list[int] = []
+
+    def fake(x, weight, bias, scales, zero, group, g_idx):  # type: ignore[no-untyped-def]
+        k, n = x.shape[1], scales.shape[1]
+        assert weight.dtype == t.int32 and weight.shape == (k // 8, n) and weight.stride(0) == 1
+        assert scales.shape == (k // group, n) and zero.dtype == t.int8 and bias is None and g_idx is None
+        calls.append(x.shape[0])
+        w = scales.float().repeat_interleave(group, 0)
+        xf = x.float()
+        if x.shape[0] == 1:
+            return xf @ w
+        half = k // 2
+        return xf[:, :half] @ w[:half] + xf[:, half:] @ w[half:]
+
+    rows = oc.check_int4(ctx, gemm=fake)
+    assert len(rows) == 2 * (len(oc.linear_shapes(ctx.s)) - 1)  # lm_head is BF16
+    assert all(r.verdict == "row-invariant" for r in rows if r.switch == "rows")
+    assert any(r.verdict == "NOT row-invariant" for r in rows if r.switch == "off")
+    assert 1 in calls and 8 in calls
+
+
+@pytest.mark.parametrize("cross_row", [False, True])
+def test_fused_moe_check_with_a_cpu_stand_in(cross_row: bool) -> None:
+    """The fused-MoE row's plumbing with a stand-in of XpuFusedMoe: row-local math is reported
+    row-invariant; a stand-in that mixes rows (as a kernel whose tiles span rows could) is not."""
+    ctx = _ctx()
+    seen: dict[str, Any] = {}
+
+    class FakeMoe:
+        def __init__(self, w13, s13, b13, w2, s2, b2, top_k, activation, experts):  # type: ignore[no-untyped-def]
+            seen.update(w13=tuple(w13.shape), w2=tuple(w2.shape), top_k=top_k, experts=experts)
+
+        def apply(self, output, hidden_states, topk_weights, topk_ids):  # type: ignore[no-untyped-def]
+            assert topk_ids.shape == (hidden_states.shape[0], ctx.s.top_k)
+            out = hidden_states * topk_weights.sum(-1, keepdim=True).to(hidden_states.dtype)
+            if cross_row:
+                out = out + hidden_states.mean(0, keepdim=True)
+            output.copy_(out)
+
+    (row,) = oc.check_fused_moe(ctx, moe_cls=FakeMoe)
+    s = ctx.s
+    assert seen == {
+        "w13": (s.local_experts, 2 * s.moe_inter, s.hidden // 2),
+        "w2": (s.local_experts, s.hidden, s.moe_inter // 2),
+        "top_k": s.top_k,
+        "experts": s.local_experts,
+    }
+    assert row.compared == 16
+    assert row.verdict == ("NOT row-invariant" if cross_row else "row-invariant")

@@ -293,18 +293,29 @@ def check_linears(ctx: Ctx) -> list[Row]:
     return rows
 
 
-def check_int4(ctx: Ctx) -> list[Row]:
-    t, f = ctx.torch, ctx.forms
-    shapes = [(kind, label, k, n) for kind, label, k, n in linear_shapes(ctx.s) if kind != "lm_head"]
-    reason = None if ctx.device == "xpu" else f"needs XPU (device is {ctx.device})"
-    reason = reason or _kernel_module("vllm_xpu_kernels._xpu_C")
-    if reason is None and not hasattr(t.ops._xpu_C, "int4_gemm_w4a16"):
+def _int4_op(ctx: Ctx) -> tuple[Callable[..., Any] | None, str | None]:
+    """``torch.ops._xpu_C.int4_gemm_w4a16`` (vllm_xpu_kernels on XPU), or why not."""
+    if ctx.device != "xpu":
+        return None, f"needs XPU (device is {ctx.device})"
+    reason = _kernel_module("vllm_xpu_kernels._xpu_C")
+    if reason is None and not hasattr(ctx.torch.ops._xpu_C, "int4_gemm_w4a16"):
         reason = "torch.ops._xpu_C.int4_gemm_w4a16 not registered"
+    return (None, reason) if reason else (ctx.torch.ops._xpu_C.int4_gemm_w4a16, None)
+
+
+def check_int4(ctx: Ctx, gemm: Callable[..., Any] | None = None, reason: str | None = None) -> list[Row]:
+    """``gemm`` has int4_gemm_w4a16's signature (x, weight [K/8, N] int32 in "ba" layout, bias,
+    scales [K/group, N], zero points, group, g_idx); default: the XPU op."""
+    t, f = ctx.torch, ctx.forms
+    if gemm is None and reason is None:
+        gemm, reason = _int4_op(ctx)
     rows = []
-    for kind, label, k, n in shapes:
+    for kind, label, k, n in linear_shapes(ctx.s):
+        if kind == "lm_head":
+            continue
         shape = f"{kind} {label} [{ctx.rows},{k}]x[{k},{n}] int4 g{ctx.s.group}"
-        if reason:
-            rows += [not_run("int4", shape, sw, reason) for sw in ("off", "rows")]
+        if reason or gemm is None:
+            rows += [not_run("int4", shape, sw, reason or "no kernel") for sw in ("off", "rows")]
             continue
         gen = t.Generator().manual_seed(k + n)
         packed = t.randint(-(2**31), 2**31 - 1, (k // 8, n), generator=gen, dtype=t.int32)
@@ -313,7 +324,7 @@ def check_int4(ctx: Ctx) -> list[Row]:
         zero = t.tensor([8], dtype=t.int8).to(ctx.device)
 
         def plain(x: Any, weight: Any = weight, scales: Any = scales, zero: Any = zero) -> Any:
-            return t.ops._xpu_C.int4_gemm_w4a16(x, weight, None, scales, zero, ctx.s.group, None)
+            return gemm(x, weight, None, scales, zero, ctx.s.group, None)
 
         def make(trial: int, k: int = k) -> Any:
             return ctx.randn(ctx.rows, k, seed=200 + trial)
@@ -323,42 +334,27 @@ def check_int4(ctx: Ctx) -> list[Row]:
     return rows
 
 
-def check_fused_moe(ctx: Ctx) -> list[Row]:
+def check_fused_moe(ctx: Ctx, moe_cls: Any = None) -> list[Row]:
+    """``moe_cls`` has vllm_xpu_kernels' ``XpuFusedMoe`` interface; default: that class (XPU)."""
     t, s = ctx.torch, ctx.s
     shape = f"E{s.local_experts} local top{s.top_k} [{ctx.rows},{s.hidden}] inter {s.moe_inter} int4 g{s.group}"
-    reason = None if ctx.device == "xpu" else f"needs XPU (device is {ctx.device})"
-    reason = reason or _kernel_module("vllm_xpu_kernels.fused_moe_interface")
-    if reason:
-        return [not_run("fused_moe", shape, "off", reason)]
+    if moe_cls is None:
+        reason = None if ctx.device == "xpu" else f"needs XPU (device is {ctx.device})"
+        reason = reason or _kernel_module("vllm_xpu_kernels.fused_moe_interface")
+        if reason:
+            return [not_run("fused_moe", shape, "off", reason)]
+        moe_cls = importlib.import_module("vllm_xpu_kernels.fused_moe_interface").XpuFusedMoe
 
     def run() -> tuple[int, int]:
-        from vllm_xpu_kernels.fused_moe_interface import XpuFusedMoe
-
         e, h, i = s.local_experts, s.hidden, s.moe_inter
         gen = t.Generator().manual_seed(5)
-        w13 = t.randint(0, 255, (e, 2 * i, h // 2), generator=gen).to(t.uint8).to(ctx.device)
-        w2 = t.randint(0, 255, (e, h, i // 2), generator=gen).to(t.uint8).to(ctx.device)
+        w13 = t.randint(0, 255, (e, 2 * i, h // 2), generator=gen, dtype=t.uint8).to(ctx.device)
+        w2 = t.randint(0, 255, (e, h, i // 2), generator=gen, dtype=t.uint8).to(ctx.device)
         s13 = ctx.randn(e, 2 * i, h // s.group, seed=6, scale=0.01).abs()
         s2 = ctx.randn(e, h, i // s.group, seed=7, scale=0.01).abs()
-        moe = XpuFusedMoe(w13, s13, None, w2, s2, None, s.top_k, "silu", e)
-        scores = {}
+        moe = moe_cls(w13, s13, None, w2, s2, None, s.top_k, "silu", e)
 
-        def route(trial: int) -> Any:
-            logits = t.randn(ctx.rows, e, generator=t.Generator().manual_seed(300 + trial))
-            weights, ids = t.topk(logits.sigmoid(), s.top_k, dim=-1)
-            scores[trial] = (weights.to(ctx.device), ids.to(ctx.device))
-            return ctx.randn(ctx.rows, h, seed=400 + trial, scale=0.1)
-
-        state = {"trial": 0}
-
-        def make(trial: int) -> Any:
-            state["trial"] = trial
-            return route(trial)
-
-        def apply(x: Any, rows: slice | None = None) -> Any:
-            weights, ids = scores[state["trial"]]
-            if rows is not None:
-                weights, ids = weights[rows], ids[rows]
+        def apply(x: Any, weights: Any, ids: Any) -> Any:
             out = t.empty_like(x)
             moe.apply(output=out, hidden_states=x, topk_weights=weights, topk_ids=ids)
             return out
@@ -366,10 +362,12 @@ def check_fused_moe(ctx: Ctx) -> list[Row]:
         compared = equal = 0
         with t.no_grad():
             for trial in range(ctx.trials):
-                x = make(trial)
-                out = apply(x)
+                logits = t.randn(ctx.rows, e, generator=t.Generator().manual_seed(300 + trial))
+                weights, ids = (v.to(ctx.device) for v in t.topk(logits.sigmoid(), s.top_k, dim=-1))
+                x = ctx.randn(ctx.rows, h, seed=400 + trial, scale=0.1)
+                out = apply(x, weights, ids)
                 for r in range(ctx.rows):
-                    ref = apply(x[r : r + 1].clone(), slice(r, r + 1))
+                    ref = apply(x[r : r + 1].clone(), weights[r : r + 1].clone(), ids[r : r + 1].clone())
                     equal += bool(t.equal(out[r], ref[0]))
                     compared += 1
         return compared, equal
