@@ -52,6 +52,10 @@ ENTRY_POINTS = (
         "per-module outputs of each verify row vs the teacher's decode of the same token (device check)",
     ),
     (
+        "python -m scripts.device.op_invariance_check",
+        "each op of a verify step at Laguna-S TP4 shapes: M rows in one call vs M one-row calls (device check)",
+    ),
+    (
         "python -m scripts.device.split_divergence",
         "KV lengths where verify and decode would pick different split counts without the plan",
     ),

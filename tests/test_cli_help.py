@@ -25,6 +25,7 @@ MAINS = [
     ("scripts.device.graph_check", []),
     ("scripts.device.xpu_attention_check", []),
     ("scripts.device.row_invariance_check", []),
+    ("scripts.device.op_invariance_check", []),
     ("scripts.device.split_divergence", []),
     ("scripts.bench.metadata_microbench", []),
     ("scripts.bench.tp_collectives", []),

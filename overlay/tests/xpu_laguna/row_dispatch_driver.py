@@ -1,0 +1,405 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Drives the row-invariant dispatch (patch 0011) through a real tiny Laguna
+target and its DFlash drafter on CPU; prints one JSON object of observations
+on its last stdout line.
+
+Run in its own process (``test_row_dispatch_laguna.py`` does): it sets up a
+one-rank gloo group and a current vLLM config, and switches the row-invariant
+toggles through the environment.
+
+What is real: vLLM's LagunaForCausalLM and DFlashLagunaForCausalLM modules
+(built as the DFlash proposer builds the drafter), their linears with vLLM's
+CPU quantization methods (``UnquantizedLinearMethod``, the router's
+``_GateLinearMethod``, ``UnquantizedEmbeddingMethod``), LagunaAttention's
+forward (q/k norm call sites, rotary, 0009's gate softplus), LagunaMLP's
+forward, ``compute_logits`` and the lm_head the proposer shares.
+
+Stand-ins (from ``row_invariant_standins.py``): every linear's CPU GEMM
+(``layer.cpu_linear``, which vLLM's CPU methods call) records the row count
+of each call and runs either ``F.linear`` (vLLM's CPU fallback) or a GEMM
+whose accumulation order depends on M (oneDNN's M-dependent kernel choice);
+the q/k norms can run a model of the XPU RMSNorm kernel's two reductions;
+the attention kernel is a stub returning q (no KV cache on this path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import traceback
+from collections import defaultdict
+from typing import Any
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from row_invariant_standins import m_dependent_linear, xpu_rms_norm  # noqa: E402
+
+HIDDEN = 64
+HEADS = 8  # q rows per token: 8 (8 tokens: 64 rows, a multiple of 16)
+KV_HEADS = 4
+HEAD_DIM = 32
+WIDTH = 8
+CALLS: dict[str, list[int]] = defaultdict(list)
+MODE = {"gemm": "flinear", "norm": "real"}
+TOGGLES = (
+    "VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM",
+    "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS",
+    "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM",
+    "VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4",
+    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
+    "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
+)
+
+
+def write_configs(tmp: str) -> tuple[str, str]:
+    from transformers import LagunaConfig
+
+    target, draft = os.path.join(tmp, "target"), os.path.join(tmp, "draft")
+    cfg = LagunaConfig(
+        vocab_size=256,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_attention_heads_per_layer=[HEADS, HEADS],
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=256,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        mlp_only_layers=[0],
+        mlp_layer_types=["dense", "sparse"],
+        decoder_sparse_step=1,
+        tie_word_embeddings=False,
+    )
+    cfg.architectures = ["LagunaForCausalLM"]
+    cfg.save_pretrained(target)
+    cfg.architectures = ["DFlashLagunaForCausalLM"]
+    cfg.num_hidden_layers = 1
+    cfg.num_attention_heads_per_layer = None
+    cfg.layer_types = ["full_attention"]
+    cfg.mlp_only_layers = [0]
+    cfg.mlp_layer_types = ["dense"]
+    cfg.save_pretrained(draft)
+    with open(os.path.join(draft, "config.json")) as f:
+        raw = json.load(f)
+    raw.update(
+        draft_vocab_size=256,
+        dflash_config={"target_layer_ids": [0, 1], "mask_token_id": 255},
+    )
+    with open(os.path.join(draft, "config.json"), "w") as f:
+        json.dump(raw, f)
+    return target, draft
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build() -> tuple[Any, nn.Module, nn.Module]:
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.models.laguna import LagunaForCausalLM
+    from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
+
+    torch._dynamo.config.disable = True
+    target_dir, draft_dir = write_configs(tempfile.mkdtemp(prefix="row-dispatch-"))
+    config = EngineArgs(
+        model=target_dir,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=128,
+        max_num_batched_tokens=128,
+        max_num_seqs=8,
+        kv_cache_memory_bytes=1 << 24,
+        speculative_config={
+            "method": "dflash",
+            "model": draft_dir,
+            "num_speculative_tokens": WIDTH - 1,
+        },
+    ).create_engine_config()
+    with set_current_vllm_config(config):
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+            local_rank=0,
+            backend="gloo",
+        )
+        initialize_model_parallel(1, 1)
+    with set_current_vllm_config(config), torch.device("cpu"):
+        target = LagunaForCausalLM(vllm_config=config, prefix="")
+        drafter = DFlashLagunaForCausalLM(vllm_config=config, prefix="")
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for model in (target, drafter):
+            for p in model.parameters():
+                if p.dtype.is_floating_point:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    for prefix, model in (("target", target), ("draft", drafter)):
+        _instrument(prefix, model)
+    drafter.lm_head = target.lm_head  # what the DFlash proposer does
+    return config, target, drafter
+
+
+def _instrument(prefix: str, model: nn.Module) -> None:
+    """Recording stand-in GEMMs on every linear, stand-in-capable norms and a
+    stub attention kernel (see module doc)."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        UnquantizedEmbeddingMethod,
+    )
+    from vllm.model_executor.models.laguna import LagunaAttention
+
+    for name, mod in model.named_modules():
+        full = f"{prefix}.{name}"
+        method = getattr(mod, "quant_method", None)
+        if isinstance(method, (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)):
+            mod.cpu_linear = _recording_gemm(full)
+        if isinstance(mod, LagunaAttention):
+            mod.attn = StubAttention()
+            for norm_name in ("q_norm", "k_norm"):
+                norm = getattr(mod, norm_name)
+                norm.forward = _recording_norm(f"{full}.{norm_name}", norm)
+
+
+def _recording_gemm(name: str):
+    def gemm(x, weight, bias):
+        CALLS[name].append(int(x.shape[0]))
+        if MODE["gemm"] == "standin":
+            return m_dependent_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
+    return gemm
+
+
+def _recording_norm(name: str, norm: nn.Module):
+    real = norm.forward
+
+    def forward(x, residual=None):
+        CALLS[name].append(int(x.shape[0]))
+        if MODE["norm"] == "standin":
+            return xpu_rms_norm(x, norm.weight.data, norm.variance_epsilon)
+        return real(x, residual)
+
+    return forward
+
+
+class StubAttention(nn.Module):
+    """The attention kernel's place: returns q (this path has no KV)."""
+
+    def forward(self, q, k, v):
+        return q.clone()
+
+
+def set_toggles(**values: str) -> None:
+    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
+
+    for name in TOGGLES:
+        os.environ.pop(name, None)
+    for key, value in values.items():
+        os.environ[f"VLLM_XPU_LAGUNA_{key}"] = value
+    rd.refresh()
+    rd.counters.reset()
+
+
+def installed(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
+    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
+
+    out: dict[str, Any] = {}
+    for prefix, model in (("target", target), ("draft", drafter)):
+        kinds, norms = {}, []
+        for name, mod in model.named_modules():
+            kind = getattr(mod, rd._KIND_ATTR, None)
+            if kind is not None:
+                kinds[name] = kind
+            if getattr(mod, rd._NORM_ATTR, False):
+                norms.append(name)
+        out[prefix] = {"kinds": kinds, "norms": sorted(norms)}
+    return out
+
+
+def _x(rows: int, width: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, width, generator=gen)
+
+
+def _units(target: nn.Module, drafter: nn.Module):
+    """One callable per linear kind (and the drafter's), with its GEMM
+    recorder's name and input width."""
+    a0, a1 = target.model.layers[0].self_attn, target.model.layers[1].self_attn
+    moe, dense = target.model.layers[1].mlp, target.model.layers[0].mlp
+    d_attn = drafter.model.layers[0].self_attn
+    q_width = a0.num_heads * a0.head_dim
+    return {
+        "qkv_proj": (a0.qkv_proj, "target.model.layers.0.self_attn.qkv_proj", HIDDEN),
+        "o_proj": (a1.o_proj, "target.model.layers.1.self_attn.o_proj", q_width),
+        "g_proj": (a0.g_proj, "target.model.layers.0.self_attn.g_proj", HIDDEN),
+        "dense_mlp": (dense.up_proj, "target.model.layers.0.mlp.up_proj", HIDDEN),
+        "shared_expert": (
+            moe.shared_expert.down_proj,
+            "target.model.layers.1.mlp.shared_expert.down_proj",
+            32,
+        ),
+        "router": (moe.gate, "target.model.layers.1.mlp.gate", HIDDEN),
+        "lm_head": (target.compute_logits, "target.lm_head", HIDDEN),
+        "draft_qkv_proj": (
+            d_attn.qkv_proj,
+            "draft.model.layers.0.self_attn.qkv_proj",
+            HIDDEN,
+        ),
+        "draft_lm_head": (drafter.compute_logits, "target.lm_head", HIDDEN),
+    }
+
+
+def gemm_calls(
+    target: nn.Module, drafter: nn.Module, rows: tuple[int, ...]
+) -> dict[str, Any]:
+    """Per unit and row count: the row counts of the GEMM calls one call of
+    the unit made, and the form counters."""
+    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
+
+    out: dict[str, Any] = {}
+    for unit, (fn, recorder, width) in _units(target, drafter).items():
+        for m in rows:
+            CALLS.clear()
+            with torch.no_grad():
+                fn(_x(m, width))
+            out[f"{unit}/{m}"] = list(CALLS[recorder])
+    out["counters"] = {"/".join(k): v for k, v in rd.counters.calls.items()}
+    return out
+
+
+def _rows_equal(batch: torch.Tensor, singles: list[torch.Tensor]) -> list[bool]:
+    return [bool(torch.equal(batch[i], s[0])) for i, s in enumerate(singles)]
+
+
+def bitwise(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
+    """Per unit: whether each row of an 8-row call equals the 1-row call of
+    that row (the q=1 decode), bitwise."""
+    out: dict[str, Any] = {}
+    for unit, (fn, _, width) in _units(target, drafter).items():
+        x = _x(WIDTH, width, seed=7)
+        with torch.no_grad():
+            batch = fn(x)
+            batch = batch[0] if isinstance(batch, tuple) else batch
+            singles = []
+            for i in range(WIDTH):
+                one = fn(x[i : i + 1])
+                singles.append(one[0] if isinstance(one, tuple) else one)
+        out[unit] = _rows_equal(batch, singles)
+    for prefix, model in (("target", target), ("draft", drafter)):
+        for idx, layer in enumerate(model.model.layers):
+            x = _x(WIDTH, HIDDEN, seed=11)
+            pos = torch.arange(WIDTH) + 40
+            with torch.no_grad():
+                batch = layer.self_attn(pos, x)
+                singles = [
+                    layer.self_attn(pos[i : i + 1], x[i : i + 1]) for i in range(WIDTH)
+                ]
+            out[f"{prefix}_attention_{idx}"] = _rows_equal(batch, singles)
+            if hasattr(layer.mlp, "gate_proj"):
+                with torch.no_grad():
+                    batch = layer.mlp(x)
+                    singles = [layer.mlp(x[i : i + 1]) for i in range(WIDTH)]
+                out[f"{prefix}_dense_mlp_{idx}"] = _rows_equal(batch, singles)
+    return out
+
+
+def norm_calls(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
+    """Row counts of the q/k norm calls of one attention forward."""
+    out: dict[str, Any] = {}
+    for prefix, attn in (
+        ("target", target.model.layers[0].self_attn),
+        ("draft", drafter.model.layers[0].self_attn),
+    ):
+        for m in (1, 2, 3, 8, 12):
+            CALLS.clear()
+            with torch.no_grad():
+                attn(torch.arange(m), _x(m, HIDDEN))
+            for norm in ("q_norm", "k_norm"):
+                key = f"{prefix}.model.layers.0.self_attn.{norm}"
+                out[f"{prefix}/{norm}/{m}"] = list(CALLS[key])
+    return out
+
+
+def run(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
+    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
+
+    res: dict[str, Any] = {"installed": installed(target, drafter)}
+    rows = (1, 4, WIDTH, 12)
+    variants: dict[str, dict[str, str]] = {
+        "default": {},
+        "linears_none": {"ROW_INVARIANT_LINEARS": "none"},
+        "linears_router": {"ROW_INVARIANT_LINEARS": "router,lm_head"},
+        "form_rows": {"ROW_INVARIANT_LINEAR_FORM": "rows"},
+        "exact_off": {"EXACT_VERIFY": "0"},
+        "width_4": {"VERIFY_WIDTH": "4"},
+    }
+    for name, toggles in variants.items():
+        set_toggles(**toggles)
+        res[f"calls/{name}"] = gemm_calls(target, drafter, rows)
+    for form in ("pad", "tokens", "off"):
+        set_toggles(ROW_INVARIANT_QK_NORM=form)
+        res[f"norms/{form}"] = norm_calls(target, drafter)
+    # Lanes: taken where the platform's plain GEMM is F.linear (XPU); here
+    # the platform check is forced on and the CPU GEMM is F.linear.
+    set_toggles()
+    rd._lanes_platform = True
+    try:
+        res["calls/lanes"] = gemm_calls(target, drafter, (1, WIDTH))
+        res["bitwise/lanes"] = bitwise(target, drafter)
+    finally:
+        rd._lanes_platform = None
+    MODE.update(gemm="standin", norm="standin")
+    for name, toggles in {
+        "default": {},
+        "tokens": {
+            "ROW_INVARIANT_QK_NORM": "tokens",
+            "ROW_INVARIANT_LINEAR_FORM": "rows",
+        },
+        "off": {"ROW_INVARIANT_QK_NORM": "off", "ROW_INVARIANT_LINEARS": "none"},
+        "norm_off": {"ROW_INVARIANT_QK_NORM": "off"},
+        "linears_none": {"ROW_INVARIANT_LINEARS": "none"},
+        "exact_off": {"EXACT_VERIFY": "0"},
+    }.items():
+        set_toggles(**toggles)
+        res[f"bitwise/standin/{name}"] = bitwise(target, drafter)
+    MODE.update(gemm="flinear", norm="real")
+    set_toggles()
+    return res
+
+
+def main() -> int:
+    try:
+        _, target, drafter = build()
+        results = run(target, drafter)
+    except Exception:  # noqa: BLE001
+        results = {"crash": traceback.format_exc()}
+    sys.stdout.write("\n" + json.dumps(results) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

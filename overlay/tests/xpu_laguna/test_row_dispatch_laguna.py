@@ -1,0 +1,180 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Row-invariant dispatch (0011) through a real tiny Laguna target and its
+DFlash drafter on CPU: which modules are installed, which calls take which
+form (GEMM and norm calls counted at 1, 2..8 and 12 rows), and that with
+M-dependent stand-in kernels (``row_invariant_standins.py``) every verify
+row of the target equals the 1-row call bitwise while the plain path (and
+the drafter, never installed) does not.
+
+The observations come from ``row_dispatch_driver.py``, run once in its own
+process (it initialises a one-rank distributed group).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DRIVER = Path(__file__).with_name("row_dispatch_driver.py")
+KINDS = (
+    "qkv_proj",
+    "o_proj",
+    "g_proj",
+    "dense_mlp",
+    "shared_expert",
+    "router",
+    "lm_head",
+)
+TARGET_BLOCKS = ("target_attention_0", "target_attention_1", "target_dense_mlp_0")
+DRAFT_UNITS = (
+    "draft_qkv_proj",
+    "draft_lm_head",
+    "draft_attention_0",
+    "draft_dense_mlp_0",
+)
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_XPU_LAGUNA_")}
+    proc = subprocess.run(
+        [sys.executable, str(DRIVER)],
+        cwd=tmp_path_factory.mktemp("row-dispatch"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "crash" not in result, result["crash"]
+    return result
+
+
+def test_installed_on_target_layers_only(observed) -> None:
+    target = observed["installed"]["target"]
+    assert sorted(set(target["kinds"].values())) == sorted(KINDS)
+    assert target["kinds"]["model.layers.0.mlp.down_proj"] == "dense_mlp"
+    assert target["kinds"]["model.layers.1.mlp.gate"] == "router"
+    assert (
+        target["kinds"]["model.layers.1.mlp.shared_expert.down_proj"] == "shared_expert"
+    )
+    assert len(target["norms"]) == 4  # q/k norms of both layers
+    draft = observed["installed"]["draft"]
+    # the drafter's own layers are never installed; its lm_head is the
+    # target's (shared by the proposer) and is scoped to the target's logits
+    assert draft == {"kinds": {"lm_head": "lm_head"}, "norms": []}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_default_dispatch_counts(observed, kind: str) -> None:
+    calls = observed["calls/default"]
+    assert calls[f"{kind}/1"] == [1]  # q=1 decode: one plain call
+    assert calls[f"{kind}/4"] == [1] * 4  # verify rows: one M=1 call per row (CPU)
+    assert calls[f"{kind}/8"] == [1] * 8
+    assert calls[f"{kind}/12"] == [12]  # more rows than the width: plain
+    assert calls["counters"][f"linear/{kind}/rows"] == 2  # the 4- and 8-row calls
+
+
+def test_drafter_takes_the_plain_path(observed) -> None:
+    calls = observed["calls/default"]
+    assert calls["draft_qkv_proj/8"] == [8]
+    assert calls["draft_lm_head/8"] == [8]  # the shared head, outside target logits
+
+
+@pytest.mark.parametrize(
+    ("variant", "on"),
+    [
+        ("linears_none", ()),
+        ("linears_router", ("router", "lm_head")),
+        ("form_rows", KINDS),
+        ("exact_off", ()),
+    ],
+)
+def test_switches_select_the_kinds(observed, variant: str, on: tuple[str, ...]) -> None:
+    calls = observed[f"calls/{variant}"]
+    for kind in KINDS:
+        want = [1] * 8 if kind in on else [8]
+        assert calls[f"{kind}/8"] == want, (variant, kind)
+        assert calls[f"{kind}/1"] == [1]
+
+
+def test_verify_width_bounds_the_rows(observed) -> None:
+    calls = observed["calls/width_4"]
+    for kind in KINDS:
+        assert calls[f"{kind}/4"] == [1] * 4
+        assert calls[f"{kind}/8"] == [8]
+
+
+def test_lanes_form_where_the_plain_gemm_is_f_linear(observed) -> None:
+    calls = observed["calls/lanes"]
+    for kind in KINDS:
+        assert calls[f"{kind}/8"] == []  # one batched matmul, no per-row GEMM
+        assert calls[f"{kind}/1"] == [1]
+        assert calls["counters"][f"linear/{kind}/lanes"] == 1
+    bitwise = observed["bitwise/lanes"]
+    for unit in (*KINDS, *TARGET_BLOCKS):
+        assert all(bitwise[unit]), unit
+    # negative control: plain fp32 F.linear on this CPU is not row-invariant
+    assert not all(bitwise["draft_qkv_proj"]) and not all(bitwise["draft_lm_head"])
+
+
+@pytest.mark.parametrize(
+    ("form", "rows", "want_q", "want_k"),
+    [
+        # 8 q heads, 4 k heads: rows x heads multiple of 16 -> one zero token
+        ("pad", 1, [1], [1]),
+        ("pad", 2, [3], [2]),
+        ("pad", 3, [3], [3]),
+        ("pad", 8, [9], [9]),
+        ("pad", 12, [12], [12]),
+        ("tokens", 1, [1], [1]),
+        ("tokens", 3, [1] * 3, [1] * 3),
+        ("tokens", 8, [1] * 8, [1] * 8),
+        ("tokens", 12, [12], [12]),
+        ("off", 8, [8], [8]),
+    ],
+)
+def test_qk_norm_dispatch(observed, form, rows, want_q, want_k) -> None:
+    calls = observed[f"norms/{form}"]
+    assert calls[f"target/q_norm/{rows}"] == want_q
+    assert calls[f"target/k_norm/{rows}"] == want_k
+    assert calls[f"draft/q_norm/{rows}"] == [rows]
+    assert calls[f"draft/k_norm/{rows}"] == [rows]
+
+
+@pytest.mark.parametrize("variant", ["default", "tokens"])
+def test_target_rows_equal_decode_with_m_dependent_kernels(observed, variant) -> None:
+    bitwise = observed[f"bitwise/standin/{variant}"]
+    for unit in (*KINDS, *TARGET_BLOCKS):
+        assert all(bitwise[unit]), (variant, unit)
+    for unit in DRAFT_UNITS:  # never installed: the stand-ins' M-dependence shows
+        assert not any(bitwise[unit]), (variant, unit)
+
+
+@pytest.mark.parametrize("variant", ["off", "exact_off"])
+def test_negative_control_plain_path_differs(observed, variant) -> None:
+    """With the forms off (switches off, or the exact path off) the same
+    M-dependent kernels make verify rows differ from decode."""
+    bitwise = observed[f"bitwise/standin/{variant}"]
+    for unit in (*KINDS, *TARGET_BLOCKS):
+        assert not all(bitwise[unit]), (variant, unit)
+
+
+def test_each_switch_is_needed(observed) -> None:
+    """Negative controls per switch: q/k norm off alone breaks the attention
+    rows (the norm stand-in) but not the dense MLP; linears off alone breaks
+    both."""
+    norm_off = observed["bitwise/standin/norm_off"]
+    assert not all(norm_off["target_attention_0"])
+    assert all(norm_off["target_dense_mlp_0"]) and all(norm_off["qkv_proj"])
+    linears_none = observed["bitwise/standin/linears_none"]
+    assert not all(linears_none["target_attention_0"])
+    assert not all(linears_none["target_dense_mlp_0"])
