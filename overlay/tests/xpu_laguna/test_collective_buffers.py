@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from vllm.compilation.xpu_breakable_graph.collective_buffers import (
     CollectiveBuffers,
     collective_buffers_for,

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+
 import vllm._custom_ops  # noqa: F401  (loads the CPU SHM ops before the fork)
 import vllm.config  # noqa: F401  (imported by the communicators; before the fork)
 from vllm.distributed import xpu_laguna_collectives as xc

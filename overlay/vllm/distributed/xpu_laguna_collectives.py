@@ -97,6 +97,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.distributed as dist
+
 import vllm.envs as envs
 from vllm.logger import init_logger
 

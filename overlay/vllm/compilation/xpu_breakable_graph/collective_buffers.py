@@ -27,6 +27,7 @@ such capture is ever replayed.
 from __future__ import annotations
 
 import torch
+
 from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphError
 
 

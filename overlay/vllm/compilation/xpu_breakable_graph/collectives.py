@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed
+
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
 from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
 from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphError
