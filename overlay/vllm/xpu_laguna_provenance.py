@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 PROVENANCE_FILE = "xpu_laguna_provenance.json"
+# Format of the record; the series' tooling writes it (scripts/provenance.py
+# reads this constant from here).
+SCHEMA = "vllm-xpu-laguna-provenance-v1"
 
 
 def load() -> dict[str, Any] | None:
