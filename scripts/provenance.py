@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib.util
 import json
@@ -17,21 +16,11 @@ from scripts.git import head_commit, run_git
 from scripts.log import detail, info
 from scripts.worktree import Inputs, Layout, load_inputs
 
+# The shipped reader (overlay/vllm/xpu_laguna_provenance.py, which the doctor in the wheel uses)
+# states the same value: the wheel cannot import the tooling; tests/test_provenance.py checks
+# that the two agree.
+SCHEMA = "vllm-xpu-laguna-provenance-v1"
 RECORD_PATH = "vllm/xpu_laguna_provenance.json"
-
-
-def _record_schema() -> str:
-    """The record format, defined once in the shipped reader
-    (``overlay/vllm/xpu_laguna_provenance.py``, which the doctor in the wheel checks against)."""
-    tree = ast.parse((Layout().overlay / "vllm" / "xpu_laguna_provenance.py").read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SCHEMA" for t in node.targets):
-            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                return node.value.value
-    raise ToolError("overlay/vllm/xpu_laguna_provenance.py defines no SCHEMA string")
-
-
-SCHEMA = _record_schema()
 
 
 def tool_revision(root: Path = REPO_ROOT) -> dict[str, Any]:
