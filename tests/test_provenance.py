@@ -3,6 +3,7 @@ and site directories built from the synthetic series)."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import synthetic
+from scripts import REPO_ROOT
 from scripts.provenance import RECORD_PATH, SCHEMA, make_record, verify, version_for
 from scripts.worktree import load_inputs
 from synthetic import tool_error
@@ -279,3 +281,18 @@ def test_failed_build_is_a_one_line_error(vxl_project, tmp_path: Path) -> None:
     assert "pip wheel failed" in message and "wheel-build.log" in message
     assert "toy build broke" in (project.build / "wheel-build.log").read_text()
     assert list((tmp_path / "dist").glob("*.whl")) == []
+
+
+def test_the_shipped_reader_checks_the_schema_the_tool_writes() -> None:
+    """The doctor in the wheel compares a record's schema with the reader's SCHEMA; it must be
+    the one this tool writes (the wheel cannot import the tooling, so each states it)."""
+    reader = REPO_ROOT / "overlay" / "vllm" / "xpu_laguna_provenance.py"
+    tree = ast.parse(reader.read_text(encoding="utf-8"))
+    values = [
+        node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "SCHEMA" for t in node.targets)
+        and isinstance(node.value, ast.Constant)
+    ]
+    assert values == [SCHEMA]

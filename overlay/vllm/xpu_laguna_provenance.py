@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 PROVENANCE_FILE = "xpu_laguna_provenance.json"
+# Format of the record, as the series' tooling writes it (scripts/provenance.py
+# states the same value; the tooling's tests check that the two agree).
+SCHEMA = "vllm-xpu-laguna-provenance-v1"
 
 
 def load() -> dict[str, Any] | None:

@@ -29,7 +29,7 @@ from scripts.layout import Layout
 from scripts.log import detail, info, step
 from scripts.measure import client, preflight
 from scripts.measure.artifacts import RECORD_FILE, finish_run, server_log_artifact, write_rows
-from scripts.measure.emulation import emulated_graphs_env
+from scripts.measure.emulation import server_hooks_env
 from scripts.measure.gates import GATES_PATH, Gates, load_gates
 from scripts.measure.prompts import Prompt, build_prompts, tokenizer_counter
 from scripts.measure.record import DEFAULT_SCHEMA_NAME, Prior, RecordMeta
@@ -275,6 +275,13 @@ def parser() -> argparse.ArgumentParser:
         "breakable graphs through the recording stand-in (EMULATED device graphs; the record's "
         "graph class says so). Their --server-args must allow graphs (no --enforce-eager)",
     )
+    p.add_argument(
+        "--upstream-cpu-attention",
+        action="store_true",
+        help="CPU runtime: leave upstream's CPU attention in the legs (default: a vLLM plugin on the "
+        "servers' PYTHONPATH registers the series' FlashAttention, reference kernels, under CPU_ATTN, "
+        "so the exact verify and prebuilt metadata run; no effect on an XPU)",
+    )
     p.add_argument("--out", type=Path, default=None, help="run directory (default: build/crossover/<UTC>)")
     p.add_argument("--no-teacher", action="store_true", help="skip the non-speculative teacher leg")
     p.add_argument("--no-plot", action="store_true", help="do not draw crossover.png")
@@ -322,8 +329,7 @@ def main(argv: list[str]) -> int:
     treatment = parse_assignments(args.treatment, "--treatment")
     control = parse_assignments(args.control, "--control")
     base = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
-    if args.emulate_graphs:
-        base.update(emulated_graphs_env())
+    base.update(server_hooks_env(series_attention=not args.upstream_cpu_attention, emulate_graphs=args.emulate_graphs))
     base.update(parse_assignments(args.env, "--env"))
     envs = leg_environments(base, control, treatment)
     spec = speculative_config(args)
