@@ -51,6 +51,7 @@ def test_the_repository_pins_name_the_issue_values() -> None:
     assert pins.cpu_runtime.torch == "2.13.0"
     assert pins.target.repo == "poolside/Laguna-S-2.1-INT4"
     assert pins.target.revision == "4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb"
+    assert pins.draft.repo == "poolside/Laguna-S-2.1-DFlash-INT4"
     assert pins.draft.revision == "5e07c246915c86dc6920fead03d019989224f2ba"
 
 
