@@ -57,6 +57,10 @@ ENTRY_POINTS = (
     ),
     ("python -m scripts.bench.metadata_microbench", "prebuilt vs inline exact-verify metadata, per step"),
     ("python -m scripts.old_line build", "clone, check out the vLLM 0.26.0 line and build its wheel (CI)"),
+    (
+        "python -m scripts.recipe render",
+        "the serving recipes in recipes/ from pins.toml and the verify width (--check)",
+    ),
 )
 """Every command line of the tooling; ``python -m scripts --help`` lists them."""
 

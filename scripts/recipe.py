@@ -191,7 +191,9 @@ def render_yaml(recipe: Recipe) -> str:
         if s.value is False:
             # vLLM 0.32.0 looks up --no-KEY in the top-level `vllm` parser, which lacks the serve
             # options: under `vllm serve --config` a `KEY: false` is silently dropped.
-            raise ToolError(f"{recipe.yaml_name}: {s.key}: false is dropped by `vllm serve --config`; use no-{s.key}: true")
+            raise ToolError(
+                f"{recipe.yaml_name}: {s.key}: false is dropped by `vllm serve --config`; use no-{s.key}: true"
+            )
         lines += [f"# {s.note}", f"{s.key}: {_scalar(s.value)}"]
     return "\n".join(lines) + "\n"
 
@@ -249,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=HelpFormatter,
     )
     r.add_argument("--out", type=Path, default=RECIPE_DIR, help="folder for the recipe files")
-    r.add_argument("--check", action="store_true", help="compare the files in --out with a fresh render; exit 1 if any differ")
+    r.add_argument(
+        "--check", action="store_true", help="compare the files in --out with a fresh render; exit 1 if any differ"
+    )
     r.add_argument(
         "--model",
         default=None,

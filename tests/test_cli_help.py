@@ -28,6 +28,7 @@ MAINS = [
     ("scripts.device.split_divergence", []),
     ("scripts.bench.metadata_microbench", []),
     ("scripts.old_line", []),
+    ("scripts.recipe", []),
 ]
 
 

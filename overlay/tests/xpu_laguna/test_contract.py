@@ -72,7 +72,9 @@ def _laguna_config(path: Path, *, layers: int, moe: bool) -> dict:
         moe_intermediate_size=32,
         shared_expert_intermediate_size=32,
         mlp_only_layers=[i for i in range(layers) if i not in moe_layers],
-        mlp_layer_types=["sparse" if i in moe_layers else "dense" for i in range(layers)],
+        mlp_layer_types=[
+            "sparse" if i in moe_layers else "dense" for i in range(layers)
+        ],
         decoder_sparse_step=1,
         tie_word_embeddings=False,
     )
@@ -248,8 +250,12 @@ def test_series_off_the_contract_is_a_no_op(models, monkeypatch, log_lines) -> N
     assert cfg.speculative_config.num_speculative_tokens == 8
     assert cfg.cache_config.enable_prefix_caching is True
     assert _config(models, target="int4", draft="draft", kv_cache_dtype="auto")
-    assert _config(models, kv_cache_dtype="fp8", tensor_parallel_size=4,
-                   enable_expert_parallel=True)
+    assert _config(
+        models,
+        kv_cache_dtype="fp8",
+        tensor_parallel_size=4,
+        enable_expert_parallel=True,
+    )
     assert log_lines == []
 
 
@@ -262,7 +268,9 @@ def test_async_scheduling_with_dflash_is_refused(models) -> None:
     assert _config(models, async_scheduling=False)
 
 
-def test_async_scheduling_is_free_with_the_exact_verify_off(models, monkeypatch) -> None:
+def test_async_scheduling_is_free_with_the_exact_verify_off(
+    models, monkeypatch
+) -> None:
     monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "0")
     assert _config(models, async_scheduling=True)
 
@@ -300,7 +308,9 @@ def test_auto_kv_resolving_to_the_checkpoints_fp8_is_refused(models) -> None:
         "with a KV cache in the model dtype only; FP8 KV is not token-exact); set "
         "--kv-cache-dtype bfloat16 (the model dtype)"
     )
-    cfg = _config(models, target="int4", draft="draft_int4_name", kv_cache_dtype="bfloat16")
+    cfg = _config(
+        models, target="int4", draft="draft_int4_name", kv_cache_dtype="bfloat16"
+    )
     assert cfg.quant_config.kv_cache_scheme is not None  # the FP8 scheme is there
     assert cfg.cache_config.cache_dtype == "bfloat16"
 
@@ -313,6 +323,36 @@ def test_a_drafter_kv_override_is_held_to_the_same_rule(models) -> None:
         "the model dtype float32 on the exact path"
     )
     assert _config(models, spec={"kv_cache_dtype": "auto"})
+
+
+def test_the_drafter_config_rebuilt_in_each_worker_passes_again(
+    models, log_lines, monkeypatch
+) -> None:
+    """DFlash's proposer builds its config from the target's with upstream's
+    own ``_create_draft_vllm_config`` (``dataclasses.replace``, the drafter's
+    KV dtype as the cache dtype): the contract runs again there and passes."""
+    from types import SimpleNamespace
+
+    from vllm.config import xpu_laguna_contract
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    cfg = _config(models, spec={"kv_cache_dtype": "auto"})
+    calls = []
+    real = xpu_laguna_contract.check_series_contract
+    monkeypatch.setattr(
+        xpu_laguna_contract,
+        "check_series_contract",
+        lambda c: calls.append(c) or real(c),
+    )
+    log_lines.clear()
+    proposer = SimpleNamespace(
+        speculative_config=cfg.speculative_config, vllm_config=cfg
+    )
+    draft = SpecDecodeBaseProposer._create_draft_vllm_config(proposer)
+    assert draft is not cfg and draft.cache_config.cache_dtype == "auto"
+    assert calls and calls[-1] is draft  # the contract ran on the rebuilt config
+    assert draft.scheduler_config.async_scheduling is False
+    assert log_lines == []  # nothing left to set: the first run set it
 
 
 def test_drafter_of_another_width_is_refused(models) -> None:
@@ -391,9 +431,7 @@ def test_non_standard_rejection_is_refused(models) -> None:
 
 
 def test_expert_parallelism_at_tp4_is_refused(models) -> None:
-    assert _refused(
-        models, tensor_parallel_size=4, enable_expert_parallel=True
-    ) == (
+    assert _refused(models, tensor_parallel_size=4, enable_expert_parallel=True) == (
         "XPU Laguna series: --enable-expert-parallel at tensor_parallel_size 4 on "
         "the exact path (expert outputs are then combined by "
         "all-to-all/reduce-scatter, not by the all-reduce the series makes "
@@ -472,7 +510,7 @@ def _child_toggles(queue) -> None:
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_multiprocessing_workers_inherit_the_toggles(monkeypatch, method) -> None:
-    """vLLM's multiprocessing context (engine core, MultiprocExecutor
+    """The multiprocessing context of vLLM (engine core, MultiprocExecutor
     workers) passes no environment of its own: a child started either way
     sees the toggles as this process has them, set after import included."""
     from vllm.utils.system_utils import get_mp_context
@@ -495,6 +533,10 @@ def test_a_child_with_its_own_environment_does_not_see_them() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_XPU_LAGUNA")}
     code = "import os; print(os.environ.get('" + SERIES_TOGGLE + "'))"
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert out.stdout.strip() == "None"

@@ -384,4 +384,3 @@ def _warn_max_num_seqs(vllm_config: VllmConfig) -> None:
             PREFIX,
             n,
         )
-
