@@ -65,6 +65,10 @@ ENTRY_POINTS = (
         "plain gloo all-reduce vs rank-order sum vs XCCL stand-in on CPU ranks, per call",
     ),
     ("python -m scripts.old_line build", "clone, check out the vLLM 0.26.0 line and build its wheel (CI)"),
+    (
+        "python -m scripts.recipe render",
+        "the serving recipes in recipes/ from pins.toml and the verify width (--check)",
+    ),
 )
 """Every command line of the tooling; ``python -m scripts --help`` lists them."""
 

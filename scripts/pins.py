@@ -50,6 +50,7 @@ class TargetModelPin:
 @dataclass(frozen=True)
 class DraftModelPin:
     kind: str
+    repo: str
     revision: str
 
 
@@ -146,7 +147,8 @@ def parse_pins(text: str, path: Path = PINS_PATH) -> Pins:
             bool(_GIT_REV.match(pin.revision)),
             f"pins [models.{name}].revision: not a 40-digit hex revision: {pin.revision!r}",
         )
-    _check("/" in target.repo, f"pins [models.target].repo: not an owner/name: {target.repo!r}")
+    for name, pin in (("target", target), ("draft", draft)):
+        _check("/" in pin.repo, f"pins [models.{name}].repo: not an owner/name: {pin.repo!r}")
     return Pins(vllm=vllm, xpu_runtime=xpu, cpu_runtime=cpu, target=target, draft=draft, path=path)
 
 

@@ -388,6 +388,7 @@ revision = "4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb"
 
 [models.draft]
 kind = "dflash"
+repo = "example/Toy-DFlash-INT4"
 revision = "5e07c246915c86dc6920fead03d019989224f2ba"
 """
 

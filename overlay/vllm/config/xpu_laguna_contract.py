@@ -1,0 +1,386 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Configuration contract of the XPU Laguna series.
+
+While a series toggle is in effect (breakable graphs, prebuilt exact
+metadata, or the exact verify on XPU: ``xpu_laguna_series_active``),
+``VllmConfig.__post_init__`` calls :func:`check_series_contract` after the
+model, speculative, cache, parallel and quantization configs exist and
+before anything loads weights (series patch 0012). Settings that would
+silently break exactness, or crash later in a worker, are refused with one
+``ValueError`` line that names the setting and the fix; where only one value
+is safe and the user could not have asked for another (an unset default),
+the series sets it and logs one line.
+
+Rules that hold whenever the series is active:
+
+* the Ray executor is refused (see :func:`_check_executor`);
+* the speculative width (``num_speculative_tokens + 1``) must not exceed
+  ``VLLM_XPU_LAGUNA_VERIFY_WIDTH``;
+* a DFlash drafter must fit the target (hidden size, vocabulary, target
+  layer ids) and, for a compressed-tensors INT4 Laguna target, be the
+  INT4-matched drafter (:func:`drafter_is_int4_matched`).
+
+Rules of the exact path (``VLLM_XPU_LAGUNA_EXACT_VERIFY=1`` as well):
+
+* standard rejection sampling only;
+* DFlash without async scheduling (unset: turned off; explicit: refused);
+* prefix caching off (turned off: vLLM resolves the default to on before
+  this runs, so an explicit choice cannot be told apart);
+* the KV cache (target and, if set, the drafter's override) in the model
+  dtype, including ``auto`` resolving to FP8 from the checkpoint's
+  ``kv_cache_scheme``;
+* no expert parallelism and no data parallelism for MoE targets: the
+  supported topology is tensor parallelism only, where every target
+  reduction is an all-reduce;
+* ``max_num_seqs > 1`` is allowed with one warning.
+
+DFlash's proposer rebuilds its VllmConfig from the target's in every worker
+(``dataclasses.replace``, with the drafter's ``kv_cache_dtype`` override),
+which runs this contract again there; the rules are written so that the
+rebuilt configuration passes whenever the original did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+import vllm.envs as envs
+from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.config import ModelConfig, SpeculativeConfig, VllmConfig
+
+logger = init_logger(__name__)
+
+PREFIX = "XPU Laguna series"
+LAGUNA_TARGET_ARCHITECTURES = ("LagunaForCausalLM",)
+MATCHED_DRAFTER_SUFFIX = "-int4"
+"""A drafter whose name (repo id or a directory on its path) ends in this,
+case-insensitively, is the INT4-matched one (poolside publishes it as
+``Laguna-S-2.1-DFlash-INT4``; the plain BF16 one has no suffix)."""
+MATCHED_DRAFTER_CONFIG_KEY = "xpu_laguna_int4_matched"
+"""A drafter whose config.json sets this to true is the INT4-matched one
+(for a local copy under another name)."""
+_NATIVE_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class SeriesConfigError(ValueError):
+    """A setting the XPU Laguna series refuses while one of its toggles is on."""
+
+
+def series_active() -> bool:
+    """Whether a toggle of the series is in effect. The one place that names
+    the series switch's module (repoint here when it moves)."""
+    from vllm.compilation.xpu_breakable_graph.config import xpu_laguna_series_active
+
+    return xpu_laguna_series_active()
+
+
+def _fail(setting: str, fix: str) -> None:
+    raise SeriesConfigError(f"{PREFIX}: {setting}; {fix}")
+
+
+def check_series_contract(vllm_config: VllmConfig) -> None:
+    """Refuse (one line, ``ValueError``) or set what the series needs; no-op
+    while every series toggle is off."""
+    if not series_active():
+        return
+    _check_executor(vllm_config)
+    _check_width(vllm_config)
+    _check_drafter(vllm_config)
+    if not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY:
+        return
+    _check_rejection(vllm_config)
+    _check_async_scheduling(vllm_config)
+    _check_prefix_caching(vllm_config)
+    _check_kv_cache_dtype(vllm_config)
+    _check_topology(vllm_config)
+    _warn_max_num_seqs(vllm_config)
+
+
+# ---------------------------------------------------------------- executor
+
+
+def _executor_uses_ray(vllm_config: VllmConfig) -> bool:
+    pc = vllm_config.parallel_config
+    if pc.use_ray:
+        return True
+    backend = pc.distributed_executor_backend
+    if isinstance(backend, str) and backend not in ("mp", "uni", "external_launcher"):
+        from vllm.v1.executor.abstract import Executor
+
+        return bool(getattr(Executor.get_class(vllm_config), "uses_ray", False))
+    return False
+
+
+def _check_executor(vllm_config: VllmConfig) -> None:
+    """Multiprocessing (fork or spawn) and the in-process executor inherit
+    this process's environment, and ``external_launcher`` processes each
+    build and check their own config. Ray workers get the VLLM_* variables
+    copied after the actor has started (only VLLM_USE_BREAKABLE_CUDAGRAPH is
+    in the actor's runtime env before import), Ray's V2 executor lets a
+    worker node's own value win, and a user exclusion file can drop them:
+    a worker could run other toggles than the ones checked here."""
+    if _executor_uses_ray(vllm_config):
+        _fail(
+            "the Ray executor is refused while a series toggle is on (Ray "
+            "workers may not run with the VLLM_XPU_LAGUNA_* values checked here)",
+            "use --distributed-executor-backend mp",
+        )
+
+
+# ------------------------------------------------------------------- width
+
+
+def _speculative_tokens(sc: SpeculativeConfig) -> int:
+    counts = [sc.num_speculative_tokens or 0]
+    schedule = getattr(sc, "num_speculative_tokens_per_batch_size", None) or []
+    counts += [int(entry[2]) for entry in schedule]
+    return max(counts)
+
+
+def _check_width(vllm_config: VllmConfig) -> None:
+    sc = vllm_config.speculative_config
+    if sc is None:
+        return
+    width = int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH)
+    tokens = _speculative_tokens(sc)
+    if tokens + 1 > width:
+        _fail(
+            f"speculative width num_speculative_tokens + 1 = {tokens + 1} exceeds "
+            f"VLLM_XPU_LAGUNA_VERIFY_WIDTH={width} (wider verify steps leave the "
+            "exact path)",
+            f"set num_speculative_tokens <= {width - 1} in --speculative-config "
+            "or raise VLLM_XPU_LAGUNA_VERIFY_WIDTH",
+        )
+
+
+# ----------------------------------------------------------------- drafter
+
+
+def _quantization_dict(model_config: ModelConfig) -> dict[str, Any]:
+    cfg = getattr(model_config.hf_config, "quantization_config", None)
+    if cfg is None:
+        return {}
+    if isinstance(cfg, dict):
+        return cfg
+    to_dict = getattr(cfg, "to_dict", None)
+    return to_dict() if callable(to_dict) else {}
+
+
+def target_is_int4_laguna(model_config: ModelConfig) -> bool:
+    """A Laguna target quantized with compressed-tensors to 4-bit integer
+    weights (as poolside's Laguna-S-2.1-INT4: routed experts W4, group 32)."""
+    if not set(model_config.architectures) & set(LAGUNA_TARGET_ARCHITECTURES):
+        return False
+    quant = _quantization_dict(model_config)
+    if quant.get("quant_method") != "compressed-tensors":
+        return False
+    groups = quant.get("config_groups") or {}
+    for group in groups.values():
+        weights = (group or {}).get("weights") or {}
+        if weights.get("num_bits") == 4 and weights.get("type", "int") == "int":
+            return True
+    return False
+
+
+def _names_on_path(reference: str) -> Iterable[str]:
+    # HF cache folders spell the repo as models--owner--name.
+    for part in reference.replace("\\", "/").split("/"):
+        yield part.rsplit("--", 1)[-1] if part.startswith("models--") else part
+
+
+def drafter_is_int4_matched(sc: SpeculativeConfig) -> bool:
+    """The drafter is the INT4-matched one when its config says so
+    (``"xpu_laguna_int4_matched": true``) or when its name does: the repo id
+    or a directory on its path ends in ``-INT4``. The two drafters have the
+    same shapes and both are BF16 without a quantization config, so nothing
+    else in their configs tells them apart."""
+    hf = sc.draft_model_config.hf_config
+    if getattr(hf, MATCHED_DRAFTER_CONFIG_KEY, False) is True:
+        return True
+    reference = str(sc.draft_model_config.model or sc.model or "")
+    return any(
+        name.lower().endswith(MATCHED_DRAFTER_SUFFIX)
+        for name in _names_on_path(reference)
+    )
+
+
+def _check_drafter(vllm_config: VllmConfig) -> None:
+    sc = vllm_config.speculative_config
+    mc = vllm_config.model_config
+    if sc is None or mc is None or sc.method != "dflash":
+        return
+    dc = sc.draft_model_config
+    if dc is None:
+        return
+    hf = dc.hf_config
+    draft_hidden = getattr(hf, "hidden_size", None)
+    target_hidden = mc.get_hidden_size()
+    if draft_hidden is not None and draft_hidden != target_hidden:
+        _fail(
+            f"drafter {sc.model} has hidden_size {draft_hidden}, the target "
+            f"{target_hidden} (DFlash shares the target's embeddings and lm_head)",
+            "use the DFlash drafter trained for this target",
+        )
+    draft_vocab = getattr(hf, "draft_vocab_size", None)
+    target_vocab = mc.get_vocab_size()
+    if draft_vocab is not None and draft_vocab != target_vocab:
+        _fail(
+            f"drafter {sc.model} has draft_vocab_size {draft_vocab}, the target "
+            f"vocabulary {target_vocab} (DFlash shares the target's lm_head)",
+            "use the DFlash drafter trained for this target",
+        )
+    dflash = getattr(hf, "dflash_config", None) or {}
+    layer_ids = dflash.get("target_layer_ids") if isinstance(dflash, dict) else None
+    layers = mc.get_total_num_hidden_layers()
+    outside = [i for i in layer_ids or [] if not 0 <= int(i) < layers]
+    if outside:
+        _fail(
+            f"drafter {sc.model} reads target layers {outside} "
+            f"(dflash_config.target_layer_ids), the target has layers "
+            f"0..{layers - 1}",
+            "use the DFlash drafter trained for this target",
+        )
+    if target_is_int4_laguna(mc) and not drafter_is_int4_matched(sc):
+        _fail(
+            f"drafter {sc.model} is not marked as the INT4-matched DFlash drafter "
+            "of this compressed-tensors INT4 target (the plain BF16 drafter "
+            "accepts ~0% of its proposals: the INT4 target's residual stream "
+            "is rotated)",
+            "use the -INT4 drafter (Laguna-S-2.1-DFlash-INT4), a local copy in "
+            "a directory whose name ends in -INT4, or set "
+            f'"{MATCHED_DRAFTER_CONFIG_KEY}": true in its config.json',
+        )
+
+
+# ------------------------------------------------------------- exact path
+
+
+def _check_rejection(vllm_config: VllmConfig) -> None:
+    sc = vllm_config.speculative_config
+    method = getattr(sc, "rejection_sample_method", "standard") if sc else "standard"
+    if method != "standard":
+        _fail(
+            f"rejection_sample_method {method!r} on the exact path (only standard "
+            "rejection keeps the output the target's own tokens)",
+            '"rejection_sample_method": "standard" in --speculative-config, or '
+            "VLLM_XPU_LAGUNA_EXACT_VERIFY=0",
+        )
+
+
+def _check_async_scheduling(vllm_config: VllmConfig) -> None:
+    sc = vllm_config.speculative_config
+    sched = vllm_config.scheduler_config
+    if sc is None or sc.method != "dflash":
+        return
+    if sched.async_scheduling:
+        _fail(
+            "--async-scheduling with DFlash on the exact path (DFlash state leaks "
+            "across requests: the next request's first tokens can differ)",
+            "use --no-async-scheduling",
+        )
+    if sched.async_scheduling is None:
+        sched.async_scheduling = False
+        logger.info_once(
+            "%s: async scheduling off (DFlash on the exact path needs "
+            "--no-async-scheduling)",
+            PREFIX,
+        )
+
+
+def _check_prefix_caching(vllm_config: VllmConfig) -> None:
+    cc = vllm_config.cache_config
+    if cc.enable_prefix_caching:
+        cc.enable_prefix_caching = False
+        logger.info_once(
+            "%s: prefix caching off on the exact path (a cached prefix was "
+            "computed in another request's step shape)",
+            PREFIX,
+        )
+
+
+def resolved_kv_cache_dtype(cache_dtype: str, vllm_config: VllmConfig) -> str:
+    """What ``auto`` becomes once the attention layers are built: ``fp8``
+    when the checkpoint declares a ``kv_cache_scheme`` (compressed-tensors;
+    vllm/model_executor/layers/attention/attention.py), else ``auto`` (the
+    model dtype). ModelOpt's KV algorithms were already resolved by
+    ``EngineArgs`` (``resolve_kv_cache_dtype_string``)."""
+    if cache_dtype != "auto":
+        return cache_dtype
+    scheme = getattr(vllm_config.quant_config, "kv_cache_scheme", None)
+    if scheme is None and vllm_config.model_config is not None:
+        scheme = _quantization_dict(vllm_config.model_config).get("kv_cache_scheme")
+    return "fp8" if scheme is not None else "auto"
+
+
+def _check_kv_cache_dtype(vllm_config: VllmConfig) -> None:
+    mc = vllm_config.model_config
+    if mc is None:
+        return
+    model_dtype = mc.dtype
+    model_name = str(model_dtype).removeprefix("torch.")
+    native = {v: k for k, v in _NATIVE_CACHE_DTYPES.items()}
+    fix = (
+        f"set --kv-cache-dtype {native[model_dtype]}"
+        if model_dtype in native
+        else "set --kv-cache-dtype auto"
+    )
+    sc = vllm_config.speculative_config
+    asked = [("--kv-cache-dtype", vllm_config.cache_config.cache_dtype)]
+    if sc is not None and getattr(sc, "kv_cache_dtype", None) is not None:
+        asked.append(("--speculative-config kv_cache_dtype", sc.kv_cache_dtype))
+    for flag, dtype in asked:
+        resolved = resolved_kv_cache_dtype(dtype, vllm_config)
+        if resolved == "auto" or _NATIVE_CACHE_DTYPES.get(resolved) == model_dtype:
+            continue
+        source = (
+            f"{flag} auto resolves to fp8 from the checkpoint's kv_cache_scheme"
+            if dtype == "auto"
+            else f"{flag} {dtype} differs from the model dtype {model_name}"
+        )
+        _fail(
+            f"{source} on the exact path (the exact path is proven with a KV "
+            "cache in the model dtype only; FP8 KV is not token-exact)",
+            f"{fix} (the model dtype)",
+        )
+
+
+def _check_topology(vllm_config: VllmConfig) -> None:
+    pc = vllm_config.parallel_config
+    mc = vllm_config.model_config
+    if mc is None or not mc.is_moe:
+        return
+    ranks = pc.tensor_parallel_size * pc.data_parallel_size
+    if pc.enable_expert_parallel and ranks > 1:
+        _fail(
+            f"--enable-expert-parallel at tensor_parallel_size "
+            f"{pc.tensor_parallel_size} on the exact path (expert outputs are "
+            "then combined by all-to-all/reduce-scatter, not by the all-reduce "
+            "the series makes fixed-rank-order)",
+            "drop --enable-expert-parallel (the supported topology is tensor "
+            "parallelism without expert parallelism)",
+        )
+    if pc.data_parallel_size > 1:
+        _fail(
+            f"--data-parallel-size {pc.data_parallel_size} on the exact path (the "
+            "MoE layers then combine tokens of every data-parallel rank in one "
+            "step)",
+            "use --data-parallel-size 1 with tensor parallelism",
+        )
+
+
+def _warn_max_num_seqs(vllm_config: VllmConfig) -> None:
+    n = vllm_config.scheduler_config.max_num_seqs
+    if n > 1:
+        logger.warning_once(
+            "%s: max_num_seqs %d > 1: steps with more than one request run "
+            "upstream numerics (not bitwise equal to a single-request run); "
+            "use --max-num-seqs 1 for exact serving",
+            PREFIX,
+            n,
+        )

@@ -1,0 +1,140 @@
+"""The recipes against vLLM 0.32.0's own ``vllm serve`` parser, in the CPU runtime, in-process, no engine.
+
+Every key of each ``recipes/*.yaml`` must be a ``vllm serve`` option as written and must arrive with
+its value through ``vllm serve --config`` (parsed the way ``vllm``'s main does: the top-level parser
+pulls the file in, the serve subparser parses it). The CPU recipe, with its env file loaded by a shell
+(``set -a; . FILE``), must also build a ``VllmConfig`` of the tiny models that the series' contract
+accepts; with a verify width below the recipe's drafted tokens the same build is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts import REPO_ROOT
+from scripts.layout import Layout
+from scripts.recipe import RECIPE_DIR, VERIFY_WIDTH, Recipe, recipes
+from scripts.tiny_laguna import generate
+
+
+def _serve_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, Any]:
+    """The top-level ``vllm`` parser with the serve subcommand, built as ``vllm``'s main builds it."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    top = FlexibleArgumentParser(description="vLLM CLI")
+    sub = top.add_subparsers(required=False, dest="subparser")
+    command = ServeSubcommand()
+    serve = command.subparser_init(sub)
+    return top, serve, command
+
+
+def key_problems(serve: argparse.ArgumentParser, path: Path) -> list[str]:
+    """Keys of a ``--config`` file that ``vllm serve`` does not take as written, one line each
+    (stricter than argparse, which also takes a unique prefix of an option)."""
+    import yaml
+
+    problems = []
+    for key, value in yaml.safe_load(path.read_text(encoding="utf-8")).items():
+        if f"--{key}" not in serve._option_string_actions:
+            problems.append(f"{path.name}: {key}: not a vllm serve option")
+        elif value is False:
+            problems.append(f"{path.name}: {key}: false is dropped by vllm serve --config")
+    return problems
+
+
+def _expected(recipe: Recipe) -> dict[str, Any]:
+    """namespace attribute -> value, as the recipe means it."""
+    out = {}
+    for s in recipe.serve:
+        if s.key.startswith("no-") and s.value is True:
+            out[s.key[3:].replace("-", "_")] = False
+        else:
+            out[s.key.replace("-", "_")] = s.value
+    return out
+
+
+@pytest.mark.parametrize("recipe", recipes(), ids=lambda r: r.name)
+def test_every_key_is_a_vllm_serve_option_and_arrives(recipe: Recipe) -> None:
+    top, serve, command = _serve_parser()
+    path = RECIPE_DIR / recipe.yaml_name
+    assert key_problems(serve, path) == []
+    args = top.parse_args(["serve", "--config", str(path)])
+    command.validate(args)
+    for dest, value in _expected(recipe).items():
+        got = getattr(args, dest)
+        if dest == "compilation_config":
+            got = {k: getattr(got, k, None) if not isinstance(got, dict) else got.get(k) for k in value}
+            got = {k: getattr(v, "name", v) for k, v in got.items()}
+        assert got == value, dest
+
+
+def test_negative_control_misspelled_and_false_keys(tmp_path: Path) -> None:
+    top, serve, _ = _serve_parser()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: m\nmax-num-sequences: 1\nenable-prefix-caching: false\n", encoding="utf-8")
+    assert key_problems(serve, bad) == [
+        "bad.yaml: max-num-sequences: not a vllm serve option",
+        "bad.yaml: enable-prefix-caching: false is dropped by vllm serve --config",
+    ]
+    with pytest.raises(SystemExit):
+        top.parse_args(["serve", "--config", str(bad)])  # argparse: unrecognized arguments
+    dropped = tmp_path / "dropped.yaml"
+    dropped.write_text("model: m\nenable-prefix-caching: false\n", encoding="utf-8")
+    args = top.parse_args(["serve", "--config", str(dropped)])
+    assert args.enable_prefix_caching is None  # the upstream trap the recipes avoid (no-KEY: true)
+
+
+def shell_env(path: Path) -> dict[str, str]:
+    """What ``set -a; . FILE`` exports in a clean shell (bash's own variables left out)."""
+    out = subprocess.run(
+        ["env", "-i", "bash", "--noprofile", "--norc", "-c", 'set -a; . "$1"; env -0', "_", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    pairs = dict(item.split("=", 1) for item in out.split("\0") if item)
+    return {k: v for k, v in pairs.items() if k not in {"PWD", "SHLVL", "_", "OLDPWD"}}
+
+
+def _cpu_config(monkeypatch: pytest.MonkeyPatch, overrides: dict[str, str]) -> Any:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    recipe = next(r for r in recipes() if r.name == "cpu-tiny")
+    env = shell_env(RECIPE_DIR / recipe.env_name)
+    assert env == {s.key: s.value for s in recipe.env}
+    for key, value in {**env, **overrides}.items():
+        monkeypatch.setenv(key, value)
+    tiny = Layout(REPO_ROOT, build_dir=REPO_ROOT / "build").tiny_models
+    if not (tiny / "target" / "config.json").is_file() or not (tiny / "draft" / "config.json").is_file():
+        generate(tiny)  # what `nox -s cpu_runtime` makes there
+    monkeypatch.chdir(REPO_ROOT)  # the recipe's model paths are relative to the repository root
+    top, _, command = _serve_parser()
+    args = top.parse_args(["serve", "--config", str(RECIPE_DIR / recipe.yaml_name)])
+    command.validate(args)
+    return AsyncEngineArgs.from_cli_args(args).create_engine_config()
+
+
+def test_cpu_recipe_builds_a_config_the_contract_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.config.xpu_laguna_contract import series_active
+
+    cfg = _cpu_config(monkeypatch, {})
+    assert series_active()
+    assert cfg.speculative_config.num_speculative_tokens == VERIFY_WIDTH - 1
+    assert cfg.speculative_config.method == "dflash"
+    assert cfg.scheduler_config.async_scheduling is False
+    assert cfg.cache_config.enable_prefix_caching is False
+    assert cfg.scheduler_config.max_num_seqs == 1
+    assert cfg.parallel_config.tensor_parallel_size == 1
+    assert os.environ["VLLM_XPU_LAGUNA_VERIFY_WIDTH"] == str(VERIFY_WIDTH)
+
+
+def test_negative_control_a_narrower_width_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="exceeds VLLM_XPU_LAGUNA_VERIFY_WIDTH=7"):
+        _cpu_config(monkeypatch, {"VLLM_XPU_LAGUNA_VERIFY_WIDTH": str(VERIFY_WIDTH - 1)})
