@@ -149,7 +149,9 @@ def test_negative_control_an_env_value_a_shell_would_split_is_refused() -> None:
 def _overlay_constant(name: str, module: str = "vllm/config/xpu_laguna_contract.py") -> object:
     tree = ast.parse((REPO_ROOT / "overlay" / module).read_text())
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         if any(getattr(t, "id", None) == name for t in targets) and node.value is not None:
             return ast.literal_eval(node.value)
     raise AssertionError(f"{name} not found")
