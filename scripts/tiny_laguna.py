@@ -41,9 +41,10 @@ from scripts.errors import ToolError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MASK_TOKEN", "TinyModels", "generate", "main"]
+__all__ = ["MASK_TOKEN", "STAMP", "TinyModels", "generate", "generator_digest", "main"]
 
 MASK_TOKEN = "<|mask|>"
+STAMP = "generator.json"  # written next to target/ and draft/: which generator made them
 VOCAB_MULTIPLE = 64
 BPE_VOCAB = 300  # trained size before padding (padded up to a multiple of 64)
 
@@ -366,6 +367,16 @@ def _build_draft(out: Path, target_dir: Path, vocab: int, mask_id: int, mask_dir
         f.write("\n")
 
 
+def generator_digest(seed: int = 0) -> str:
+    """sha256 of this generator's sources and the seed: models with another digest are stale."""
+    import hashlib
+
+    digest = hashlib.sha256(f"seed={seed}\n".encode())
+    for source in (Path(__file__), Path(st.__file__)):
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
 def generate(out_dir: Path, seed: int = 0) -> TinyModels:
     """Write ``out_dir/target`` and ``out_dir/draft``; return their paths."""
     import torch
@@ -400,6 +411,7 @@ def generate(out_dir: Path, seed: int = 0) -> TinyModels:
     _build_target(target, vocab, cycles, mask_id, mask_dir, special, seed)
     _build_draft(draft, target, vocab, mask_id, mask_dir, seed)
     _save_tokenizer(tok, draft)
+    (out_dir / STAMP).write_text(json.dumps({"generator": generator_digest(seed)}) + "\n", encoding="utf-8")
     return TinyModels(
         target=target,
         draft=draft,
