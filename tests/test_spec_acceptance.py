@@ -43,7 +43,7 @@ class Gauge:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def _snapshot(drafts: int, per_pos: list[int], engine: str = "0", suffix: str = "") -> list[object]:
+def _snapshot(drafts: int, per_pos: list[int], engine: str = "0", suffix: str = "") -> list[Counter | Vector | Gauge]:
     return [
         Counter(DRAFTS + suffix, drafts, {"engine": engine}),
         Counter(DRAFT_TOKENS + suffix, drafts * len(per_pos), {"engine": engine}),
@@ -84,7 +84,7 @@ def test_missing_counters_are_an_error() -> None:
         (_snapshot(3, [4, 0, 0, 0, 0, 0, 0]), "4 accepted at depth 1 in 3 drafts"),
     ],
 )
-def test_inconsistent_counts_are_an_error(metrics: list[object], message: str) -> None:
+def test_inconsistent_counts_are_an_error(metrics: list[Counter | Vector | Gauge], message: str) -> None:
     with pytest.raises(SpecAcceptanceError, match=message):
         from_metrics(metrics)
 

@@ -6,6 +6,7 @@ these check the construction's premises with an independent re-computation of th
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ def test_depth_scores_negative_control(monkeypatch: pytest.MonkeyPatch) -> None:
     bonus token) scores low at distance h: the check can fail."""
     real = st.depth_query
 
-    def flipped(h: int) -> torch.Tensor:
+    def flipped(h: int) -> Any:
         q = real(h)
         q[st.ROT_DIM // 2], q[1 + st.ROT_DIM // 2] = -q[st.ROT_DIM // 2], -q[1 + st.ROT_DIM // 2]
         return q
