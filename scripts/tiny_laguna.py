@@ -21,8 +21,9 @@ Design of the weights (so tests see every verify row, not only the rejection pat
   are then accepted as deep as the target keeps to the cycle: every depth
   1..7 is accepted regularly, and every depth is rejected regularly too.
 
-CLI: ``python -m scripts.tiny_laguna --out DIR [--seed N]`` writes ``DIR/target``
-and ``DIR/draft``. Heavy imports (torch, transformers) happen inside
+CLI: ``python -m scripts.tiny_laguna --out DIR [--seed N]`` writes ``DIR/target``, ``DIR/draft``
+and ``DIR/generator.json`` (the generator's digest: ``cpu_runtime ensure`` regenerates stale
+models). Measured acceptance and weaknesses: docs/tiny-laguna.md. Heavy imports happen inside
 ``generate`` only, so importing this module stays cheap.
 """
 
