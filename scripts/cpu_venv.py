@@ -74,6 +74,19 @@ def _run(cmd: list[str], what: str) -> None:
         raise ToolError(f"{what} failed (exit {proc.returncode}); its output is above")
 
 
+def _models_current(models: Path) -> bool:
+    """Both models there, made by the generator as it is now (its stamp; none: stale)."""
+    from scripts.tiny_laguna import STAMP, generator_digest
+
+    if not ((models / "target" / "config.json").is_file() and (models / "draft" / "config.json").is_file()):
+        return False
+    try:
+        stamp = json.loads((models / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(stamp, dict) and stamp.get("generator") == generator_digest()
+
+
 def ensure(tree: Path | None, models: Path | None) -> Path:
     """Create or reuse the runtime, sync ``tree`` into it, generate the tiny models in
     ``models``; return its python."""
@@ -100,7 +113,7 @@ def ensure(tree: Path | None, models: Path | None) -> Path:
             with step(f"sync the patched tree {tree} into the runtime"):
                 _run([str(python), "-m", "scripts.cpu_runtime", "sync", "--tree", str(tree)], "cpu_runtime sync")
         if models is not None:
-            if (models / "target" / "config.json").is_file() and (models / "draft" / "config.json").is_file():
+            if _models_current(models):
                 detail(f"tiny models already in {models}")
             else:
                 with step(f"generate the tiny Laguna models in {models}"):

@@ -6,23 +6,24 @@ random-init ``transformers`` ``LagunaForCausalLM`` saved with its own
 tokenizer is a byte-level BPE trained here with ``tokenizers``, and the drafter
 is written with the parameter names vLLM's ``laguna_dflash.py`` loads.
 
-Design of the weights (so tests see more than the rejection path):
+Design of the weights (so tests see every verify row, not only the rejection path):
 
 * float32, four layers: three sliding-window layers and one global layer,
   more query heads on the sliding layers (as in Laguna-S), softplus gating on,
   a dense first layer and sigmoid-routed MoE layers with a shared expert and a
   NON-ZERO random routing correction bias (large enough to change which
-  experts are selected when it is dropped).
-* The embedding of one ordinary word token (``REPEAT_WORD``) and of the mask
-  token point along a shared unit direction ``d``, and the lm_head row of the
-  repeat token is aligned with ``d``. Once the repeat token appears the target
-  keeps emitting it (an absorbing state); before that, output is random. The
-  drafter shares the target's embeddings and lm_head and uses the mask token,
-  so in the absorbing state it proposes the repeat token at every position and
-  the proposals are accepted: a non-zero acceptance rate.
+  experts are selected when it is dropped). Every layer is random.
+* A planted token cycle (``scripts.tiny_laguna_structure``): the embedding and
+  lm_head make greedy output follow a fixed successor permutation (11 cycles of
+  29 tokens) unless the random layers push another token over it; the drafter
+  (one layer, shared embedding and lm_head) is built so that mask ``k`` of the
+  DFlash query block proposes the ``k``-th successor of the bonus token. Drafts
+  are then accepted as deep as the target keeps to the cycle: every depth
+  1..7 is accepted regularly, and every depth is rejected regularly too.
 
-CLI: ``python -m scripts.tiny_laguna --out DIR [--seed N]`` writes ``DIR/target``
-and ``DIR/draft``. Heavy imports (torch, transformers) happen inside
+CLI: ``python -m scripts.tiny_laguna --out DIR [--seed N]`` writes ``DIR/target``, ``DIR/draft``
+and ``DIR/generator.json`` (the generator's digest: ``cpu_runtime ensure`` regenerates stale
+models). Measured acceptance and weaknesses: docs/tiny-laguna.md. Heavy imports happen inside
 ``generate`` only, so importing this module stays cheap.
 """
 
@@ -35,15 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scripts import tiny_laguna_structure as st
 from scripts.errors import ToolError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MASK_TOKEN", "REPEAT_WORD", "TinyModels", "generate", "main"]
+__all__ = ["MASK_TOKEN", "STAMP", "TinyModels", "generate", "generator_digest", "main"]
 
-REPEAT_WORD = " lagoon"
 MASK_TOKEN = "<|mask|>"
+STAMP = "generator.json"  # written next to target/ and draft/: which generator made them
 VOCAB_MULTIPLE = 64
 BPE_VOCAB = 300  # trained size before padding (padded up to a multiple of 64)
 
@@ -68,13 +70,19 @@ DENSE_INTERMEDIATE = 128
 ROUTED_SCALING = 1.5
 BIAS_SCALE = 0.2  # std of the routing correction bias
 
-# Drafter: one full-attention layer reading the target's layers 0 and 2.
+# Drafter: one full-attention layer reading the target's layers 0 and 2; query heads 0..6 are
+# the depth heads of the planted cycle (scripts.tiny_laguna_structure), 7..15 are random.
 DRAFT_TARGET_LAYER_IDS = (0, 2)
-DRAFT_HEADS = 4
+DRAFT_HEADS = 16
+DRAFT_DEPTH_HEADS = 7  # one per drafted token of DFlash M8
 
-# Strength of the shared direction (see module docstring).
-REPEAT_EMBED_NORM = 32.0
-REPEAT_LM_HEAD_NORM = 1.0
+# Strength of the planted cycle against the random layers (measured: see docs/tiny-laguna.md).
+EMBED_SCALE = 9.0  # norm of an ordinary token's TOK vector in the embedding
+KEY_SHARE = 0.5  # norm of the shared KEY vector relative to the TOK vector
+LM_HEAD_SCALE = 2.5  # lm_head rows: LM_HEAD_SCALE * predecessor's TOK vector ...
+LM_HEAD_NOISE = 0.1  # ... plus this much random row (std per entry, outside the MASK block)
+MASK_EMBED_NORM = 1.0
+DRAFT_RANDOM_OUT = 0.3  # o_proj scale of the drafter's random heads (7..15)
 
 _CORPUS = (
     "The lagoon is calm in the morning and the boats wait by the shore.",
@@ -98,9 +106,9 @@ class TinyModels:
 
     target: Path
     draft: Path
-    repeat_token_id: int
     mask_token_id: int
     vocab_size: int
+    successor: tuple[int, ...]  # successor[y]: the token the planted cycle puts after y
 
 
 class TinyLagunaError(ToolError):
@@ -120,7 +128,7 @@ def _train_tokenizer(seed: int) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    # Repeat the corpus so frequent words (the repeat word among them) merge.
+    # Repeat the corpus so frequent words merge.
     tok.train_from_iterator(list(_CORPUS) * 4, trainer=trainer)
     size = tok.get_vocab_size()
     padded = -(-size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
@@ -158,22 +166,34 @@ def _rope_parameters() -> dict[str, dict[str, Any]]:
     }
 
 
-def _unit_direction(gen: torch.Generator) -> torch.Tensor:
-    import torch
+def check_tp2_divisible() -> None:
+    """Head, KV-head and expert counts of target and drafter split evenly over TP 2."""
+    counts = {
+        "target heads per layer": HEADS_PER_LAYER,
+        "target KV heads": (NUM_KV_HEADS,),
+        "experts": (NUM_EXPERTS, EXPERTS_PER_TOKEN),
+        "drafter heads": (DRAFT_HEADS, NUM_KV_HEADS),
+    }
+    odd = {what: n for what, n in counts.items() if any(x % 2 for x in n)}
+    if odd:
+        raise TinyLagunaError(f"counts not divisible by 2 (TP 2): {odd}")
+    if DRAFT_HEADS // NUM_KV_HEADS < DRAFT_DEPTH_HEADS:
+        raise TinyLagunaError("the depth heads must share KV head 0 (DRAFT_HEADS / NUM_KV_HEADS >= 7)")
 
-    d = torch.randn(HIDDEN, generator=gen, dtype=torch.float32)
-    return d / d.norm()
+
+def _block(span: tuple[int, int]) -> slice:
+    return slice(*span)
 
 
 def _build_target(
     out: Path,
     vocab: int,
-    repeat_id: int,
+    cycles: st.Cycles,
     mask_id: int,
+    mask_dir: torch.Tensor,
     special: dict[str, int],
     seed: int,
-) -> torch.Tensor:
-    """Save the target; return the shared direction used for the drafter."""
+) -> None:
     import torch
     from transformers import LagunaConfig, LagunaForCausalLM
 
@@ -220,26 +240,92 @@ def _build_target(
             else:
                 fan_in = p.shape[-1]
                 p.copy_(torch.randn(p.shape, generator=gen) / fan_in**0.5)
-        d = _unit_direction(gen)
+        # The planted cycle (scripts.tiny_laguna_structure): embedding and lm_head only.
+        tok, key, mask = _block(st.TOK), _block(st.KEY), _block(st.MASK)
+        ordinary = [t for t in range(vocab) if t != mask_id]
+        shared_key = torch.ones(key.stop - key.start) / (key.stop - key.start) ** 0.5
         emb = model.model.embed_tokens.weight
-        emb[repeat_id] = REPEAT_EMBED_NORM * d
-        emb[mask_id] = REPEAT_EMBED_NORM * d
-        model.lm_head.weight[repeat_id] = REPEAT_LM_HEAD_NORM * d
+        emb.zero_()
+        emb[ordinary, tok] = EMBED_SCALE * cycles.units[ordinary]
+        emb[ordinary, key] = EMBED_SCALE * KEY_SHARE * shared_key
+        emb[mask_id] = MASK_EMBED_NORM * mask_dir
+        head = model.lm_head.weight
+        head.copy_(LM_HEAD_NOISE * torch.randn(head.shape, generator=gen))
+        head[:, mask] = 0.0  # the drafter's mask residual must not bias any token
+        predecessor = {nxt: y for y, nxt in enumerate(cycles.successor(vocab)) if y != mask_id}
+        rows = [predecessor[z] for z in ordinary]
+        head[ordinary, tok] += LM_HEAD_SCALE * cycles.units[rows]
         biases = [p for n_, p in model.named_parameters() if n_.endswith("e_score_correction_bias")]
         if not biases or any(bool((b == 0).all()) for b in biases):
             raise TinyLagunaError("routing correction bias is missing or zero")
     model.save_pretrained(str(out), safe_serialization=True)
-    return d
 
 
-def _build_draft(out: Path, target_dir: Path, vocab: int, mask_id: int, seed: int) -> None:
+def _draft_tensors(gen: torch.Generator, mask_dir: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The drafter's weights under vLLM's internal names (laguna_dflash loads them verbatim,
+    with "model." prepended); embed_tokens and lm_head are the target's."""
+    import torch
+
+    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return scale * torch.randn(*shape, generator=gen) / shape[-1] ** 0.5
+
+    hd, kvh = HEAD_DIM, NUM_KV_HEADS
+    q_size, kv_size = DRAFT_HEADS * hd, kvh * hd
+    tok, key, mask, ctx = (_block(b) for b in (st.TOK, st.KEY, st.MASK, st.CTX))
+    qkv = rnd(q_size + 2 * kv_size, HIDDEN)
+    # random query heads stay off the boosted q_norm dims (their scores stay O(1))
+    for head in range(DRAFT_DEPTH_HEADS, DRAFT_HEADS):
+        qkv[[head * hd + d for d in st.BOOSTED]] = 0.0
+    depth_key = st.depth_key()
+    shared_key = torch.ones(key.stop - key.start) / (key.stop - key.start) ** 0.5
+    k0, v0 = q_size, q_size + kv_size  # rows of KV head 0's key and value
+    qkv[k0 : k0 + hd] = 0.0
+    qkv[k0 : k0 + hd, key] = torch.outer(depth_key / depth_key.norm(), shared_key)
+    qkv[v0 : v0 + hd] = 0.0
+    qkv[v0 : v0 + hd, tok] = torch.eye(tok.stop - tok.start)
+    o_proj = rnd(HIDDEN, q_size, scale=DRAFT_RANDOM_OUT)
+    for h in range(1, DRAFT_DEPTH_HEADS + 1):
+        rows = slice((h - 1) * hd, h * hd)
+        query = st.depth_query(h)
+        qkv[rows] = 0.0
+        qkv[rows, mask] = torch.outer(query / query.norm(), mask_dir[mask])
+        o_proj[:, rows] = 0.0
+        o_proj[tok, rows] = st.rotation_power(h - 1)
+    q_norm = torch.ones(hd)
+    q_norm[list(st.BOOSTED)] = st.q_norm_boost()
+    fc = torch.zeros(HIDDEN, HIDDEN * len(DRAFT_TARGET_LAYER_IDS))
+    fc[ctx] = rnd(ctx.stop - ctx.start, fc.shape[1])
+    p = "layers.0."
+
+    def ones() -> torch.Tensor:
+        return torch.ones(HIDDEN)
+
+    tensors = {
+        p + "self_attn.qkv_proj.weight": qkv,
+        p + "self_attn.o_proj.weight": o_proj,
+        p + "self_attn.g_proj.weight": rnd(DRAFT_HEADS, HIDDEN),
+        p + "self_attn.q_norm.weight": q_norm,
+        p + "self_attn.k_norm.weight": torch.ones(hd),
+        p + "mlp.gate_proj.weight": rnd(DENSE_INTERMEDIATE, HIDDEN, scale=0.2),
+        p + "mlp.up_proj.weight": rnd(DENSE_INTERMEDIATE, HIDDEN, scale=0.2),
+        p + "mlp.down_proj.weight": rnd(HIDDEN, DENSE_INTERMEDIATE, scale=0.2),
+        p + "input_layernorm.weight": ones(),
+        p + "post_attention_layernorm.weight": ones(),
+        "fc.weight": fc,
+        "hidden_norm.weight": ones(),
+        "norm.weight": ones(),
+    }
+    for i in range(len(DRAFT_TARGET_LAYER_IDS)):
+        tensors[f"aux_hidden_norms.{i}.weight"] = ones()
+    return tensors
+
+
+def _build_draft(out: Path, target_dir: Path, vocab: int, mask_id: int, mask_dir: torch.Tensor, seed: int) -> None:
     import torch
     from safetensors.torch import save_file
 
     with open(target_dir / "config.json", encoding="utf-8") as f:
         tcfg = json.load(f)
-    q = DRAFT_HEADS * HEAD_DIM
-    kv = NUM_KV_HEADS * HEAD_DIM
     config = {
         "architectures": ["DFlashLagunaForCausalLM"],
         "model_type": "laguna",
@@ -270,36 +356,7 @@ def _build_draft(out: Path, target_dir: Path, vocab: int, mask_id: int, seed: in
             "mask_token_id": mask_id,
         },
     }
-    gen = torch.Generator().manual_seed(seed + 2)
-
-    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return scale * torch.randn(*shape, generator=gen) / shape[-1] ** 0.5
-
-    def norm(n: int) -> torch.Tensor:
-        return torch.ones(n)
-
-    # vLLM-internal parameter names (laguna_dflash loads them verbatim, with
-    # "model." prepended); embed_tokens and lm_head are shared with the target.
-    # The drafter's own layers are small so the query embedding (the shared
-    # direction for the repeat and mask tokens) dominates its residual stream.
-    p = "layers.0."
-    tensors = {
-        p + "self_attn.qkv_proj.weight": rnd(q + 2 * kv, HIDDEN, scale=0.2),
-        p + "self_attn.o_proj.weight": rnd(HIDDEN, q, scale=0.2),
-        p + "self_attn.g_proj.weight": rnd(DRAFT_HEADS, HIDDEN),
-        p + "self_attn.q_norm.weight": norm(HEAD_DIM),
-        p + "self_attn.k_norm.weight": norm(HEAD_DIM),
-        p + "mlp.gate_proj.weight": rnd(DENSE_INTERMEDIATE, HIDDEN, scale=0.2),
-        p + "mlp.up_proj.weight": rnd(DENSE_INTERMEDIATE, HIDDEN, scale=0.2),
-        p + "mlp.down_proj.weight": rnd(HIDDEN, DENSE_INTERMEDIATE, scale=0.2),
-        p + "input_layernorm.weight": norm(HIDDEN),
-        p + "post_attention_layernorm.weight": norm(HIDDEN),
-        "fc.weight": rnd(HIDDEN, HIDDEN * len(DRAFT_TARGET_LAYER_IDS)),
-        "hidden_norm.weight": norm(HIDDEN),
-        "norm.weight": norm(HIDDEN),
-    }
-    for i in range(len(DRAFT_TARGET_LAYER_IDS)):
-        tensors[f"aux_hidden_norms.{i}.weight"] = norm(HIDDEN)
+    tensors = _draft_tensors(torch.Generator().manual_seed(seed + 2), mask_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(
         {k: v.to(torch.float32).contiguous() for k, v in sorted(tensors.items())},
@@ -311,8 +368,27 @@ def _build_draft(out: Path, target_dir: Path, vocab: int, mask_id: int, seed: in
         f.write("\n")
 
 
+def generator_digest(seed: int = 0) -> str:
+    """sha256 of this generator's sources and the seed: models with another digest are stale."""
+    import hashlib
+
+    digest = hashlib.sha256(f"seed={seed}\n".encode())
+    for source in (Path(__file__), Path(st.__file__)):
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
 def generate(out_dir: Path, seed: int = 0) -> TinyModels:
     """Write ``out_dir/target`` and ``out_dir/draft``; return their paths."""
+    import torch
+
+    check_tp2_divisible()
+    if (HIDDEN, HEAD_DIM) != (st.HIDDEN, st.HEAD_DIM) or _rope_parameters()["full_attention"] != {
+        "rope_type": "default",
+        "rope_theta": st.ROPE_THETA,
+        "partial_rotary_factor": st.ROT_DIM / st.HEAD_DIM,
+    }:
+        raise TinyLagunaError("the planted structure assumes another hidden size, head size or rope")
     out_dir = Path(out_dir)
     target = out_dir / "target"
     draft = out_dir / "draft"
@@ -321,22 +397,28 @@ def generate(out_dir: Path, seed: int = 0) -> TinyModels:
     tok = _train_tokenizer(seed)
     vocab = tok.get_vocab_size()
     special = {t: tok.token_to_id(t) for t in _SPECIAL_TOKENS}
-    repeat_ids = tok.encode(REPEAT_WORD).ids
-    if len(repeat_ids) != 1:
-        raise TinyLagunaError(f"repeat word {REPEAT_WORD!r} is not a single token: {repeat_ids}")
-    repeat_id = repeat_ids[0]
     mask_id = special[MASK_TOKEN]
+    gen = torch.Generator().manual_seed(seed + 3)
+    try:
+        cycles = st.make_cycles(vocab, mask_id, gen)
+    except ValueError as exc:
+        raise TinyLagunaError(str(exc)) from None
+    mask_dir = torch.zeros(HIDDEN)
+    mask_block = _block(st.MASK)
+    direction = torch.randn(mask_block.stop - mask_block.start, generator=gen)
+    mask_dir[mask_block] = direction / direction.norm()
 
     _save_tokenizer(tok, target)
-    _build_target(target, vocab, repeat_id, mask_id, special, seed)
-    _build_draft(draft, target, vocab, mask_id, seed)
+    _build_target(target, vocab, cycles, mask_id, mask_dir, special, seed)
+    _build_draft(draft, target, vocab, mask_id, mask_dir, seed)
     _save_tokenizer(tok, draft)
+    (out_dir / STAMP).write_text(json.dumps({"generator": generator_digest(seed)}) + "\n", encoding="utf-8")
     return TinyModels(
         target=target,
         draft=draft,
-        repeat_token_id=repeat_id,
         mask_token_id=mask_id,
         vocab_size=vocab,
+        successor=cycles.successor(vocab),
     )
 
 
@@ -358,8 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(
         f"target: {models.target}\ndraft: {models.draft}\n"
-        f"vocab: {models.vocab_size} repeat_token_id: {models.repeat_token_id} "
-        f"mask_token_id: {models.mask_token_id}"
+        f"vocab: {models.vocab_size} mask_token_id: {models.mask_token_id} "
+        f"cycles: {(models.vocab_size - 1) // st.CYCLE_LEN} of {st.CYCLE_LEN} tokens"
     )
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from scripts import cpu_venv
 from scripts.errors import ToolError
 from scripts.pins import load_pins
+from scripts.tiny_laguna import STAMP, generator_digest
 
 
 def test_one_folder_per_pinned_version(tmp_path: Path) -> None:
@@ -32,8 +34,9 @@ def test_ensure_creates_once_then_reuses(tmp_path: Path, monkeypatch: pytest.Mon
             (folder / "bin" / "python").write_text("")
         if "scripts.tiny_laguna" in cmd:
             for kind in ("target", "draft"):
-                (Path(cmd[-1]) / kind).mkdir(parents=True)
+                (Path(cmd[-1]) / kind).mkdir(parents=True, exist_ok=True)
                 (Path(cmd[-1]) / kind / "config.json").write_text("{}")
+            (Path(cmd[-1]) / STAMP).write_text(json.dumps({"generator": generator_digest()}))
 
     monkeypatch.setattr(cpu_venv, "_run", fake_run)
     tree = tmp_path / "tree"
@@ -52,6 +55,15 @@ def test_ensure_creates_once_then_reuses(tmp_path: Path, monkeypatch: pytest.Mon
     calls.clear()
     cpu_venv.ensure(tree, models)  # reused: no venv, no tools, no models; install and sync are no-ops
     assert [" ".join(c[1:4]) for c in calls] == ["-m scripts.cpu_runtime install", "-m scripts.cpu_runtime sync"]
+    # models of another generator (or without a stamp, as before stamps) are made again
+    for stale in ('{"generator": "0000"}', None):
+        calls.clear()
+        if stale is None:
+            (models / STAMP).unlink()
+        else:
+            (models / STAMP).write_text(stale)
+        cpu_venv.ensure(tree, models)
+        assert [" ".join(c[1:4]) for c in calls][-1] == "-m scripts.tiny_laguna --out", stale
 
 
 def test_ensure_without_a_tree_says_what_to_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

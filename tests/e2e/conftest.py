@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from scripts.tiny_laguna import REPEAT_WORD, TinyModels, generate
+from scripts.tiny_laguna import TinyModels, generate
 
 SEED = 0
 KV_CACHE_BYTES = 256 << 20
@@ -42,9 +42,9 @@ PARITY_PROMPTS = (
     ),
     "Experts are routed with a sigmoid score",
 )
-# Ends in the repeat word: the target enters its absorbing state, the drafter
-# proposes the same token, so speculative proposals get accepted.
-SPEC_PROMPTS = (f"A small model learns to repeat the word{REPEAT_WORD}{REPEAT_WORD}",)
+# One more prompt for the speculative runs. The tiny pair accepts drafts at every depth on any
+# prompt (the planted token cycle, scripts.tiny_laguna_structure).
+SPEC_PROMPTS = ("A small model learns to repeat the word lagoon lagoon lagoon",)
 MAX_NEW_TOKENS = 80
 
 # Numbers measured by the tests, printed in the terminal summary.
@@ -95,6 +95,7 @@ class EngineRun:
     completions: list[Completion]
     metrics: dict[str, float]
     seconds: float
+    snapshot: list[Any] = field(default_factory=list)  # LLM.get_metrics() as returned
 
 
 def _logprob_dicts(entries: Any) -> list[dict[int, float]]:
@@ -147,8 +148,10 @@ def run_greedy(
             for o in outputs
         ]
         metrics: dict[str, float] = {}
+        snapshot: list[Any] = []
         if speculative_config is not None:
-            for metric in llm.get_metrics():
+            snapshot = list(llm.get_metrics())
+            for metric in snapshot:
                 value = getattr(metric, "value", None)
                 if isinstance(value, (int, float)):
                     metrics[metric.name] = float(value)
@@ -156,7 +159,7 @@ def run_greedy(
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
-    return EngineRun(completions, metrics, time.monotonic() - start)
+    return EngineRun(completions, metrics, time.monotonic() - start, snapshot)
 
 
 @dataclass(frozen=True)

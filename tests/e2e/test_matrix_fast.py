@@ -24,6 +24,9 @@ from scripts.matrix.legs import LEGS, NOT_RUN_NO_GRAPHS, PASSED_EMULATED_GRAPHS
 
 REPO = Path(__file__).resolve().parents[2]
 GRAPH_LEGS = ("dflash-graph1-meta0", "dflash-graph1-meta1")
+# 3 prompts x 128 tokens: 46 target and 49 drafter replays measured with the tiny pair accepting
+# 68 % of drafted tokens (5.6 tokens per verify step; docs/tiny-laguna.md)
+MIN_REPLAYS = 40
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -90,7 +93,7 @@ def test_matrix_emulated_graph_legs(tmp_path: Path) -> None:
         "--max-tokens",
         "128",
         "--min-graph-replays",
-        "100",
+        str(MIN_REPLAYS),
         "--long-prompt-tokens",
         "0",
         "--legs",
@@ -112,7 +115,7 @@ def test_matrix_emulated_graph_legs(tmp_path: Path) -> None:
             assert [(c["graphs"], c["breaks_by_kind"]) for c in acc["captures"]] == [
                 (layers + 1, {"attention": layers, "collective": 0})
             ]
-            assert acc["replays"] >= 100  # 3 prompts: 163 target replays measured
+            assert acc["replays"] >= MIN_REPLAYS
     meta1 = legs["dflash-graph1-meta1"]["attention"]
     assert meta1["prebuilt_calls"] > 0 and meta1["prebuilt_calls"] == sum(meta1["exact_calls_by_width"].values())
 
