@@ -14,7 +14,7 @@ vLLM 0.32.0 counts, per engine (``vllm/v1/spec_decode/metrics.py``; read in proc
 and ``value`` or ``values``), so nothing here imports vLLM.
 
 ``python -m scripts.spec_acceptance --tiny DIR`` measures it: one DFlash M8 leg of the
-equivalence matrix (``scripts.matrix.run_leg``: the matrix's own engine setup, in this process)
+equivalence matrix (``scripts.matrix.engine.run_leg``: the matrix's own engine setup, in this process)
 over the matrix's prompt set, long-context prompt included, and prints the line.
 """
 
@@ -135,7 +135,8 @@ def measure(models: Path, args: argparse.Namespace) -> tuple[SpecAcceptance, dic
 
     ``run_leg`` reads the two total counters itself; ``LLM.get_metrics`` is wrapped to keep the
     whole snapshot, per-depth vector included."""
-    from scripts import matrix
+    from scripts.matrix import engine as matrix_engine
+    from scripts.matrix import legs as matrix
 
     leg = next(leg for leg in matrix.LEGS if leg.name == args.leg)
     os.environ.update(leg.env())
@@ -171,7 +172,7 @@ def measure(models: Path, args: argparse.Namespace) -> tuple[SpecAcceptance, dic
 
     LLM.get_metrics = keep  # type: ignore[method-assign]
     try:
-        out = matrix.run_leg(config)
+        out = matrix_engine.run_leg(config)
     finally:
         LLM.get_metrics = real  # type: ignore[method-assign]
     if not snapshots:
@@ -189,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--tiny", type=Path, required=True, help="folder with target/ and draft/ (scripts.tiny_laguna)")
     parser.add_argument("--leg", default="dflash-graph0-meta0", help="matrix leg to run (a speculative one)")
-    parser.add_argument("--prompts", type=int, default=13, help="matrix prompts (scripts.matrix.make_prompts)")
+    parser.add_argument("--prompts", type=int, default=13, help="matrix prompts (scripts.matrix.legs.make_prompts)")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt")
     parser.add_argument("--long-prompt-tokens", type=int, default=4200, help="long-context prompt size (0: none)")
     parser.add_argument("--seed", type=int, default=0, help="prompt seed")
@@ -199,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write counts and tokens here (default: none)")
     args = parser.parse_args(argv)
     try:
-        from scripts import matrix
+        from scripts.matrix import legs as matrix
 
         names = {leg.name: leg for leg in matrix.LEGS}
         if args.leg not in names or not names[args.leg].speculative:
