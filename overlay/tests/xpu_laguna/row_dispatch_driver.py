@@ -52,6 +52,8 @@ from row_invariant_standins import m_dependent_linear, xpu_rms_norm  # noqa: E40
 WIDTH = 8
 CALLS: dict[str, list[int]] = defaultdict(list)
 MODE = {"gemm": "flinear", "norm": "real"}
+
+
 def write_configs(tmp: str) -> tuple[str, str]:
     target, draft = os.path.join(tmp, "target"), os.path.join(tmp, "draft")
     cfg = tiny_laguna_config(
