@@ -16,9 +16,8 @@ from __future__ import annotations
 import pytest
 import torch
 from breakable_graph_standins import piecewise_forward_context
-from laguna_attn_testlib import BLOCK_SIZE, kv_spec, vllm_config
+from laguna_attn_testlib import BLOCK_SIZE, kv_spec, set_toggles, vllm_config
 
-import vllm.envs as envs
 from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
 from vllm.compilation.xpu_breakable_graph.errors import StaticInputMismatchError
 from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
@@ -108,14 +107,7 @@ def _metadata_pointers(metadata: dict[str, object]) -> tuple[int, ...]:
 
 @pytest.mark.parametrize("prebuilt", [False, True], ids=["md-off", "md-on"])
 def test_wrapped_forward_survives_500_dflash_cycles(monkeypatch, prebuilt):
-    monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_EXACT_VERIFY", True, raising=False)
-    monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_VERIFY_WIDTH", WIDTH, raising=False)
-    monkeypatch.setattr(
-        envs,
-        "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA",
-        prebuilt,
-        raising=False,
-    )
+    set_toggles(monkeypatch, exact=True, width=WIDTH, prebuilt=prebuilt)
     config = vllm_config(8)
     runner = _Runner(config)
     input_ids = torch.zeros(WIDTH, dtype=torch.int64)
