@@ -298,22 +298,12 @@ def test_build_refuses_missing_or_stale_tree(vxl_cli) -> None:
 
 def test_verify_via_cli(vxl_cli, tmp_path: Path) -> None:
     project = vxl_cli
-    from scripts.provenance import RECORD_PATH, version_for
+    from scripts.provenance import RECORD_PATH, make_record, version_for
     from scripts.worktree import load_inputs
 
     # the CLI's record is made by its own copy of scripts/: build the wheel from the same inputs
     inputs = load_inputs(project.layout())
-    record = {
-        "schema": "vllm-xpu-laguna-provenance-v1",
-        "version": version_for(inputs),
-        "label": inputs.label,
-        "input_hash": inputs.input_hash,
-        "pins": inputs.pins.as_dict(),
-        "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject} for p in inputs.patches],
-        "overlay": [{"path": o.relpath, "sha256": o.sha256} for o in inputs.overlay],
-        "worktree_head": "",
-        "tool": {"revision": "unknown", "dirty": False},
-    }
+    record = make_record(inputs, worktree_head="") | {"tool": {"revision": "unknown", "dirty": False}}
     version = version_for(inputs)
 
     def wheel(path: Path, overlay_text: bytes) -> Path:

@@ -15,21 +15,11 @@ from breakable_graph_driver_harness import Harness, expect_error
 def run_config() -> dict[str, Any]:
     """configure_breakable_graph on a config built for CPU, with the
     platform given as CUDA / XPU / CPU stand-ins of the platform object."""
+    from breakable_graph_standins import PlatformStandIn
+
     import vllm.envs as envs
     from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
     from vllm.platforms import current_platform
-
-    class PlatformStandIn:
-        """Answers the three questions configure_breakable_graph asks."""
-
-        def __init__(self, device_type: str) -> None:
-            self.device_type = device_type
-
-        def is_xpu(self) -> bool:
-            return self.device_type == "xpu"
-
-        def is_cuda_alike(self) -> bool:
-            return self.device_type == "cuda"
 
     def CudaLike():
         return PlatformStandIn("cuda")

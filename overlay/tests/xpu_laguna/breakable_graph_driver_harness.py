@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 from typing import Any
 
 import torch
 import torch._dynamo
+from laguna_model_testlib import init_one_rank, tiny_engine_args, tiny_laguna_config
 
 EVENTS: list[tuple[Any, ...]] = []
 
@@ -48,44 +48,8 @@ class StandInGraph:
         EVENTS.append(("replay", self.id))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def write_config(path: str, num_layers: int, moe_layers: tuple[int, ...]) -> None:
-    from transformers import LagunaConfig
-
-    heads = [8] * num_layers
-    cfg = LagunaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=num_layers,
-        num_attention_heads=8,
-        num_attention_heads_per_layer=heads,
-        num_key_value_heads=4,
-        head_dim=32,
-        max_position_embeddings=256,
-        sliding_window=16,
-        layer_types=[
-            "full_attention" if i % 4 == 3 else "sliding_attention"
-            for i in range(num_layers)
-        ],
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=32,
-        mlp_only_layers=[i for i in range(num_layers) if i not in moe_layers],
-        mlp_layer_types=[
-            "sparse" if i in moe_layers else "dense" for i in range(num_layers)
-        ],
-        decoder_sparse_step=1,
-        tie_word_embeddings=False,
-    )
-    cfg.architectures = ["LagunaForCausalLM"]
-    cfg.save_pretrained(path)
+    tiny_laguna_config(num_layers, moe_layers).save_pretrained(path)
 
 
 def write_draft_config(path: str, num_layers: int, target_layers: int) -> None:
@@ -133,7 +97,6 @@ class Harness:
         graph platform and the config hook would refuse, see run_config)
         and on again afterwards, for the runtime paths."""
         import vllm.envs as envs
-        from vllm.engine.arg_utils import EngineArgs
 
         path = os.path.join(self.tmp, f"laguna-{num_layers}-{len(moe_layers)}")
         if not os.path.exists(path):
@@ -150,17 +113,7 @@ class Harness:
                 "model": draft,
                 "num_speculative_tokens": 7,
             }
-        args = EngineArgs(
-            model=path,
-            skip_tokenizer_init=True,
-            dtype="float32",
-            enforce_eager=True,
-            max_model_len=128,
-            max_num_batched_tokens=128,
-            max_num_seqs=8,
-            kv_cache_memory_bytes=1 << 24,
-            speculative_config=speculative,
-        )
+        args = tiny_engine_args(path, speculative)
         envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH = flag_on
         try:
             return args.create_engine_config()
@@ -170,21 +123,7 @@ class Harness:
     def ensure_dist(self, vllm_config) -> None:
         if self._dist_ready:
             return
-        from vllm.config import set_current_vllm_config
-        from vllm.distributed import (
-            init_distributed_environment,
-            initialize_model_parallel,
-        )
-
-        with set_current_vllm_config(vllm_config):
-            init_distributed_environment(
-                world_size=1,
-                rank=0,
-                distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
-                local_rank=0,
-                backend="gloo",
-            )
-            initialize_model_parallel(1, 1)
+        init_one_rank(vllm_config)
         self._dist_ready = True
 
     def build(

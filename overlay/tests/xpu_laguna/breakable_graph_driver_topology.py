@@ -21,6 +21,11 @@ from breakable_graph_driver_harness import (
 )
 
 
+def _fields(obj: Any, *names: str) -> dict[str, Any] | None:
+    """``names`` of ``obj`` as a dict (None for None)."""
+    return None if obj is None else {name: getattr(obj, name) for name in names}
+
+
 def run_counts(h: Harness, num_layers: int, tp: int, moe: bool) -> dict[str, Any]:
     from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 
@@ -56,14 +61,7 @@ def run_counts(h: Harness, num_layers: int, tp: int, moe: bool) -> dict[str, Any
         "graphs": cap.num_graphs,
         "breaks": cap.num_eager_breaks,
         "kinds": [k.value for k in cap.kinds],
-        "expected": None
-        if exp is None
-        else {
-            "attention": exp.attention,
-            "collective": exp.collective,
-            "graphs": exp.graphs,
-            "ceiling": exp.ceiling,
-        },
+        "expected": _fields(exp, "attention", "collective", "graphs", "ceiling"),
         "audit": wrapper.audit,
         "eager_events": eager_events,
         "capture_events": capture_events,
@@ -121,13 +119,7 @@ def run_drafter_counts(h: Harness, draft_layers: int, tp: int) -> dict[str, Any]
         "counts": cap.break_counts(),
         "graphs": cap.num_graphs,
         "kinds": [k.value for k in cap.kinds],
-        "expected": None
-        if exp is None
-        else {
-            "attention": exp.attention,
-            "collective": exp.collective,
-            "graphs": exp.graphs,
-        },
+        "expected": _fields(exp, "attention", "collective", "graphs"),
         "accounting": wrapper.accounting(),
         "without_embedding": expect_error(
             lambda: capture(without_embedding, inputs_embeds=None)

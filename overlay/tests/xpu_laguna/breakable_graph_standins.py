@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The recording stand-in for a device graph, for the tests.
+"""The recording stand-in for a device graph, a platform stand-in and the
+forward context of a piecewise replay, for the tests.
 
 It lives in :mod:`vllm.compilation.xpu_breakable_graph_emulation` (the same
 class drives the emulated graph legs of the equivalence matrix); see there
 what it reproduces of a device graph and what not.
 """
+
+from typing import Any
 
 from vllm.compilation.xpu_breakable_graph_emulation import (
     BREAK_OPS,
@@ -14,4 +17,42 @@ from vllm.compilation.xpu_breakable_graph_emulation import (
     recording_capture,
 )
 
-__all__ = ["BREAK_OPS", "Recorder", "RecordingGraph", "recording_capture"]
+__all__ = [
+    "BREAK_OPS",
+    "PlatformStandIn",
+    "Recorder",
+    "RecordingGraph",
+    "piecewise_forward_context",
+    "recording_capture",
+]
+
+
+class PlatformStandIn:
+    """Answers the questions the breakable-graph configuration and backend
+    choice ask of the platform: its device type, XPU or CUDA-alike."""
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+
+    def is_xpu(self) -> bool:
+        return self.device_type == "xpu"
+
+    def is_cuda_alike(self) -> bool:
+        return self.device_type == "cuda"
+
+
+def piecewise_forward_context(
+    attn_metadata: Any, vllm_config: Any, num_tokens: int, slot_mapping: Any
+) -> Any:
+    """The forward context of a piecewise-graph step of ``num_tokens``."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor, set_forward_context
+
+    return set_forward_context(
+        attn_metadata,
+        vllm_config,
+        num_tokens=num_tokens,
+        cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE,
+        batch_descriptor=BatchDescriptor(num_tokens=num_tokens),
+        slot_mapping=slot_mapping,
+    )

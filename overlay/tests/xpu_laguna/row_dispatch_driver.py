@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import tempfile
 import traceback
@@ -41,51 +40,25 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from laguna_model_testlib import (  # noqa: E402
+    HIDDEN,
+    ROW_DISPATCH_TOGGLES,
+    init_one_rank,
+    tiny_engine_args,
+    tiny_laguna_config,
+)
 from row_invariant_standins import m_dependent_linear, xpu_rms_norm  # noqa: E402
 
-HIDDEN = 64
-HEADS = 8  # q rows per token: 8 (8 tokens: 64 rows, a multiple of 16)
-KV_HEADS = 4
-HEAD_DIM = 32
 WIDTH = 8
 CALLS: dict[str, list[int]] = defaultdict(list)
 MODE = {"gemm": "flinear", "norm": "real"}
-TOGGLES = (
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM",
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS",
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM",
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4",
-    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
-    "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
-)
 
 
 def write_configs(tmp: str) -> tuple[str, str]:
-    from transformers import LagunaConfig
-
     target, draft = os.path.join(tmp, "target"), os.path.join(tmp, "draft")
-    cfg = LagunaConfig(
-        vocab_size=256,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=HEADS,
-        num_attention_heads_per_layer=[HEADS, HEADS],
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        max_position_embeddings=256,
-        sliding_window=16,
-        layer_types=["sliding_attention", "full_attention"],
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=32,
-        mlp_only_layers=[0],
-        mlp_layer_types=["dense", "sparse"],
-        decoder_sparse_step=1,
-        tie_word_embeddings=False,
+    cfg = tiny_laguna_config(
+        2, (1,), layer_types=["sliding_attention", "full_attention"]
     )
-    cfg.architectures = ["LagunaForCausalLM"]
     cfg.save_pretrained(target)
     cfg.architectures = ["DFlashLagunaForCausalLM"]
     cfg.num_hidden_layers = 1
@@ -105,48 +78,18 @@ def write_configs(tmp: str) -> tuple[str, str]:
     return target, draft
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def build() -> tuple[Any, nn.Module, nn.Module]:
     from vllm.config import set_current_vllm_config
-    from vllm.distributed import (
-        init_distributed_environment,
-        initialize_model_parallel,
-    )
-    from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.models.laguna import LagunaForCausalLM
     from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
 
     torch._dynamo.config.disable = True
     target_dir, draft_dir = write_configs(tempfile.mkdtemp(prefix="row-dispatch-"))
-    config = EngineArgs(
-        model=target_dir,
-        skip_tokenizer_init=True,
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=128,
-        max_num_batched_tokens=128,
-        max_num_seqs=8,
-        kv_cache_memory_bytes=1 << 24,
-        speculative_config={
-            "method": "dflash",
-            "model": draft_dir,
-            "num_speculative_tokens": WIDTH - 1,
-        },
+    config = tiny_engine_args(
+        target_dir,
+        {"method": "dflash", "model": draft_dir, "num_speculative_tokens": WIDTH - 1},
     ).create_engine_config()
-    with set_current_vllm_config(config):
-        init_distributed_environment(
-            world_size=1,
-            rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
-            local_rank=0,
-            backend="gloo",
-        )
-        initialize_model_parallel(1, 1)
+    init_one_rank(config)
     with set_current_vllm_config(config), torch.device("cpu"):
         target = LagunaForCausalLM(vllm_config=config, prefix="")
         drafter = DFlashLagunaForCausalLM(vllm_config=config, prefix="")
@@ -215,7 +158,7 @@ class StubAttention(nn.Module):
 def set_toggles(**values: str) -> None:
     from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
 
-    for name in TOGGLES:
+    for name in ROW_DISPATCH_TOGGLES:
         os.environ.pop(name, None)
     for key, value in values.items():
         os.environ[f"VLLM_XPU_LAGUNA_{key}"] = value

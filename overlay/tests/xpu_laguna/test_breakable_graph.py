@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from breakable_graph_standins import RecordingGraph
+from breakable_graph_standins import PlatformStandIn, RecordingGraph
 
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
 from vllm.compilation.xpu_breakable_graph.backends import (
@@ -203,16 +203,7 @@ def test_shared_capture_stream_for_every_capture() -> None:
     assert len(used) == 3 and used[0] is used[1] is used[2]
 
 
-class _PlatformStandIn:
-    def __init__(self, device_type: str) -> None:
-        self.device_type = device_type
-
-    def is_xpu(self) -> bool:
-        return self.device_type == "xpu"
-
-    def is_cuda_alike(self) -> bool:
-        return self.device_type == "cuda"
-
+class _PlatformStandIn(PlatformStandIn):
     def get_global_graph_pool(self):
         return ("pool", self.device_type)
 

@@ -18,6 +18,7 @@ import tempfile
 
 import pytest
 import torch
+from breakable_graph_standins import piecewise_forward_context
 
 from vllm.compilation.xpu_breakable_graph.errors import StaticInputMismatchError
 from vllm.compilation.xpu_breakable_graph.guards import (
@@ -26,12 +27,8 @@ from vllm.compilation.xpu_breakable_graph.guards import (
 )
 from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 from vllm.compilation.xpu_breakable_graph_emulation import recording_backend
-from vllm.config import CUDAGraphMode, ModelConfig, VllmConfig
-from vllm.forward_context import (
-    BatchDescriptor,
-    get_forward_context,
-    set_forward_context,
-)
+from vllm.config import ModelConfig, VllmConfig
+from vllm.forward_context import get_forward_context
 
 N = 8
 # Two KV-cache groups; layers a0/a1 share group A's slot mapping.
@@ -110,20 +107,30 @@ def _setup():
     def call(kwargs, slot_mapping):
         with (
             torch.inference_mode(),
-            set_forward_context(
-                None,
-                config,
-                num_tokens=N,
-                cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE,
-                batch_descriptor=BatchDescriptor(num_tokens=N),
-                slot_mapping=slot_mapping,
-            ),
+            piecewise_forward_context(None, config, N, slot_mapping),
         ):
             return wrapper(**kwargs).clone()
 
     runner.fill(0)
     call(runner.kwargs(), runner.slot_mapping())  # capture
     return runner, wrapper, call
+
+
+def _stepped():
+    """A captured wrapper, the buffers filled for the next step, and that
+    step's inputs."""
+    runner, wrapper, call = _setup()
+    runner.fill(1)
+    return runner, wrapper, call, runner.kwargs(), runner.slot_mapping()
+
+
+def _refused_and_stale_unguarded(runner, wrapper, call, kwargs, slots, match):
+    """The guard refuses the replay; control: without the guard the replay
+    reads the captured inputs (stale)."""
+    with pytest.raises(StaticInputMismatchError, match=match):
+        call(kwargs, slots)
+    _bypass_guard(wrapper)
+    assert not torch.equal(call(kwargs, slots), runner.expected(kwargs, slots))
 
 
 def _bypass_guard(wrapper: XpuBreakableGraphWrapper) -> None:
@@ -145,37 +152,24 @@ def test_fresh_views_of_the_same_buffers_replay_exactly() -> None:
 
 @pytest.mark.parametrize("layer", ["a0", "b0"])
 def test_moved_slot_mapping_group_is_refused(layer: str) -> None:
-    runner, wrapper, call = _setup()
-    runner.fill(1)
-    kwargs, slots = runner.kwargs(), runner.slot_mapping()
+    runner, wrapper, call, kwargs, slots = _stepped()
     group = LAYERS[layer]
     moved = torch.randint(0, 64, (N,), generator=torch.Generator().manual_seed(9))
     slots = {k: moved if g == group else slots[k] for k, g in LAYERS.items()}
     first_layer = next(k for k, g in LAYERS.items() if g == group)
-    with pytest.raises(
-        StaticInputMismatchError, match=rf"slot_mapping\['{first_layer}'\]"
-    ):
-        call(kwargs, slots)
-    # Control: without the guard the replay reads the captured slots (stale).
-    _bypass_guard(wrapper)
-    assert not torch.equal(call(kwargs, slots), runner.expected(kwargs, slots))
+    _refused_and_stale_unguarded(
+        runner, wrapper, call, kwargs, slots, rf"slot_mapping\['{first_layer}'\]"
+    )
 
 
 def test_moved_input_is_refused() -> None:
-    runner, wrapper, call = _setup()
-    runner.fill(1)
-    kwargs, slots = runner.kwargs(), runner.slot_mapping()
+    runner, wrapper, call, kwargs, slots = _stepped()
     kwargs["x"] = kwargs["x"] + 1.0  # a new tensor instead of the buffer
-    with pytest.raises(StaticInputMismatchError, match=r"kwargs\['x'\]"):
-        call(kwargs, slots)
-    _bypass_guard(wrapper)
-    assert not torch.equal(call(kwargs, slots), runner.expected(kwargs, slots))
+    _refused_and_stale_unguarded(runner, wrapper, call, kwargs, slots, r"kwargs\['x'\]")
 
 
 def test_none_keyword_that_became_a_tensor_is_refused() -> None:
-    runner, wrapper, call = _setup()
-    runner.fill(1)
-    kwargs, slots = runner.kwargs(), runner.slot_mapping()
+    runner, wrapper, call, kwargs, slots = _stepped()
     kwargs["embeds"] = torch.ones(N)
     with pytest.raises(StaticInputMismatchError, match="refusing to replay"):
         call(kwargs, slots)
@@ -187,9 +181,7 @@ def test_none_keyword_that_became_a_tensor_is_refused() -> None:
 
 
 def test_structure_changes_are_refused() -> None:
-    runner, wrapper, call = _setup()
-    runner.fill(1)
-    kwargs, slots = runner.kwargs(), runner.slot_mapping()
+    runner, wrapper, call, kwargs, slots = _stepped()
     missing_layer = {k: v for k, v in slots.items() if k != "a1"}
     with pytest.raises(StaticInputMismatchError):
         call(kwargs, missing_layer)

@@ -13,58 +13,26 @@ and verify widths, and still refuse a replay whose captured input moved.
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
 import torch
+from breakable_graph_standins import piecewise_forward_context
+from laguna_attn_testlib import BLOCK_SIZE, kv_spec, set_toggles, vllm_config
 
-import vllm.envs as envs
 from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
 from vllm.compilation.xpu_breakable_graph.errors import StaticInputMismatchError
 from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 from vllm.config import (
-    CacheConfig,
-    CUDAGraphMode,
-    ModelConfig,
-    ParallelConfig,
     VllmConfig,
     set_current_vllm_config,
 )
-from vllm.forward_context import BatchDescriptor, set_forward_context
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
-from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
 WIDTH = 8
-BLOCK = 64
-HEAD = 128
-KV_HEADS = 2
 COLS = 16
 # (query rows, sequence length) per step: verify steps of the full width,
 # narrower ones near the end, plain decode steps.
 STEPS = [(8, 40), (8, 48), (1, 49), (8, 57), (5, 62), (8, 70), (3, 73), (8, 81)]
-
-
-def _config() -> VllmConfig:
-    from transformers import LlamaConfig
-
-    path = tempfile.mkdtemp(prefix="breakable-md-")
-    LlamaConfig(
-        hidden_size=8 * HEAD,
-        num_attention_heads=8,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD,
-        num_hidden_layers=2,
-        intermediate_size=64,
-        vocab_size=256,
-        max_position_embeddings=4096,
-    ).save_pretrained(path)
-    model = ModelConfig(model=path, skip_tokenizer_init=True, dtype="bfloat16")
-    return VllmConfig(
-        model_config=model,
-        cache_config=CacheConfig(block_size=BLOCK),
-        parallel_config=ParallelConfig(tensor_parallel_size=1),
-    )
 
 
 class _Runner:
@@ -78,24 +46,13 @@ class _Runner:
         with set_current_vllm_config(config):
             self.builders = {
                 "model.layers.0.self_attn.attn": FlashAttentionMetadataBuilder(
-                    SlidingWindowSpec(
-                        block_size=BLOCK,
-                        num_kv_heads=KV_HEADS,
-                        head_size=HEAD,
-                        dtype=torch.bfloat16,
-                        sliding_window=512,
-                    ),
+                    kv_spec(512),
                     ["model.layers.0.self_attn.attn"],
                     config,
                     torch.device("cpu"),
                 ),
                 "model.layers.1.self_attn.attn": FlashAttentionMetadataBuilder(
-                    FullAttentionSpec(
-                        block_size=BLOCK,
-                        num_kv_heads=KV_HEADS,
-                        head_size=HEAD,
-                        dtype=torch.bfloat16,
-                    ),
+                    kv_spec(None),
                     ["model.layers.1.self_attn.attn"],
                     config,
                     torch.device("cpu"),
@@ -106,7 +63,7 @@ class _Runner:
         self.qsl.copy_(torch.tensor([0, q], dtype=torch.int32))
         self.seq_lens.fill_(seq_len)
         self.slots.fill_(-1)
-        self.slots[:q] = torch.arange(seq_len - q, seq_len) + 3 * BLOCK
+        self.slots[:q] = torch.arange(seq_len - q, seq_len) + 3 * BLOCK_SIZE
         common = CommonAttentionMetadata(
             query_start_loc=self.qsl,
             query_start_loc_cpu=self.qsl.clone(),
@@ -150,15 +107,8 @@ def _metadata_pointers(metadata: dict[str, object]) -> tuple[int, ...]:
 
 @pytest.mark.parametrize("prebuilt", [False, True], ids=["md-off", "md-on"])
 def test_wrapped_forward_survives_500_dflash_cycles(monkeypatch, prebuilt):
-    monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_EXACT_VERIFY", True, raising=False)
-    monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_VERIFY_WIDTH", WIDTH, raising=False)
-    monkeypatch.setattr(
-        envs,
-        "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA",
-        prebuilt,
-        raising=False,
-    )
-    config = _config()
+    set_toggles(monkeypatch, exact=True, width=WIDTH, prebuilt=prebuilt)
+    config = vllm_config(8)
     runner = _Runner(config)
     input_ids = torch.zeros(WIDTH, dtype=torch.int64)
     positions = torch.zeros(WIDTH, dtype=torch.int64)
@@ -171,14 +121,7 @@ def test_wrapped_forward_survives_500_dflash_cycles(monkeypatch, prebuilt):
     slots = {name: runner.slots for name in runner.builders}
 
     def call(metadata, ids=input_ids):
-        with set_forward_context(
-            metadata,
-            config,
-            num_tokens=WIDTH,
-            cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE,
-            batch_descriptor=BatchDescriptor(num_tokens=WIDTH),
-            slot_mapping=slots,
-        ):
+        with piecewise_forward_context(metadata, config, WIDTH, slots):
             return wrapper(input_ids=ids, positions=positions)
 
     seen = set()

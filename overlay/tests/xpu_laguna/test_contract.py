@@ -31,12 +31,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from laguna_model_testlib import VOCAB, tiny_laguna_config
 
 from vllm.v1.executor.abstract import Executor
 
 SERIES_TOGGLE = "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"
 TARGET_LAYERS = 4
-VOCAB = 256
 
 
 class RayLikeExecutor(Executor):
@@ -49,36 +49,8 @@ class RayLikeExecutor(Executor):
 
 
 def _laguna_config(path: Path, *, layers: int, moe: bool) -> dict:
-    from transformers import LagunaConfig
-
     moe_layers = list(range(1, layers)) if moe else []
-    cfg = LagunaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=8,
-        num_attention_heads_per_layer=[8] * layers,
-        num_key_value_heads=4,
-        head_dim=32,
-        max_position_embeddings=1024,
-        sliding_window=16,
-        layer_types=[
-            "full_attention" if i % 4 == 3 else "sliding_attention"
-            for i in range(layers)
-        ],
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=32,
-        mlp_only_layers=[i for i in range(layers) if i not in moe_layers],
-        mlp_layer_types=[
-            "sparse" if i in moe_layers else "dense" for i in range(layers)
-        ],
-        decoder_sparse_step=1,
-        tie_word_embeddings=False,
-    )
-    cfg.architectures = ["LagunaForCausalLM"]
+    cfg = tiny_laguna_config(layers, moe_layers, max_position_embeddings=1024)
     cfg.save_pretrained(path)
     return json.loads((path / "config.json").read_text())
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from laguna_model_testlib import ROW_DISPATCH_TOGGLES
 from row_invariant_standins import m_dependent_linear, xpu_rms_norm
 from torch import nn
 from torch.nn import functional as F
@@ -30,21 +31,13 @@ from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
     CompressedTensorsWNA16,
 )
 
-TOGGLES = (
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM",
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS",
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM",
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4",
-    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
-    "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
-)
 # Laguna-S TP4 per-rank heads: full/sliding q heads, k heads
 LAGUNA_S_HEADS = (12, 18, 2)
 
 
 @pytest.fixture
 def toggles(monkeypatch):
-    for name in TOGGLES:
+    for name in ROW_DISPATCH_TOGGLES:
         monkeypatch.delenv(name, raising=False)
 
     def set_(**values: str) -> rd.Settings:

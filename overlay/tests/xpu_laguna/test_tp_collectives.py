@@ -247,22 +247,17 @@ def _counts(runs, world, kind) -> dict:
 def test_standin_rows_depend_on_message_size_at_4_ranks(runs):
     """The device behaviour the fix is for: at TP 4 some rows of an 8-row
     message get other bits than the same row all-reduced alone."""
-    counts = {
-        (dname, hidden): sum(
-            runs[4][0][("random", "standin", dname, hidden, seed)]["rows_differ"]
-            for seed in SEEDS
-        )
-        for dname in DTYPES
-        for hidden in HIDDEN
-    }
-    elems = {
-        (dname, hidden): sum(
-            runs[4][0][("random", "standin", dname, hidden, seed)]["elems_differ"]
-            for seed in SEEDS
-        )
-        for dname in DTYPES
-        for hidden in HIDDEN
-    }
+    counts, elems = (
+        {
+            (dname, hidden): sum(
+                runs[4][0][("random", "standin", dname, hidden, seed)][field]
+                for seed in SEEDS
+            )
+            for dname in DTYPES
+            for hidden in HIDDEN
+        }
+        for field in ("rows_differ", "elems_differ")
+    )
     print(f"stand-in, 4 ranks, rows (of {ROWS * len(SEEDS)}) differing M=1 vs M=8:")
     print(f"  {counts}; elements differing: {elems}")
     for key, count in counts.items():

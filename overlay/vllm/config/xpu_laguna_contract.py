@@ -219,22 +219,19 @@ def _check_drafter(vllm_config: VllmConfig) -> None:
     if dc is None:
         return
     hf = dc.hf_config
-    draft_hidden = getattr(hf, "hidden_size", None)
-    target_hidden = mc.get_hidden_size()
-    if draft_hidden is not None and draft_hidden != target_hidden:
-        _fail(
-            f"drafter {sc.model} has hidden_size {draft_hidden}, the target "
-            f"{target_hidden} (DFlash shares the target's embeddings and lm_head)",
-            "use the DFlash drafter trained for this target",
-        )
-    draft_vocab = getattr(hf, "draft_vocab_size", None)
-    target_vocab = mc.get_vocab_size()
-    if draft_vocab is not None and draft_vocab != target_vocab:
-        _fail(
-            f"drafter {sc.model} has draft_vocab_size {draft_vocab}, the target "
-            f"vocabulary {target_vocab} (DFlash shares the target's lm_head)",
-            "use the DFlash drafter trained for this target",
-        )
+    # DFlash shares the target's embeddings and lm_head: the same sizes.
+    sizes = (
+        ("hidden_size", mc.get_hidden_size(), "", "embeddings and lm_head"),
+        ("draft_vocab_size", mc.get_vocab_size(), " vocabulary", "lm_head"),
+    )
+    for name, target, what, shared in sizes:
+        draft = getattr(hf, name, None)
+        if draft is not None and draft != target:
+            _fail(
+                f"drafter {sc.model} has {name} {draft}, the target{what} "
+                f"{target} (DFlash shares the target's {shared})",
+                "use the DFlash drafter trained for this target",
+            )
     dflash = getattr(hf, "dflash_config", None) or {}
     layer_ids = dflash.get("target_layer_ids") if isinstance(dflash, dict) else None
     layers = mc.get_total_num_hidden_layers()

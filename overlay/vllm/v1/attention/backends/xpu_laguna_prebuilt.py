@@ -219,17 +219,7 @@ class PrebuiltExactMetadata:
             ok = all(h is t for h, t in zip(held, self._tracked))
         if ok:
             tracked, expected = self._tracked_for[width]
-            ok = [
-                (
-                    t.data_ptr(),
-                    t.storage_offset(),
-                    t.shape,
-                    t.stride(),
-                    t.dtype,
-                    t.device,
-                )
-                for t in tracked
-            ] == expected
+            ok = list(map(_fingerprint, tracked)) == expected
         if not ok:
             self._explain_drift()
 
