@@ -107,7 +107,8 @@ def drive(args: argparse.Namespace) -> int:
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
             "cpu_flash_attn": device == "cpu",
-            "emulate_graphs": device == "cpu",
+            # past TP 1 the graph hook of the leg's environment installs it in every process
+            "emulate_graphs": device == "cpu" and leg.tp_size(args.tp) == 1,
             "fault": args.inject_fault,
             "mutation": leg.mutation,
             "prompts": [asdict(p) for p in prompts],
