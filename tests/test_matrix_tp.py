@@ -65,4 +65,6 @@ def test_fixed_order_off_at_two_ranks_must_still_be_equal() -> None:
 
 
 def test_run_refuses_a_leg_without_its_teacher(capsys: object) -> None:
-    assert main(["run", "--tiny", "/tmp/nowhere-tiny", "--legs", "teacher,dflash-graph0-meta1-tp2", "--check-only"]) == 2
+    assert (
+        main(["run", "--tiny", "/tmp/nowhere-tiny", "--legs", "teacher,dflash-graph0-meta1-tp2", "--check-only"]) == 2
+    )

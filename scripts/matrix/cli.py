@@ -148,7 +148,9 @@ def validate_run(args: argparse.Namespace) -> str | None:
         return f"--legs: unknown leg(s) {unknown} or none; known: {', '.join(known)}"
     missing = sorted({known[n].teacher for n in names if known[n].speculative} - set(names))
     if missing or all(known[n].speculative for n in names):
-        return f"--legs: the teacher leg(s) {missing or ['teacher']} must run too (each leg is compared with its teacher)"
+        return (
+            f"--legs: the teacher leg(s) {missing or ['teacher']} must run too (each leg is compared with its teacher)"
+        )
     if args.prompts < 3:
         return f"--prompts {args.prompts}: the matrix needs at least 3 (long, long-then-next, plain)"
     if args.tp < 1:

@@ -136,8 +136,12 @@ def _worker_counts(llm: Any, counts: dict[str, Any], tp: int) -> dict[str, Any]:
     if tp == 1:
         return _read_counts(counts)
     ranks = llm.llm_engine.collective_rpc(_rank_counts)
-    return {**counts, "backend": "FLASH_ATTN on CPU (reference kernels; series plugin per worker)",
-            **ranks[0], "ranks": ranks}
+    return {
+        **counts,
+        "backend": "FLASH_ATTN on CPU (reference kernels; series plugin per worker)",
+        **ranks[0],
+        "ranks": ranks,
+    }
 
 
 # ---------------------------------------------------------------- mutation (test-only)

@@ -141,7 +141,11 @@ def evaluate(
         expectation = (graph_expectation or {}).get(tp)
         teacher_name = leg.teacher if leg.speculative else leg.name
         result = LegResult(
-            leg.name, status="", env=leg.env(default_tp) if leg.speculative or tp > 1 else {}, teacher=teacher_name, tp=tp
+            leg.name,
+            status="",
+            env=leg.env(default_tp) if leg.speculative or tp > 1 else {},
+            teacher=teacher_name,
+            tp=tp,
         )
         if data is None or "status" in data:
             result.status = (data or {}).get("status", "error: no output")

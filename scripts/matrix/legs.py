@@ -113,8 +113,15 @@ LEGS = (
     Leg("dflash-graph0-meta1-tp2", True, metadata=True, tp=2, xccl_standin=True, teacher="teacher-tp2"),
     Leg("dflash-graph1-meta1-tp2", True, graph=True, metadata=True, tp=2, xccl_standin=True, teacher="teacher-tp2"),
     # At 2 ranks the ring is one add (commutative): the fixed order off changes no bit.
-    Leg("dflash-ring-tp2-diagnostic", True, metadata=True, tp=2, tp_reduce=False, xccl_standin=True,
-        teacher="teacher-tp2"),
+    Leg(
+        "dflash-ring-tp2-diagnostic",
+        True,
+        metadata=True,
+        tp=2,
+        tp_reduce=False,
+        xccl_standin=True,
+        teacher="teacher-tp2",
+    ),
 )
 
 

@@ -169,7 +169,9 @@ def test_matrix_tp2_legs_run_the_series_in_every_rank(tp2_run: tuple[Any, dict[s
     legs = {leg["name"]: leg for leg in data["legs"]}
     leg = legs["dflash-graph0-meta1-tp2"]
     assert leg["tp"] == 2 and leg["teacher"] == "teacher-tp2"
-    assert leg["env"]["VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"] == "1" and leg["env"]["VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN"] == "1"
+    assert (
+        leg["env"]["VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"] == "1" and leg["env"]["VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN"] == "1"
+    )
     assert leg["teacher_exact"] == "3/3" and leg["cached_tokens_zero"] == "3/3"
     ranks = leg["attention"]["ranks"]  # the series' attention ran in both worker processes
     assert len(ranks) == 2 and all(r["exact_calls_by_width"].get("8", 0) > 0 for r in ranks)
