@@ -123,7 +123,7 @@ EXPECT = GraphExpectation(
 def _graph_leg(graphs: dict) -> LegResult:
     teacher = [[1, 2, 3]]
     outputs = {"teacher": _rows(teacher), "dflash-graph1-meta0": {**_rows(teacher), "graphs": graphs}}
-    return evaluate(outputs, (LEGS[0], LEGS[3]), 1, graph_expectation=EXPECT)[1]
+    return evaluate(outputs, (LEGS[0], LEGS[3]), 1, graph_expectation={1: EXPECT})[1]
 
 
 def test_decoder_topology_matches_the_laguna_counts() -> None:

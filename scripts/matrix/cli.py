@@ -142,10 +142,15 @@ def validate_run(args: argparse.Namespace) -> str | None:
     elif Path(args.tiny).exists() and not Path(args.tiny).is_dir():
         return f"--tiny {args.tiny}: exists and is not a directory"
     names = [n.strip() for n in args.legs.split(",") if n.strip()]
-    known = [leg.name for leg in LEGS]
+    known = {leg.name: leg for leg in LEGS}
     unknown = [n for n in names if n not in known]
-    if unknown or "teacher" not in names:
-        return f"--legs: unknown leg(s) {unknown} or no teacher leg; known: {', '.join(known)}"
+    if unknown or not names:
+        return f"--legs: unknown leg(s) {unknown} or none; known: {', '.join(known)}"
+    missing = sorted({known[n].teacher for n in names if known[n].speculative} - set(names))
+    if missing or all(known[n].speculative for n in names):
+        return (
+            f"--legs: the teacher leg(s) {missing or ['teacher']} must run too (each leg is compared with its teacher)"
+        )
     if args.prompts < 3:
         return f"--prompts {args.prompts}: the matrix needs at least 3 (long, long-then-next, plain)"
     if args.tp < 1:

@@ -16,7 +16,7 @@ from typing import Any
 
 from scripts.matrix.evaluate import evaluate
 from scripts.matrix.graphs import GraphExpectation, decoder_topology
-from scripts.matrix.legs import LEGS, NOT_RUN_NO_GRAPHS, device_kind, long_context_prompt, make_prompts
+from scripts.matrix.legs import LEGS, NOT_RUN_NO_GRAPHS, Leg, device_kind, long_context_prompt, make_prompts
 from scripts.matrix.report import finish, series_info
 
 
@@ -26,15 +26,40 @@ def _num_layers(model_dir: str) -> int:
     return int(config["num_hidden_layers"])
 
 
-def _graph_expectation(target: str, draft: str, args: argparse.Namespace) -> GraphExpectation | None:
-    """Expected topology from the models' own config files (not from the code under test)."""
+def _graph_expectation(
+    target: str, draft: str, args: argparse.Namespace, tps: set[int]
+) -> dict[int, GraphExpectation] | None:
+    """Expected topology per TP size from the models' own config files (not from the code under
+    test)."""
     if args.method != "dflash":
         return None
-    return GraphExpectation(
-        target=decoder_topology(_num_layers(target), args.tp),
-        drafter=decoder_topology(_num_layers(draft), args.tp),
-        min_replays=args.min_graph_replays,
-    )
+    return {
+        tp: GraphExpectation(
+            target=decoder_topology(_num_layers(target), tp),
+            drafter=decoder_topology(_num_layers(draft), tp),
+            min_replays=args.min_graph_replays,
+        )
+        for tp in tps
+    }
+
+
+def leg_environment(leg: Leg, default_tp: int, device: str, base: dict[str, str]) -> dict[str, str]:
+    """The leg process's environment. On CPU the engine runs in-process (the backend override
+    applies); past TP 1 the ranks are worker processes of vLLM's mp executor, so the series'
+    attention (and for a graph leg the graph emulation) is installed in each of them through
+    the hooks a CPU server uses (:func:`scripts.measure.emulation.server_hooks_env`)."""
+    env = {**base, **leg.env(default_tp)}
+    if device != "cpu":
+        return env
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if leg.tp_size(default_tp) > 1:
+        from scripts.measure.emulation import server_hooks_env
+
+        hooks = server_hooks_env(series_attention=True, emulate_graphs=leg.graph)
+        if base.get("PYTHONPATH"):
+            hooks["PYTHONPATH"] = os.pathsep.join((hooks["PYTHONPATH"], base["PYTHONPATH"]))
+        env.update(hooks)
+    return env
 
 
 def drive(args: argparse.Namespace) -> int:
@@ -77,24 +102,24 @@ def drive(args: argparse.Namespace) -> int:
             "draft": draft,
             "method": args.method,
             "dtype": dtype,
-            "tp": args.tp,
+            "tp": leg.tp_size(args.tp),
             "max_model_len": args.max_model_len,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
             "cpu_flash_attn": device == "cpu",
-            "emulate_graphs": device == "cpu",
+            # past TP 1 the graph hook of the leg's environment installs it in every process
+            "emulate_graphs": device == "cpu" and leg.tp_size(args.tp) == 1,
             "fault": args.inject_fault,
+            "mutation": leg.mutation,
             "prompts": [asdict(p) for p in prompts],
         }
         with tempfile.TemporaryDirectory(prefix="vxl-leg-") as tmp:
             cfg, out = Path(tmp) / "config.json", Path(tmp) / "out.json"
             cfg.write_text(json.dumps(config))
-            env = {**os.environ, **leg.env()}
-            if device == "cpu":
-                env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: the backend override applies
+            env = leg_environment(leg, args.tp, device, dict(os.environ))
             print(
-                f"==> [{number}/{len(legs)}] {leg.name}: fresh engine, {len(prompts)} prompts, "
-                f"{' '.join(f'{k}={v}' for k, v in leg.env().items())}",
+                f"==> [{number}/{len(legs)}] {leg.name}: fresh engine, TP {leg.tp_size(args.tp)}, "
+                f"{len(prompts)} prompts, {' '.join(f'{k}={v}' for k, v in leg.env(args.tp).items())}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -108,9 +133,10 @@ def drive(args: argparse.Namespace) -> int:
                 if proc.returncode == 0 and out.exists()
                 else {"status": f"error: leg process exited {proc.returncode}"}
             )
-    if "rows" not in outputs.get("teacher", {}):
-        print(f"error: the teacher leg did not run: {outputs.get('teacher')}", file=sys.stderr)
-        return 1
+    for name in sorted({leg.teacher for leg in legs if leg.speculative} | {"teacher"} & set(names)):
+        if "rows" not in outputs.get(name, {}):
+            print(f"error: the teacher leg {name} did not run: {outputs.get(name)}", file=sys.stderr)
+            return 1
     long_ones = frozenset(i for i, p in enumerate(prompts) if p.role == "long-context")
     results = evaluate(
         outputs,
@@ -118,7 +144,8 @@ def drive(args: argparse.Namespace) -> int:
         len(prompts),
         require_bitwise=device == "cpu",
         long_context=long_ones,
-        graph_expectation=_graph_expectation(target, draft, args),
+        graph_expectation=_graph_expectation(target, draft, args, {leg.tp_size(args.tp) for leg in legs}),
+        default_tp=args.tp,
     )
     return finish(
         Path(args.report),

@@ -28,6 +28,10 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         tensor_parallel_size=config["tp"],
         enforce_eager=not leg.graph,
     )
+    if config["tp"] > 1:
+        # one worker process per rank (vLLM-CPU's TP); on CPU the leg's environment carries the
+        # OpenMP binding and the hooks that install the series' attention in every worker
+        kwargs["distributed_executor_backend"] = "mp"
     # The same token budget in every leg; by default max_model_len, so every prompt is prefilled
     # in one chunk. With the CPU default (4096) the long-context prompt is prefilled in chunks and
     # the speculative legs' logprobs then differ from the teacher's in the last bit (README,
@@ -49,6 +53,8 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
     llm = LLM(**kwargs)
     if leg.graph and config.get("fault"):
         _inject_stale_input(llm, guarded=config["fault"] == "stale-input")
+    if config.get("mutation"):
+        _inject_mutation(llm, config["mutation"])
     rows = []
     try:
         for spec in config["prompts"]:
@@ -67,7 +73,9 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
                 }
             )
         drafts = accepted = 0
-        for metric in llm.get_metrics():
+        metrics = llm.get_metrics()
+        acceptance = _acceptance(metrics) if leg.speculative else {}
+        for metric in metrics:
             name = metric.name.removesuffix("_total")
             if name == "vllm:spec_decode_num_draft_tokens":
                 drafts = int(getattr(metric, "value", 0))
@@ -82,6 +90,7 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
             flush=True,
         )
         graphs = _collect_graph_accounting(llm) if leg.graph else {}
+        attention = _worker_counts(llm, counts, config["tp"])
     finally:
         try:
             llm.llm_engine.engine_core.shutdown()
@@ -95,9 +104,73 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         "accepted_tokens": accepted,
         "acceptance_rate": (accepted / drafts) if drafts else None,
         "block_size": block_size,
-        "attention": _read_counts(counts),
+        "attention": attention,
         "graphs": graphs,
+        "acceptance": acceptance,
     }
+
+
+def _acceptance(metrics: Any) -> dict[str, Any]:
+    """Accepted tokens per depth 1..7 from vLLM's counters (:mod:`scripts.spec_acceptance`)."""
+    from scripts import spec_acceptance
+
+    acc = spec_acceptance.from_metrics(metrics, WIDTH - 1)
+    return {
+        "drafts": acc.drafts,
+        "draft_tokens": acc.draft_tokens,
+        "accepted": acc.accepted,
+        "per_depth": list(acc.per_depth),
+        "mean_accepted_length": acc.mean_accepted_length,
+    }
+
+
+def _rank_counts(worker: Any) -> dict[str, Any]:
+    from vllm.v1.attention.backends import xpu_laguna_exact
+
+    return xpu_laguna_exact.counters.snapshot()
+
+
+def _worker_counts(llm: Any, counts: dict[str, Any], tp: int) -> dict[str, Any]:
+    """The overlay's counters where the model ran: this process at TP 1 (in-process engine),
+    rank 0's worker past TP 1 (every rank's snapshot under ``ranks``)."""
+    if tp == 1:
+        return _read_counts(counts)
+    ranks = llm.llm_engine.collective_rpc(_rank_counts)
+    return {
+        **counts,
+        "backend": "FLASH_ATTN on CPU (reference kernels; series plugin per worker)",
+        **ranks[0],
+        "ranks": ranks,
+    }
+
+
+# ---------------------------------------------------------------- mutation (test-only)
+
+
+def _inject_mutation(llm: Any, mutation: str) -> None:
+    """Test-only fault: ``last-verify-row-logits`` moves every logit of the last verify row
+    (row M-1 of a full M=8 verify step) one ulp up, in the target only. That row's output is
+    used only when all 7 drafted tokens are accepted (the bonus token), so the logprob gate sees
+    it only where the pair accepts at depth 7."""
+    if mutation != "last-verify-row-logits":
+        raise ValueError(f"unknown mutation {mutation!r}")
+
+    def inject(worker: Any) -> None:
+        import torch
+
+        model = worker.model_runner.model
+        real = model.compute_logits
+
+        def compute_logits(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            logits = real(hidden_states, *args, **kwargs)
+            if logits is not None and logits.shape[0] == WIDTH:
+                last = logits[WIDTH - 1]
+                last.copy_(torch.nextafter(last, torch.full_like(last, float("inf"))))
+            return logits
+
+        model.compute_logits = compute_logits
+
+    llm.llm_engine.collective_rpc(inject)
 
 
 # ---------------------------------------------------------------- graph legs (child process)

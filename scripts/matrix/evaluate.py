@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scripts.matrix.graphs import GraphExpectation, check_graph_accounting, graph_leg_is_emulated
-from scripts.matrix.legs import PASSED_EMULATED_GRAPHS, Leg
+from scripts.matrix.legs import EQUAL_BY_ARITHMETIC, PASSED_EMULATED_GRAPHS, Leg
 from scripts.matrix.logprobs import LogprobComparison, compare_logprobs, gate
 from scripts.tokens import first_difference
 
@@ -29,6 +29,12 @@ class LegResult:
     logprobs: dict[str, Any] = field(default_factory=dict)  # see logprob_verdict()
     longest_context: int = 0  # prompt + generated tokens of the longest request
     graphs: dict[str, Any] = field(default_factory=dict)
+    teacher: str = ""  # the leg this one is compared with
+    tp: int = 1
+    # all-reduces per forward step, target and drafter, and where the count comes from
+    collectives_per_step: dict[str, Any] = field(default_factory=dict)
+    accepted_per_depth: list[int] = field(default_factory=list)  # depth 1..7 (scripts.spec_acceptance)
+    drafts: int = 0  # verify steps with drafted tokens
 
 
 def logprob_verdict(
@@ -38,6 +44,7 @@ def logprob_verdict(
     rows: list[dict[str, Any]],
     require_bitwise: bool,
     long_context: frozenset[int] = frozenset(),
+    default_tp: int = 1,
 ) -> None:
     """The logprob gate for one leg (:mod:`.logprobs`): fills ``result.logprobs`` and
     adds any problem to ``result.mismatches``.
@@ -49,7 +56,12 @@ def logprob_verdict(
     comparison: LogprobComparison = compare_logprobs(
         [r.get("logprobs", []) for r in teacher_rows], [r.get("logprobs", []) for r in rows]
     )
-    verdict, problems = gate(comparison, expect_equal=not leg.diagnostic, require_bitwise=require_bitwise)
+    by_arithmetic = leg.equal_by_arithmetic(default_tp)
+    verdict, problems = gate(
+        comparison, expect_equal=by_arithmetic or not leg.diagnostic, require_bitwise=require_bitwise
+    )
+    if by_arithmetic and not problems and require_bitwise:
+        verdict = EQUAL_BY_ARITHMETIC
     result.logprobs = {
         "verdict": verdict,
         "positions": comparison.positions,
@@ -88,51 +100,93 @@ def compare(teacher: list[list[int]], leg: list[list[int]], what: str) -> tuple[
     return equal, notes
 
 
+def collectives_per_step(
+    leg: Leg, tp: int, graphs: dict[str, Any], expectation: GraphExpectation | None
+) -> dict[str, Any]:
+    """All-reduces per forward step of target and drafter: a graph leg's own accounting
+    (collective breaks per capture); an eager leg's from the models' layer counts (2L + 1 at
+    TP > 1, :func:`scripts.matrix.graphs.decoder_topology`)."""
+    if leg.graph and graphs:
+        out: dict[str, Any] = {"source": "graph accounting (collective breaks per capture)"}
+        for label in ("target", "drafter"):
+            caps = graphs.get(label, {}).get("captures", [])
+            counts = sorted({c.get("breaks_by_kind", {}).get("collective", 0) for c in caps})
+            out[label] = counts[0] if len(counts) == 1 else counts
+        return out
+    if expectation is None:
+        return {}
+    out = {"source": "derived 2L + 1 from the models' num_hidden_layers" if tp > 1 else "TP 1: none"}
+    out["target"] = expectation.target.collective
+    if leg.speculative:
+        out["drafter"] = expectation.drafter.collective
+    return out
+
+
 def evaluate(
     outputs: dict[str, dict[str, Any]],
     legs: tuple[Leg, ...],
     n_prompts: int,
     require_bitwise: bool = True,
     long_context: frozenset[int] = frozenset(),
-    graph_expectation: GraphExpectation | None = None,
+    graph_expectation: dict[int, GraphExpectation] | None = None,
+    default_tp: int = 1,
 ) -> list[LegResult]:
-    teacher = outputs["teacher"]
-    teacher_tokens = [r["token_ids"] for r in teacher["rows"]]
-    reference_leg: list[list[int]] | None = None
+    """Verdicts per leg; each leg is compared with its own teacher (``Leg.teacher``), a teacher
+    leg with itself. ``graph_expectation``: the expected topology by TP size."""
+    reference_leg: dict[str, list[list[int]]] = {}
     results = []
     for leg in legs:
         data = outputs.get(leg.name)
-        result = LegResult(leg.name, status="", env=leg.env() if leg.speculative else {})
+        tp = leg.tp_size(default_tp)
+        expectation = (graph_expectation or {}).get(tp)
+        teacher_name = leg.teacher if leg.speculative else leg.name
+        result = LegResult(
+            leg.name,
+            status="",
+            env=leg.env(default_tp) if leg.speculative or tp > 1 else {},
+            teacher=teacher_name,
+            tp=tp,
+        )
         if data is None or "status" in data:
             result.status = (data or {}).get("status", "error: no output")
             results.append(result)
             continue
+        teacher = outputs.get(teacher_name, {})
+        if "rows" not in teacher:
+            result.status = f"error: its teacher {teacher_name} did not run"
+            results.append(result)
+            continue
+        teacher_tokens = [r["token_ids"] for r in teacher["rows"]]
         tokens = [r["token_ids"] for r in data["rows"]]
         equal, notes = compare(teacher_tokens, tokens, "teacher-exact")
         result.teacher_exact = f"{equal}/{n_prompts}"
         result.longest_context = longest_context(data["rows"])
-        if leg.diagnostic:  # tokens reported, only its negative control gates
-            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context)
+        result.collectives_per_step = collectives_per_step(leg, tp, data.get("graphs", {}), expectation)
+        acceptance = data.get("acceptance") or {}
+        result.accepted_per_depth = list(acceptance.get("per_depth", []))
+        result.drafts = int(acceptance.get("drafts", 0))
+        result.acceptance_rate = data.get("acceptance_rate")
+        if leg.diagnostic and not leg.equal_by_arithmetic(default_tp):
+            # tokens reported, only its negative control gates
+            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context, default_tp)
             result.attention = data.get("attention", {})
             result.status = "failed" if result.mismatches else "passed"
             results.append(result)
             continue
         result.mismatches += notes
         if leg.speculative:
-            if reference_leg is None:
-                reference_leg = tokens
+            if teacher_name not in reference_leg:
+                reference_leg[teacher_name] = tokens
                 result.cross_leg_exact = f"{n_prompts}/{n_prompts} (reference)"
             else:
-                equal_x, notes_x = compare(reference_leg, tokens, "cross-leg")
+                equal_x, notes_x = compare(reference_leg[teacher_name], tokens, "cross-leg")
                 result.cross_leg_exact = f"{equal_x}/{n_prompts}"
                 result.mismatches += notes_x
-        if leg.speculative:
-            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context)
+            logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context, default_tp)
         zero = sum(1 for r in data["rows"] if r["cached_tokens"] == 0)
         result.cached_tokens_zero = f"{zero}/{n_prompts}"
         if zero != n_prompts:
             result.mismatches.append(f"cached tokens: {n_prompts - zero} prompt(s) reused cached tokens")
-        result.acceptance_rate = data.get("acceptance_rate")
         result.draft_tokens = data.get("draft_tokens", 0)
         result.accepted_tokens = data.get("accepted_tokens", 0)
         result.seconds = sum(r["seconds"] for r in data["rows"])
@@ -140,7 +194,7 @@ def evaluate(
         emulated = False
         if leg.graph:
             result.graphs = data.get("graphs", {})
-            result.mismatches += check_graph_accounting(result.graphs, graph_expectation)
+            result.mismatches += check_graph_accounting(result.graphs, expectation)
             emulated = graph_leg_is_emulated(result.graphs)
         result.status = "failed" if result.mismatches else (PASSED_EMULATED_GRAPHS if emulated else "passed")
         results.append(result)

@@ -13,6 +13,12 @@ GRAPH_ENV = "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH"
 META_ENV = "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"
 EXACT_ENV = "VLLM_XPU_LAGUNA_EXACT_VERIFY"
 NO_PLAN_ENV = "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN"
+TP_REDUCE_ENV = "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"  # patch 0010: all-gather + fixed rank-order sum
+STANDIN_ENV = "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN"  # CPU: XCCL's ring ownership rule where the sum is not fixed
+# CPU TP: one OpenMP place list per rank (vLLM's auto-bind wants one NUMA node per rank)
+OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+MUTATIONS = ("last-verify-row-logits",)
+EQUAL_BY_ARITHMETIC = "equal by arithmetic (commutative 2-rank sum)"
 LOGPROBS_TOPK = 5  # top-k logprobs compared per position (plus the sampled token's)
 LONG_PROMPT_TOKENS = 4200  # > 4096: past the split-count divergence (~2.2K) of the global layer
 NOT_RUN_NO_GRAPHS = "not run (no device graphs)"
@@ -36,13 +42,36 @@ class Leg:
     metadata: bool = False
     exact: bool = True  # False: diagnostic leg, exact verify off
     split_plan: bool = True  # False: diagnostic leg, exact verify without the KV split plan (debug switch)
+    tp: int | None = None  # tensor-parallel size; None: the run's --tp
+    tp_reduce: bool = True  # False: diagnostic leg, the all-reduce not on the fixed rank order
+    xccl_standin: bool = False  # the CPU all-reduce is XCCL's ring rule wherever the fixed order is off
+    teacher: str = "teacher"  # the non-speculative leg this one is compared with
+    mutation: str | None = None  # test-only fault in the leg process (MUTATIONS): must make it differ
 
     @property
     def diagnostic(self) -> bool:
-        """A negative control of the logprob gate: must NOT be bitwise equal to the teacher."""
-        return not (self.exact and self.split_plan)
+        """A negative control of the logprob gate: must NOT be bitwise equal to its teacher."""
+        return self.speculative and (
+            not (self.exact and self.split_plan and self.tp_reduce) or self.mutation is not None
+        )
 
-    def env(self) -> dict[str, str]:
+    def equal_by_arithmetic(self, default_tp: int) -> bool:
+        """The fixed order off is this leg's only fault, at 2 ranks or fewer: the ring is a
+        single add there and IEEE addition is commutative, so it must still be bitwise equal
+        (reported as EQUAL_BY_ARITHMETIC, not as a negative control)."""
+        return (
+            self.speculative
+            and not self.tp_reduce
+            and self.tp_size(default_tp) <= 2
+            and self.exact
+            and self.split_plan
+            and self.mutation is None
+        )
+
+    def tp_size(self, default: int) -> int:
+        return self.tp if self.tp is not None else default
+
+    def env(self, default_tp: int = 1) -> dict[str, str]:
         env = {
             GRAPH_ENV: "1" if self.graph else "0",
             META_ENV: "1" if self.metadata else "0",
@@ -50,7 +79,20 @@ class Leg:
         }
         if not self.split_plan:
             env[NO_PLAN_ENV] = "1"
+        tp = self.tp_size(default_tp)
+        if tp > 1 or not self.tp_reduce or self.xccl_standin:
+            env[TP_REDUCE_ENV] = "1" if self.tp_reduce else "0"
+            env[STANDIN_ENV] = "1" if self.xccl_standin else "0"
+        if tp > 1:
+            env[OMP_BIND_ENV] = omp_bind(tp)
         return env
+
+
+def omp_bind(tp: int, cores: int = 2) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` CPU ranks on ``cores`` cores: rank r on core
+    ``r * cores // tp`` (vLLM parses one id list per rank, ``|``-separated; ranks may share a
+    core). ``cores`` defaults to this machine's 2."""
+    return "|".join(str(r * cores // tp if tp >= cores else r) for r in range(tp))
 
 
 LEGS = (
@@ -61,6 +103,25 @@ LEGS = (
     Leg("dflash-graph1-meta1", True, graph=True, metadata=True),
     Leg("dflash-exact0-diagnostic", True, exact=False),
     Leg("dflash-noplan-diagnostic", True, split_plan=False),
+    # A one-ulp fault in the last verify row's logits (test-only, in the leg process): the
+    # gate must catch it (its output is used only when all 7 drafts are accepted).
+    Leg("dflash-lastrow-mutation", True, metadata=True, mutation="last-verify-row-logits"),
+    # Real multi-process TP 2 (mp executor, one worker process per rank), the XCCL ring
+    # stand-in on: any all-reduce not on the fixed rank order would run as the device's ring.
+    Leg("teacher-tp2", False, tp=2, xccl_standin=True),
+    Leg("dflash-graph0-meta0-tp2", True, tp=2, xccl_standin=True, teacher="teacher-tp2"),
+    Leg("dflash-graph0-meta1-tp2", True, metadata=True, tp=2, xccl_standin=True, teacher="teacher-tp2"),
+    Leg("dflash-graph1-meta1-tp2", True, graph=True, metadata=True, tp=2, xccl_standin=True, teacher="teacher-tp2"),
+    # At 2 ranks the ring is one add (commutative): the fixed order off changes no bit.
+    Leg(
+        "dflash-ring-tp2-diagnostic",
+        True,
+        metadata=True,
+        tp=2,
+        tp_reduce=False,
+        xccl_standin=True,
+        teacher="teacher-tp2",
+    ),
 )
 
 

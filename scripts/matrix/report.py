@@ -13,7 +13,9 @@ from typing import Any
 from scripts.matrix.evaluate import LegResult
 from scripts.matrix.legs import LOGPROBS_TOPK, NOT_RUN_NO_GRAPHS, PASSED, WIDTH, PromptSpec
 
-SCHEMA = "vllm-xpu-laguna-matrix-v2"  # v2: logprob gate, long-context prompt, diagnostic leg
+# v2: logprob gate, long-context prompt, diagnostic leg; v3: TP per leg, its teacher,
+# collectives per step, accepted tokens per depth
+SCHEMA = "vllm-xpu-laguna-matrix-v3"
 
 
 def graph_lines(graphs: dict[str, Any]) -> list[str]:
@@ -31,14 +33,25 @@ def graph_lines(graphs: dict[str, Any]) -> list[str]:
 
 
 def table(results: list[LegResult]) -> str:
-    head = f"{'leg':<22} {'status':<28} {'teacher':>8} {'cross':>16} {'cached0':>8} {'accept':>7}"
+    head = (
+        f"{'leg':<28} {'tp':>2} {'status':<28} {'teacher':>8} {'cross':>16} {'cached0':>8} {'accept':>7} "
+        f"{'coll/step':>9}"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
         rate = f"{r.acceptance_rate:.3f}" if r.acceptance_rate is not None else "-"
+        coll = r.collectives_per_step
+        coll_text = "/".join(str(coll[k]) for k in ("target", "drafter") if k in coll) or "-"
         lines.append(
-            f"{r.name:<22} {r.status[:28]:<28} {r.teacher_exact or '-':>8} {r.cross_leg_exact or '-':>16} "
-            f"{r.cached_tokens_zero or '-':>8} {rate:>7}"
+            f"{r.name:<28} {r.tp:>2} {r.status[:28]:<28} {r.teacher_exact or '-':>8} "
+            f"{r.cross_leg_exact or '-':>16} {r.cached_tokens_zero or '-':>8} {rate:>7} {coll_text:>9}"
         )
+        if r.teacher and r.teacher != r.name:
+            lines.append(f"    compared with {r.teacher}")
+        if coll:
+            lines.append(f"    all-reduces per step target/drafter {coll_text} ({coll.get('source')})")
+        if r.accepted_per_depth:
+            lines.append(f"    accepted per depth 1..7 {r.accepted_per_depth} in {r.drafts} verify steps")
         if r.attention.get("exact_calls_by_width"):
             lines.append(
                 f"    exact verify calls by width {r.attention['exact_calls_by_width']}, "
@@ -106,8 +119,9 @@ def finish(
     started: float,
 ) -> int:
     """Write the report, print the table and the verdict line; the exit status (1: a leg failed)."""
-    block = outputs["teacher"]["block_size"]
-    teacher_rows = outputs["teacher"]["rows"]
+    first = next(r.name for r in results if r.name == r.teacher and "rows" in outputs.get(r.name, {}))
+    block = outputs[first]["block_size"]
+    teacher_rows = outputs[first]["rows"]
     rollover = [
         i
         for i, (p, r) in enumerate(zip(prompts, teacher_rows))

@@ -1,0 +1,70 @@
+"""The matrix's TP legs, their teachers and the mutation leg (pure: no vLLM needed)."""
+
+from __future__ import annotations
+
+import copy
+
+from scripts.matrix.cli import main
+from scripts.matrix.driver import leg_environment
+from scripts.matrix.evaluate import evaluate
+from scripts.matrix.legs import EQUAL_BY_ARITHMETIC, LEGS, OMP_BIND_ENV, STANDIN_ENV, TP_REDUCE_ENV, omp_bind
+from tests.test_matrix_logprobs import TEACHER, _out
+
+LEG = {leg.name: leg for leg in LEGS}
+
+
+def test_omp_bind_gives_one_place_list_per_rank() -> None:
+    assert omp_bind(2) == "0|1"
+    assert omp_bind(4) == "0|0|1|1"
+
+
+def test_tp2_legs_carry_the_reduction_toggles_and_the_cpu_binding() -> None:
+    env = LEG["dflash-graph0-meta1-tp2"].env()
+    assert (env[TP_REDUCE_ENV], env[STANDIN_ENV], env[OMP_BIND_ENV]) == ("1", "1", "0|1")
+    assert LEG["dflash-ring-tp2-diagnostic"].env()[TP_REDUCE_ENV] == "0"
+    assert TP_REDUCE_ENV not in LEG["dflash-graph0-meta0"].env()  # TP 1 legs unchanged
+
+
+def test_tp_legs_install_the_series_hooks_in_their_workers() -> None:
+    env = leg_environment(LEG["dflash-graph1-meta1-tp2"], 1, "cpu", {"PYTHONPATH": "/x"})
+    assert env["XPU_LAGUNA_CPU_SERIES_ATTENTION"] == "1" and env["XPU_LAGUNA_EMULATED_GRAPHS"] == "1"
+    assert env["PYTHONPATH"].endswith(":/x") and "series_attention" in env["PYTHONPATH"]
+    assert "XPU_LAGUNA_CPU_SERIES_ATTENTION" not in leg_environment(LEG["teacher"], 1, "cpu", {})
+
+
+def test_each_leg_is_gated_against_its_own_teacher() -> None:
+    differs = copy.deepcopy(TEACHER)
+    differs[1][0][1] = (-0.1251).hex()
+    names = ("teacher", "teacher-tp2", "dflash-graph0-meta1-tp2", "dflash-lastrow-mutation")
+    outputs = {
+        "teacher": _out(differs),  # TP 1 teacher: other bits than TP 2's
+        "teacher-tp2": _out(TEACHER),
+        "dflash-graph0-meta1-tp2": _out(copy.deepcopy(TEACHER)),
+        "dflash-lastrow-mutation": _out(copy.deepcopy(differs)),
+    }
+    results = {r.name: r for r in evaluate(outputs, tuple(LEG[n] for n in names), 2, require_bitwise=True)}
+    assert results["dflash-graph0-meta1-tp2"].status == "passed"
+    assert (results["dflash-graph0-meta1-tp2"].teacher, results["dflash-graph0-meta1-tp2"].tp) == ("teacher-tp2", 2)
+    # the mutation leg is a negative control: equal to its teacher means the gate missed the fault
+    assert results["dflash-lastrow-mutation"].status == "failed"
+    assert results["dflash-lastrow-mutation"].logprobs["verdict"] == "negative control FAILED"
+    outputs["dflash-lastrow-mutation"] = _out(copy.deepcopy(TEACHER))
+    results = {r.name: r for r in evaluate(outputs, tuple(LEG[n] for n in names), 2, require_bitwise=True)}
+    assert results["dflash-lastrow-mutation"].status == "passed"
+
+
+def test_fixed_order_off_at_two_ranks_must_still_be_equal() -> None:
+    differs = copy.deepcopy(TEACHER)
+    differs[0][0][1] = (-0.2501).hex()
+    legs = (LEG["teacher-tp2"], LEG["dflash-ring-tp2-diagnostic"])
+    outputs = {"teacher-tp2": _out(TEACHER), "dflash-ring-tp2-diagnostic": _out(copy.deepcopy(TEACHER))}
+    result = evaluate(outputs, legs, 2, require_bitwise=True)[1]
+    assert result.status == "passed" and result.logprobs["verdict"] == EQUAL_BY_ARITHMETIC
+    outputs["dflash-ring-tp2-diagnostic"] = _out(differs)
+    assert evaluate(outputs, legs, 2, require_bitwise=True)[1].status == "failed"
+
+
+def test_run_refuses_a_leg_without_its_teacher(capsys: object) -> None:
+    assert (
+        main(["run", "--tiny", "/tmp/nowhere-tiny", "--legs", "teacher,dflash-graph0-meta1-tp2", "--check-only"]) == 2
+    )
