@@ -34,9 +34,8 @@ from scripts.measure.gates import GATES_PATH, Gates, load_gates
 from scripts.measure.prompts import Prompt, build_prompts, tokenizer_counter
 from scripts.measure.record import DEFAULT_SCHEMA_NAME, Prior, RecordMeta
 from scripts.measure.schema import LEG_ORDER, TEACHER, AnalysisConfig, Row, dump_rows
-from scripts.measure.server import HOST, Server, free_port, serve_argv
+from scripts.measure.server import HOST, Server, base_env, free_port, serve_argv
 
-BASE_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR")
 SETTLE_S = 10.0
 
 
@@ -328,7 +327,7 @@ def main(argv: list[str]) -> int:
     gates = load_gates(args.gates)
     treatment = parse_assignments(args.treatment, "--treatment")
     control = parse_assignments(args.control, "--control")
-    base = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
+    base = base_env()
     base.update(server_hooks_env(series_attention=not args.upstream_cpu_attention, emulate_graphs=args.emulate_graphs))
     base.update(parse_assignments(args.env, "--env"))
     envs = leg_environments(base, control, treatment)

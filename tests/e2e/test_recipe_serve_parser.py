@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 
 from scripts import REPO_ROOT
 from scripts.layout import Layout
-from scripts.recipe import RECIPE_DIR, VERIFY_WIDTH, Recipe, recipes
+from scripts.recipe import RECIPE_DIR, VERIFY_WIDTH, Recipe, recipes, shell_env
 from scripts.tiny_laguna import generate
 
 
@@ -89,18 +88,6 @@ def test_negative_control_misspelled_and_false_keys(tmp_path: Path) -> None:
     dropped.write_text("model: m\nenable-prefix-caching: false\n", encoding="utf-8")
     args = top.parse_args(["serve", "--config", str(dropped)])
     assert args.enable_prefix_caching is None  # the upstream trap the recipes avoid (no-KEY: true)
-
-
-def shell_env(path: Path) -> dict[str, str]:
-    """What ``set -a; . FILE`` exports in a clean shell (bash's own variables left out)."""
-    out = subprocess.run(
-        ["env", "-i", "bash", "--noprofile", "--norc", "-c", 'set -a; . "$1"; env -0', "_", str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    pairs = dict(item.split("=", 1) for item in out.split("\0") if item)
-    return {k: v for k, v in pairs.items() if k not in {"PWD", "SHLVL", "_", "OLDPWD"}}
 
 
 def _cpu_config(monkeypatch: pytest.MonkeyPatch, overrides: dict[str, str]) -> Any:
