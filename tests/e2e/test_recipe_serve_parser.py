@@ -125,3 +125,25 @@ def test_cpu_recipe_builds_a_config_the_contract_accepts(monkeypatch: pytest.Mon
 def test_negative_control_a_narrower_width_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="exceeds VLLM_XPU_LAGUNA_VERIFY_WIDTH=7"):
         _cpu_config(monkeypatch, {"VLLM_XPU_LAGUNA_VERIFY_WIDTH": str(VERIFY_WIDTH - 1)})
+
+
+def _api_server_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m vllm.entrypoints.openai.api_server`` (what the tooling starts), built as
+    its ``main`` builds it."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
+
+
+def test_the_crossover_teacher_turns_the_recipe_speculation_off() -> None:
+    """``crossover --recipe``: every leg serves the recipe with ``--config``; the teacher adds
+    ``NO_SPECULATION``, which must win over the file's ``speculative-config``."""
+    from scripts.measure.leg_recipe import NO_SPECULATION
+
+    parser = _api_server_parser()
+    config = str(RECIPE_DIR / "cpu-tiny.yaml")
+    served = parser.parse_args(["--config", config, "--max-num-seqs", "4"])
+    assert served.speculative_config["method"] == "dflash"  # negative control: the file's value arrives
+    assert served.max_num_seqs == 4  # a command-line option wins over the file
+    assert parser.parse_args(["--config", config, *NO_SPECULATION]).speculative_config is None
