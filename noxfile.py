@@ -21,7 +21,7 @@ nox.options.sessions = ["apply", "build"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
-TOOL_DEPS = ["unidiff>=0.7.5", "packaging>=24.2"]
+TOOL_DEPS = ["unidiff>=0.7.5", "packaging>=24.2", "pyyaml>=6"]
 # torch: any CPU build stands in for the XPU one while building (2.13.0 is what pip has here).
 BUILD_DEPS = [
     "torch==2.13.0",

@@ -27,6 +27,9 @@ from scripts.measure.schema import (
 RECORD_FILE = "record.json"
 PLOT_FILE = "crossover.png"
 MANIFEST = "manifest"
+RECIPE_ARTIFACT = "recipe"
+RECIPE_ENV_ARTIFACT = "recipe_env"
+"""``crossover --recipe``: the run's copies of the recipe's YAML and env file."""
 ANALYSIS_FILES = {
     "full_analysis": None,
     "all_vs_teacher": "all_vs_teacher",

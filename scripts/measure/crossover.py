@@ -5,6 +5,9 @@ differs from the control's only by the treatment variables.
 Per leg: exactly N prompts, one request at a time, no warm-up generation, no retry, prefix
 cache off; per row the streamed token times and ids, TTFT, cached tokens and the
 speculative-decoding counters from ``/metrics`` before and after the row.
+
+The servers' options come from ``--server-args`` (with ``--model`` and ``--draft`` or
+``--speculative-config``) or from a serving recipe (``--recipe FILE``, ``leg_recipe.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -31,13 +33,14 @@ from scripts.measure import client, preflight
 from scripts.measure.artifacts import RECORD_FILE, finish_run, server_log_artifact, write_rows
 from scripts.measure.emulation import server_hooks_env
 from scripts.measure.gates import GATES_PATH, Gates, load_gates
+from scripts.measure.leg_recipe import NO_SPECULATION, LegRecipe, load_recipe
 from scripts.measure.prompts import Prompt, build_prompts, tokenizer_counter
 from scripts.measure.record import DEFAULT_SCHEMA_NAME, Prior, RecordMeta
 from scripts.measure.schema import LEG_ORDER, TEACHER, AnalysisConfig, Row, dump_rows
-from scripts.measure.server import HOST, Server, free_port, serve_argv
+from scripts.measure.server import HOST, Server, base_env, free_port, serve_argv
 
-BASE_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR")
 SETTLE_S = 10.0
+DEFAULT_SPECULATIVE_TOKENS = 7
 
 
 def parse_assignments(values: list[str], option: str) -> dict[str, str]:
@@ -71,6 +74,22 @@ def leg_environments(
     return envs
 
 
+def leg_inputs(
+    args: argparse.Namespace, recipe: LegRecipe | None
+) -> tuple[dict[str, dict[str, str]], dict[str, str], dict[str, str]]:
+    """Per-leg environments, the treatment and the control values (the recipe's value of a treated
+    variable is its control value unless ``--control`` names one)."""
+    treatment = parse_assignments(args.treatment, "--treatment")
+    control = parse_assignments(args.control, "--control")
+    base = base_env()
+    if recipe is not None:
+        control = {**{k: v for k, v in recipe.env.items() if k in treatment}, **control}
+        base.update({k: v for k, v in recipe.env.items() if k not in treatment})
+    base.update(server_hooks_env(series_attention=not args.upstream_cpu_attention, emulate_graphs=args.emulate_graphs))
+    base.update(parse_assignments(args.env, "--env"))
+    return leg_environments(base, control, treatment), treatment, control
+
+
 def speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.speculative_config:
         try:
@@ -84,7 +103,9 @@ def speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
         return {
             "method": "dflash",
             "model": str(Path(args.draft).resolve()),
-            "num_speculative_tokens": args.num_speculative_tokens,
+            "num_speculative_tokens": args.num_speculative_tokens
+            if args.num_speculative_tokens is not None
+            else DEFAULT_SPECULATIVE_TOKENS,
         }
     return None
 
@@ -96,9 +117,14 @@ def run_leg(
     env: dict[str, str],
     extra: list[str],
     out: Path,
+    recipe: LegRecipe | None = None,
 ) -> tuple[list[Row], dict[str, Any]]:
     port = free_port()
-    argv = serve_argv(args.python, str(Path(args.model).resolve()), port, extra)
+    if recipe is not None:
+        recipe.check_unchanged()
+        argv = serve_argv(args.python, None, port, extra, config=str(recipe.path))
+    else:
+        argv = serve_argv(args.python, str(Path(args.model).resolve()), port, extra)
     log_path = out / f"server-{leg}.log"
     rows: list[Row] = []
     with step(f"leg {leg}: vllm serve on {HOST}:{port}, {len(prompts)} prompts"):
@@ -240,9 +266,28 @@ def parser() -> argparse.ArgumentParser:
         metavar="ENV=VALUE",
         help="variable set in every leg (the environment is otherwise clean)",
     )
-    p.add_argument("--model", required=True, help="target model directory (with config.json)")
+    p.add_argument(
+        "--recipe",
+        default=None,
+        help="serving recipe (recipes/NAME.yaml, python -m scripts.recipe render): the YAML goes to every "
+        "server as --config FILE, the variables of NAME.env next to it to every leg (--env and the treated "
+        "variables win; a treated variable keeps the recipe's value in the A legs unless --control names "
+        "one); the model and the speculative config are the recipe's, the teacher runs without speculation. "
+        "Not with --server-args, --model, --draft, --speculative-config or --num-speculative-tokens "
+        "(default: none)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="target model directory (with config.json); required without --recipe (default: none)",
+    )
     p.add_argument("--draft", default=None, help="DFlash drafter directory (default: no drafter)")
-    p.add_argument("--num-speculative-tokens", type=int, default=7, help="tokens the drafter proposes per step")
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help=f"tokens the drafter of --draft proposes per step (default: {DEFAULT_SPECULATIVE_TOKENS})",
+    )
     p.add_argument(
         "--speculative-config",
         default=None,
@@ -266,7 +311,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prompt-suffix", default="", help="text ending every prompt")
     p.add_argument("--stop-at-eos", action="store_true", help="do not send ignore_eos")
-    p.add_argument("--server-args", default="", help="extra vllm serve arguments (one shell-quoted string)")
+    p.add_argument(
+        "--server-args", default="", help="extra vllm serve arguments (one shell-quoted string; not with --recipe)"
+    )
     p.add_argument("--python", default=sys.executable, help="python of the vLLM runtime")
     p.add_argument(
         "--emulate-graphs",
@@ -324,15 +371,18 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    preflight.check(args)
+    recipe = load_recipe(args.recipe) if args.recipe else None
+    preflight.check(args, recipe)
     gates = load_gates(args.gates)
-    treatment = parse_assignments(args.treatment, "--treatment")
-    control = parse_assignments(args.control, "--control")
-    base = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
-    base.update(server_hooks_env(series_attention=not args.upstream_cpu_attention, emulate_graphs=args.emulate_graphs))
-    base.update(parse_assignments(args.env, "--env"))
-    envs = leg_environments(base, control, treatment)
-    spec = speculative_config(args)
+    envs, treatment, control = leg_inputs(args, recipe)
+    spec = recipe.speculative if recipe is not None else speculative_config(args)
+    model = recipe.model if recipe is not None else args.model
+    draft = args.draft
+    target_revision, draft_revision = args.target_revision, args.draft_revision
+    if recipe is not None:  # the recipe's drafter and the revisions it pins, unless given
+        draft = (spec or {}).get("model")
+        target_revision = target_revision or recipe.revision
+        draft_revision = draft_revision or (spec or {}).get("revision")
     if args.check_only:
         info("crossover: options OK")
         return 0
@@ -357,7 +407,7 @@ def main(argv: list[str]) -> int:
             args.prompts,
             run_tag,
             seed,
-            tokenizer_counter(args.model, args.python),
+            tokenizer_counter(model, args.python),
             prompt_tokens=args.prompt_tokens,
             long_prompt_tokens=args.long_prompt_tokens,
             rollover_at=args.rollover_at,
@@ -365,15 +415,19 @@ def main(argv: list[str]) -> int:
             suffix=args.prompt_suffix,
         )
     (out / "prompts.json").write_text(json.dumps([p.__dict__ | {"sha256": p.sha256} for p in prompts], indent=2) + "\n")
-    extra = shlex.split(args.server_args)
-    spec_args = ["--speculative-config", json.dumps(spec)] if spec else []
+    raw: dict[str, str] = {"prompts": "prompts.json"}
+    if recipe is not None:
+        raw.update(recipe.copy_into(out))
+        extra, spec_args, teacher_args = [], [], NO_SPECULATION if spec else []
+    else:
+        extra = shlex.split(args.server_args)
+        spec_args, teacher_args = ["--speculative-config", json.dumps(spec)] if spec else [], []
     legs: dict[str, list[Row]] = {}
     servers: dict[str, Any] = {}
-    raw: dict[str, str] = {"prompts": "prompts.json"}
     order = list(LEG_ORDER) + ([] if args.no_teacher else [TEACHER])
     for leg in order:
-        leg_extra = extra + ([] if leg == TEACHER else spec_args)
-        rows, servers[leg] = run_leg(leg, prompts, args, envs[leg], leg_extra, out)
+        leg_extra = extra + (teacher_args if leg == TEACHER else spec_args)
+        rows, servers[leg] = run_leg(leg, prompts, args, envs[leg], leg_extra, out, recipe)
         legs[leg] = rows
         dump_rows(rows, out / f"rows-{leg}.jsonl")  # kept even if a later leg fails
         raw[server_log_artifact(leg)] = servers[leg]["log"]
@@ -395,8 +449,8 @@ def main(argv: list[str]) -> int:
             "main_tooling_commit": _git_head(),
             "vllm_commit": runtime.get("vllm_commit"),
             "kernel_commit": runtime.get("kernels"),
-            "target_revision": _model_revision(args.target_revision, args.model),
-            "draft_revision": _model_revision(args.draft_revision, args.draft),
+            "target_revision": _model_revision(target_revision, model),
+            "draft_revision": _model_revision(draft_revision, draft),
             "vllm_version": runtime.get("vllm"),
             "vllm_distribution": runtime.get("vllm_distribution"),
         },
@@ -410,6 +464,7 @@ def main(argv: list[str]) -> int:
         sha256={},
         prior=_prior(args),
         graph=_graph_section(out, servers),
+        recipe=recipe.record() if recipe is not None else None,
     )
     manifest = {
         "config": config.to_json(),

@@ -24,10 +24,15 @@ about it.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import time
 from pathlib import Path
+from typing import Any
 
 from scripts.measure.emulated_graphs.sitecustomize import MARK_ENV
+from scripts.measure.series_attention.xpu_laguna_cpu_attention import COUNTERS_LINE
 from scripts.measure.series_attention.xpu_laguna_cpu_attention import MARK_ENV as SERIES_ATTENTION_ENV
 
 SITE_DIR = Path(__file__).resolve().parent / "emulated_graphs"
@@ -52,3 +57,27 @@ def server_hooks_env(*, series_attention: bool, emulate_graphs: bool) -> dict[st
         for key, value in part.items():
             out[key] = f"{out[key]}{os.pathsep}{value}" if key == "PYTHONPATH" and key in out else value
     return out
+
+
+def logged_counters(log: str) -> dict[str, Any] | None:
+    """The last exact-verify counters any process of a server logged (the one with the model's
+    attention: the worker, or the engine core at TP 1 without workers); None when none did."""
+    lines = [line for line in log.splitlines() if COUNTERS_LINE in line]
+    if not lines:
+        return None
+    found = re.search(r"(\{.*\}) \(pid \d+\)$", lines[-1].rstrip())
+    if found is None:
+        raise ValueError(f"not a counters line: {lines[-1]!r}")
+    data: dict[str, Any] = json.loads(found.group(1))
+    return data
+
+
+def settled_counters(log_path: Path, wait_s: float) -> dict[str, Any] | None:
+    """:func:`logged_counters` of the log at ``log_path`` once the plugin's reporter (every
+    ``REPORT_PERIOD_S``) has had time to log the last calls: wait up to ``wait_s`` for a first line,
+    then one more second."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and logged_counters(log_path.read_text(errors="replace")) is None:
+        time.sleep(0.5)
+    time.sleep(1.0)
+    return logged_counters(log_path.read_text(encoding="utf-8", errors="replace"))

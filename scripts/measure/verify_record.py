@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.errors import ToolError
+from scripts.measure.artifacts import RECIPE_ARTIFACT, RECIPE_ENV_ARTIFACT
 from scripts.measure.checks import Checker, Missing, Report, close, is_number, numeric_leaves
 from scripts.measure.gates import Gates, load_gates
 from scripts.measure.metrics import pct_change
@@ -106,6 +107,7 @@ class InternalChecks(Checker):
         "conventional",
         "legs",
         "sha256",
+        "recipe",
         "disposition",
         "identity",
     )
@@ -470,6 +472,31 @@ class InternalChecks(Checker):
             artifacts = self.record["artifacts"]
             if not isinstance(artifacts, dict) or sorted(artifacts) != sorted(hashes):
                 self.fail(("artifacts", "sha256"), "artifacts and sha256 must name the same files")
+
+    def check_recipe(self) -> None:
+        """``crossover --recipe`` records: the recipe's path and digests, and the digests are those
+        of the run's copies when the record lists them (records without the section: nothing)."""
+        recipe = self.record.get("recipe")
+        if recipe is None:
+            return
+        if not isinstance(recipe, dict):
+            self.fail("recipe", "expected an object or null")
+            return
+        hashes = self.record.get("sha256") if isinstance(self.record.get("sha256"), dict) else {}
+        for name, digest, artifact in (
+            ("path", "sha256", RECIPE_ARTIFACT),
+            ("env_path", "env_sha256", RECIPE_ENV_ARTIFACT),
+        ):
+            path, value = recipe.get(name), recipe.get(digest)
+            self.constraint(isinstance(path, str) and path != "", (f"recipe.{name}",), f"not a path: {path!r}")
+            if not isinstance(value, str) or not _SHA.match(value):
+                self.fail(f"recipe.{digest}", f"not a lowercase hex sha256: {value!r}")
+            elif artifact in hashes:
+                self.constraint(
+                    hashes[artifact] == value,
+                    (f"recipe.{digest}", f"sha256.{artifact}"),
+                    f"the recipe's digest differs from the run's copy ({hashes[artifact]})",
+                )
 
     def check_disposition(self) -> None:
         if self.version == 1:

@@ -182,6 +182,18 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
 
 
 @pytest.fixture(scope="session")
+def recipe_models() -> Path:
+    """The folder where ``recipes/cpu-tiny.yaml`` names the tiny models (``build/tiny-laguna`` under
+    the repository root, what ``nox -s cpu_runtime`` makes); generated there when absent."""
+    from scripts.layout import Layout
+
+    tiny = Layout(REPO_ROOT, build_dir=REPO_ROOT / "build").tiny_models
+    if not ((tiny / "target" / "config.json").is_file() and (tiny / "draft" / "config.json").is_file()):
+        generate(tiny, seed=SEED)
+    return tiny
+
+
+@pytest.fixture(scope="session")
 def vllm_greedy() -> Callable[..., EngineRun]:
     return run_greedy
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 
 from scripts import REPO_ROOT
 from scripts.layout import Layout
-from scripts.recipe import RECIPE_DIR, VERIFY_WIDTH, Recipe, recipes
+from scripts.recipe import RECIPE_DIR, VERIFY_WIDTH, Recipe, recipes, shell_env
 from scripts.tiny_laguna import generate
 
 
@@ -91,18 +90,6 @@ def test_negative_control_misspelled_and_false_keys(tmp_path: Path) -> None:
     assert args.enable_prefix_caching is None  # the upstream trap the recipes avoid (no-KEY: true)
 
 
-def shell_env(path: Path) -> dict[str, str]:
-    """What ``set -a; . FILE`` exports in a clean shell (bash's own variables left out)."""
-    out = subprocess.run(
-        ["env", "-i", "bash", "--noprofile", "--norc", "-c", 'set -a; . "$1"; env -0', "_", str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    pairs = dict(item.split("=", 1) for item in out.split("\0") if item)
-    return {k: v for k, v in pairs.items() if k not in {"PWD", "SHLVL", "_", "OLDPWD"}}
-
-
 def _cpu_config(monkeypatch: pytest.MonkeyPatch, overrides: dict[str, str]) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -138,3 +125,25 @@ def test_cpu_recipe_builds_a_config_the_contract_accepts(monkeypatch: pytest.Mon
 def test_negative_control_a_narrower_width_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="exceeds VLLM_XPU_LAGUNA_VERIFY_WIDTH=7"):
         _cpu_config(monkeypatch, {"VLLM_XPU_LAGUNA_VERIFY_WIDTH": str(VERIFY_WIDTH - 1)})
+
+
+def _api_server_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m vllm.entrypoints.openai.api_server`` (what the tooling starts), built as
+    its ``main`` builds it."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
+
+
+def test_the_crossover_teacher_turns_the_recipe_speculation_off() -> None:
+    """``crossover --recipe``: every leg serves the recipe with ``--config``; the teacher adds
+    ``NO_SPECULATION``, which must win over the file's ``speculative-config``."""
+    from scripts.measure.leg_recipe import NO_SPECULATION
+
+    parser = _api_server_parser()
+    config = str(RECIPE_DIR / "cpu-tiny.yaml")
+    served = parser.parse_args(["--config", config, "--max-num-seqs", "4"])
+    assert served.speculative_config["method"] == "dflash"  # negative control: the file's value arrives
+    assert served.max_num_seqs == 4  # a command-line option wins over the file
+    assert parser.parse_args(["--config", config, *NO_SPECULATION]).speculative_config is None

@@ -22,7 +22,6 @@ Each server runs under a time limit and is stopped (its own process group only).
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
@@ -34,9 +33,9 @@ from typing import Any
 import pytest
 
 from scripts.measure import client
-from scripts.measure.emulation import series_attention_env
+from scripts.measure.emulation import logged_counters, series_attention_env, settled_counters
 from scripts.measure.series_attention.xpu_laguna_cpu_attention import COUNTERS_LINE, REGISTERED_LINE
-from scripts.measure.server import HOST, Server, free_port, serve_argv
+from scripts.measure.server import HOST, Server, base_env, free_port, serve_argv
 from scripts.tiny_laguna import TinyModels
 
 NUM_SPECULATIVE_TOKENS = 7  # M = 8
@@ -44,7 +43,6 @@ MAX_TOKENS = 48
 READY_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 300.0
 COUNTERS_WAIT_S = 10.0
-BASE_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR")
 TOGGLES = {
     "VLLM_XPU_LAGUNA_EXACT_VERIFY": "1",
     "VLLM_XPU_LAGUNA_VERIFY_WIDTH": str(NUM_SPECULATIVE_TOKENS + 1),
@@ -65,7 +63,7 @@ class Served:
 
 
 def _serve(models: TinyModels, prompts: tuple[str, ...], out: Path, name: str, hook: bool) -> Served:
-    env = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
+    env = base_env()
     env.update({"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "INFO", **TOGGLES})
     if hook:
         env.update(series_attention_env())
@@ -93,10 +91,7 @@ def _serve(models: TinyModels, prompts: tuple[str, ...], out: Path, name: str, h
             token_ids.append(result.token_ids)
         spec_counters = client.scrape(HOST, port).spec
         if hook:  # the plugin thread logs every 0.5 s: wait for the last verify calls
-            deadline = time.monotonic() + COUNTERS_WAIT_S
-            while time.monotonic() < deadline and not _counters(log_path.read_text(errors="replace")):
-                time.sleep(0.5)
-            time.sleep(1.0)
+            settled_counters(log_path, COUNTERS_WAIT_S)
     return Served(
         log=log_path.read_text(encoding="utf-8", errors="replace"),
         token_ids=token_ids,
@@ -104,16 +99,6 @@ def _serve(models: TinyModels, prompts: tuple[str, ...], out: Path, name: str, h
         ready_s=ready_s,
         total_s=time.monotonic() - start,
     )
-
-
-def _counters(log: str) -> dict[str, Any] | None:
-    """The last counters line any process of the server logged (the engine core's)."""
-    lines = [line for line in log.splitlines() if COUNTERS_LINE in line]
-    if not lines:
-        return None
-    found = re.search(r"(\{.*\}) \(pid \d+\)$", lines[-1].rstrip())
-    assert found, lines[-1]
-    return json.loads(found.group(1))
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +124,7 @@ def test_served_cpu_leg_runs_the_series_attention(served: Served, prompts: tuple
     assert f"{EXACT_ON} (verify widths 2..{NUM_SPECULATIVE_TOKENS + 1}" in served.log
     assert "kernel seam: reference" in served.log
     assert PREBUILT_ON in served.log
-    counters = _counters(served.log)
+    counters = logged_counters(served.log)
     assert counters is not None, "no exact-verify counters in the server log"
     calls = {int(w): n for w, n in counters["exact_calls_by_width"].items()}
     assert calls.get(NUM_SPECULATIVE_TOKENS + 1, 0) > 0, calls
