@@ -145,6 +145,9 @@ def test_without_the_plugin_the_server_runs_upstream_cpu_attention(
         f"ready after {plain.ready_s:.0f} s, {plain.total_s:.0f} s in all"
     )
     assert all(len(ids) == MAX_TOKENS for ids in plain.token_ids)
-    for line in (REGISTERED_LINE, COUNTERS_LINE, EXACT_ON, PREBUILT_ON):
+    # EXACT_ON is not among them: the row-invariant forms of patch 0011 read the exact-verify
+    # width too (and log that line) whichever attention backend runs; the registration, the
+    # attention counters and the prebuilt metadata builder's line are attention-only
+    for line in (REGISTERED_LINE, COUNTERS_LINE, PREBUILT_ON):
         assert line not in plain.log, line
-    assert EXACT_ON in served.log  # the same markers are there with the plugin
+        assert line in served.log, line  # the same markers are there with the plugin
