@@ -180,12 +180,9 @@ def test_matrix_tp2_legs_run_the_series_in_every_rank(tp2_run: tuple[Any, dict[s
     assert len(leg["accepted_per_depth"]) == 7 and leg["accepted_per_depth"][0] > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: at TP 2 the exact verify rows are not bitwise equal to teacher-tp2 (a few ulps "
-    "from the first verify step on; TP 1 through the same mp executor is equal): docs/matrix-tp.md",
-)
 def test_matrix_tp2_exact_leg_is_bitwise_equal_to_its_teacher(tp2_run: tuple[Any, dict[str, Any]]) -> None:
+    """Was a strict xfail until patch 0009 made LagunaMLP's SiLU row-invariant (the shared expert
+    has 16 columns per rank at TP 2): docs/matrix-tp.md."""
     proc, data = tp2_run
     lp = {leg["name"]: leg for leg in data["legs"]}["dflash-graph0-meta1-tp2"]["logprobs"]
     assert lp["positions"] > 0 and lp["logprobs_bitwise_equal"] == lp["positions"], lp

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Row-invariant CPU elementwise math (Laguna's gate softplus, router sigmoid).
+"""Row-invariant CPU elementwise math (Laguna's gate softplus, MLP silu, router
+sigmoid).
 
 Row i of a q-row call must give the bits the 1-row call of the same values
 gives. Plain PyTorch CPU kernels do not (SIMD chunks vs scalar tail): that is
@@ -13,11 +14,13 @@ from torch.nn import functional as F
 
 from vllm.model_executor.layers import xpu_laguna_row_invariant as ri
 from vllm.model_executor.layers.fused_moe.router import cpu_router
+from vllm.model_executor.models.laguna import LagunaMLP
 
-FUNCTIONS = {"softplus": F.softplus, "sigmoid": torch.sigmoid}
+FUNCTIONS = {"softplus": F.softplus, "sigmoid": torch.sigmoid, "silu": F.silu}
 # (rows, values per row): Laguna gate (4 heads), tiny router (8 experts),
-# Laguna-S router (128 experts), a width-16 verify
-SHAPES = [(8, 4), (8, 8), (8, 128), (16, 4), (3, 40)]
+# Laguna-S router (128 experts), a width-16 verify, the tiny target's shared
+# expert at TP 2 (16 columns per rank)
+SHAPES = [(8, 4), (8, 8), (8, 128), (16, 4), (3, 40), (8, 16)]
 
 
 def _rows_differing(fn, x, apply):
@@ -85,3 +88,51 @@ def test_router_sigmoid_is_row_invariant():
         w1, i1 = route(logits[i : i + 1])
         assert torch.equal(ids[i], i1[0])
         assert torch.equal(weights[i], w1[0])
+
+
+class _Proj:
+    """A linear's ``(output, bias)`` call: ``x @ w.T`` one row at a time, so
+    the GEMM itself is row-invariant and only the activation is under test."""
+
+    def __init__(self, out_features, in_features, seed):
+        gen = torch.Generator().manual_seed(seed)
+        self.weight = torch.randn(out_features, in_features, generator=gen)
+
+    def __call__(self, x):
+        return torch.cat([r @ self.weight.T for r in x.split(1)]), None
+
+
+def _mlp(intermediate, hidden=64):
+    """LagunaMLP.forward over stand-in projections (no TP group needed)."""
+    mlp = LagunaMLP.__new__(LagunaMLP)
+    mlp.gate_proj = _Proj(intermediate, hidden, 1)
+    mlp.up_proj = _Proj(intermediate, hidden, 2)
+    mlp.down_proj = _Proj(hidden, intermediate, 3)
+    return mlp
+
+
+def _mlp_rows_differing(intermediate):
+    mlp = _mlp(intermediate)
+    differing = 0
+    for seed in range(10):
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(seed))
+        batch = LagunaMLP.forward(mlp, x)
+        differing += sum(
+            not torch.equal(batch[i], LagunaMLP.forward(mlp, x[i : i + 1])[0])
+            for i in range(8)
+        )
+    return differing
+
+
+@pytest.mark.parametrize("intermediate", [16, 32, 48])
+def test_laguna_mlp_silu_is_row_invariant(intermediate):
+    """LagunaMLP (dense layer, shared expert) at per-rank intermediate widths:
+    16 is the tiny target's shared expert at TP 2."""
+    assert _mlp_rows_differing(intermediate) == 0
+
+
+def test_laguna_mlp_plain_silu_is_not_row_invariant(monkeypatch):
+    """Negative control: with the helper replaced by the plain call, rows of
+    a width-8 verify differ from the 1-row decode at 16 columns."""
+    monkeypatch.setattr(ri, "apply", _plain)
+    assert _mlp_rows_differing(16) > 0
