@@ -37,7 +37,6 @@ from scripts.measure import client
 from scripts.measure.emulation import series_attention_env, settled_counters
 from scripts.measure.server import HOST, Server, api_server_argv, base_env, free_port
 from scripts.recipe import CPU_CHAT_TEMPLATE, RECIPE_DIR, VERIFY_WIDTH, shell_env
-from scripts.tiny_laguna import REPEAT_WORD
 
 RECIPE = RECIPE_DIR / "cpu-tiny.yaml"
 RECIPE_ENV = RECIPE_DIR / "cpu-tiny.env"
@@ -51,10 +50,12 @@ LOAD_TIMEOUT_S = 900.0
 COUNTERS_WAIT_S = 10.0
 ABORT_WAIT_S = 30.0
 DISCONNECT_MAX_TOKENS = 768  # a prompt + this fits max-model-len 1024; alone it would take seconds
+# one word that is one token of the tiny tokenizer per repetition (the long prompt: 1100 of them)
+WORD = " lagoon"
 EXTRA_PROMPTS = (
     "Tiny models answer quickly",
     "0 1 2 3 4 5 6 7 8 9",
-    f"The word{REPEAT_WORD} again and again:{REPEAT_WORD}",
+    f"The word{WORD} again and again:{WORD}",
 )
 CHAT = [{"role": "user", "content": "Where is the lagoon?"}]
 CHAT_PROMPT = "user: Where is the lagoon?\nassistant:"  # what the recipe's template must make of CHAT
@@ -314,7 +315,7 @@ def test_bad_input_gets_a_clean_error_and_the_server_keeps_serving(
         seen[f"disconnect after 2 chunks (max_tokens {DISCONNECT_MAX_TOKENS})"] = f"aborted after {generated} tokens"
         _still_serving(served, alone)
 
-        long = http.post("/v1/completions", json=served.body(REPEAT_WORD * 1100))  # streamed, as the others
+        long = http.post("/v1/completions", json=served.body(WORD * 1100))  # streamed, as the others
         assert 400 <= long.status_code < 500, long.text[:300]
         assert "maximum context length is 1024 tokens" in long.json()["error"]["message"]
         seen["prompt of 1100 words, max-model-len 1024"] = f"HTTP {long.status_code}"
