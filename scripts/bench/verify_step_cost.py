@@ -358,15 +358,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(
         prog="python -m scripts.bench.verify_step_cost", description=__doc__, formatter_class=HelpFormatter
     )
-    parser.add_argument("--shapes", choices=sorted(oc.SHAPES), default="laguna-s-tp4", help="shapes of the main tables")
-    parser.add_argument("--rows", type=int, default=TOKENS, help="verify rows M per call (2..16)")
-    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
-    parser.add_argument("--steps", type=int, default=3, help="calls per form mode and round at --shapes")
-    parser.add_argument("--host-steps", type=int, default=200, help=f"calls per form mode and round at {HOST_SHAPES}")
-    parser.add_argument("--collective-steps", type=int, default=50, help="all-reduces per mode, shape and round")
-    parser.add_argument("--world", type=int, default=2, help="CPU gloo ranks of the collectives (2..16)")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads of the forms (torch)")
+    add = parser.add_argument
+    add(
+        "--shapes",
+        choices=sorted(oc.SHAPES),
+        default="laguna-s-tp4",
+        help="shapes of the main tables: laguna-s-tp4 = Laguna-S-2.1 per-rank shapes at TP 4 (hidden 3072), "
+        f"small = op_invariance_check's tiny ones (hidden 64); the host part is always also timed at {HOST_SHAPES}",
+    )
+    add("--rows", type=int, default=TOKENS, help="verify rows M of every call and message (2..16)")
+    add(
+        "--parts",
+        default=",".join(PARTS),
+        help="comma list: forms (the linears and the q/k norm, torch only), collectives (plain vs rank-order "
+        "all-reduce on --world gloo ranks; needs the patched vLLM tree)",
+    )
+    add("--rounds", type=int, default=7, help="interleaved rounds; every mode of every part is timed once per round")
+    add("--steps", type=int, default=3, help="calls per form mode, shape and round at --shapes")
+    add("--host-steps", type=int, default=200, help=f"calls per form mode, shape and round at {HOST_SHAPES}")
+    add("--collective-steps", type=int, default=50, help="all-reduces per mode, message shape and round")
+    add(
+        "--world",
+        type=int,
+        default=2,
+        help="CPU processes (gloo ranks, one intra-op thread each) of the collectives, 2..16",
+    )
+    add("--threads", type=int, default=1, help="intra-op threads of this process for the forms (torch.set_num_threads)")
     args = parser.parse_args(argv)
     problem = _check(args)
     if problem:
