@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import queue
 import statistics
 import sys
 import time
@@ -56,6 +57,7 @@ FULL_LAYERS = 12  # Laguna-S-2.1: full-attention layers (the other 36 slide)
 DENSE_LAYERS = 1  # layer 0; the other 47 are MoE layers
 COLLECTIVES_PER_STEP = 2 * LAYERS + 1  # attention output + MLP/MoE output per layer, the embedding
 HOST_SHAPES = "small"
+ANSWER_TIMEOUT_S = 900  # one round of the collective ranks
 PARTS = ("forms", "collectives")
 LINEAR_MODES = ("plain", "rows", "lanes")
 NORM_MODES = ("plain", "pad", "tokens")
@@ -123,7 +125,7 @@ def form_tables(shapes_name: str, host: bool, rows: int, steps: int, forms: Any)
     for label, q_heads, heads, start, calls in (
         ("q full", s.q_heads[0], s.q_heads[0], 0, FULL_LAYERS),
         ("q sliding", s.q_heads[1], s.q_heads[1], 0, LAYERS - FULL_LAYERS),
-        ("k", s.q_heads[0], kv, s.q_heads[0] * d, LAYERS),
+        ("k", s.q_heads[0], kv, s.q_heads[0] * d, LAYERS),  # the same [rows, kv, d] in every layer
     ):
         qkv = ctx.randn(rows, (q_heads + 2 * kv) * d, seed=3)
         view = qkv[:, start : start + heads * d].view(rows, heads, d)
@@ -177,7 +179,11 @@ class Collectives:
         self._collect()
 
     def _collect(self) -> Any:
-        got = dict(self.results.get(timeout=900) for _ in self.procs)
+        try:
+            got = dict(self.results.get(timeout=ANSWER_TIMEOUT_S) for _ in self.procs)
+        except queue.Empty:
+            self.close()
+            raise RuntimeError(f"the collective ranks did not answer within {ANSWER_TIMEOUT_S} s") from None
         for rank, value in sorted(got.items()):
             if isinstance(value, str) and value != "ready":
                 self.close()
@@ -185,15 +191,18 @@ class Collectives:
         return got[0]
 
     def round(self) -> list[dict[str, float]]:
-        for queue in self.commands:
-            queue.put("round")
+        for commands in self.commands:
+            commands.put("round")
         return self._collect()
 
     def close(self) -> None:
-        for queue in self.commands:
-            queue.put("stop")
+        for commands in self.commands:
+            commands.put("stop")
         for proc in self.procs:
             proc.join(timeout=60)
+            if proc.is_alive():  # a rank stuck in a collective its peer left
+                proc.terminate()
+                proc.join(timeout=10)
 
 
 def measure(args: argparse.Namespace, forms: Any) -> list[Table]:
