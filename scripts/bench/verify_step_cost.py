@@ -34,7 +34,7 @@ round.
 
 Usage (from the repository root)::
 
-    python -m scripts.bench.verify_step_cost [--shapes laguna-s-tp4] [--rounds 7] [--steps 3]
+    python -m scripts.bench.verify_step_cost [--shapes laguna-s-tp4] [--rounds 7] [--steps 1]
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ FULL_LAYERS = 12  # Laguna-S-2.1: full-attention layers (the other 36 slide)
 DENSE_LAYERS = 1  # layer 0; the other 47 are MoE layers
 COLLECTIVES_PER_STEP = 2 * LAYERS + 1  # attention output + MLP/MoE output per layer, the embedding
 HOST_SHAPES = "small"
+STEP_ROW = "per verify step, ms"  # the last row of every table: calls x us per call, summed per round
 ANSWER_TIMEOUT_S = 900  # one round of the collective ranks
 PARTS = ("forms", "collectives")
 LINEAR_MODES = ("plain", "rows", "lanes")
@@ -265,7 +266,10 @@ def step_sum(tables: list[Table], modes: dict[str, str]) -> list[float]:
     return [sum(values) for values in zip(*per_table, strict=True)]
 
 
-def _cell(values: list[float]) -> str:
+def _cell(values: list[float], ms: bool = False) -> str:
+    """``fastest (median)``: us per call with 2 decimals, or (``ms``) ms per step with 3."""
+    if ms:
+        return f"{min(values) / 1000:.3f} ({statistics.median(values) / 1000:.3f})"
     return f"{min(values):.2f} ({statistics.median(values):.2f})"
 
 
@@ -274,6 +278,10 @@ def _ratio(values: list[float], base: list[float]) -> str:
 
 
 def _what(table: Table, main: str) -> str:
+    if table.host and table.part == "collectives":
+        return (
+            f"{HOST_SHAPES} shapes (hidden 64): latency-bound, the data is negligible: the host part + gloo round trips"
+        )
     if table.host:
         return f"{HOST_SHAPES} shapes (hidden 64): dispatch-bound, the arithmetic is negligible: the host part"
     if table.part == "collectives":
@@ -288,8 +296,8 @@ def render(tables: list[Table], args: argparse.Namespace) -> list[str]:
         f"# cost per verify step, M={args.rows} rows, on this machine's CPU (torch {torch.__version__}, "
         f"{args.threads} intra-op thread(s)); {args.rounds} interleaved rounds; calls per mode and round: "
         f"forms {args.steps} ({args.shapes}) and {args.host_steps} ({HOST_SHAPES}), collectives "
-        f"{args.collective_steps}; us: fastest round (median round); ratios on the fastest rounds; "
-        "plain = without patches 0010/0011"
+        f"{args.collective_steps}; us per call and ms per step: fastest round (median round); ratios on the "
+        "fastest rounds; plain = without patches 0010/0011"
     ]
     for table in tables:
         head = [f"{mode} us" for mode in table.modes] + [f"{mode}/plain" for mode in table.modes[1:]]
@@ -297,22 +305,22 @@ def render(tables: list[Table], args: argparse.Namespace) -> list[str]:
         lines += ["| shape | calls/step | " + " | ".join(head) + " |", "|" + " --- |" * (2 + len(head))]
         totals = step_totals(table)
         rows = [(c.label, c.calls, c.samples) for c in table.cases]
-        rows.append(("per verify step", sum(c.calls for c in table.cases), totals))
+        rows.append((STEP_ROW, sum(c.calls for c in table.cases), totals))
         for label, calls, samples in rows:
-            cells = [_cell(samples[m]) for m in table.modes]
+            cells = [_cell(samples[m], ms=label == STEP_ROW) for m in table.modes]
             cells += [_ratio(samples[m], samples["plain"]) for m in table.modes[1:]]
             lines.append(f"| {label} | {calls} | " + " | ".join(cells) + " |")
     lines += ["", "## per verify step, the parts measured summed per round", ""]
     series = [("XPU", XPU_FORMS), ("CPU", CPU_FORMS)]
-    head = ["plain us"] + [f"series {n} ({', '.join(f.values())}) us" for n, f in series]
-    head += [f"series {n}/plain" for n, _ in series] + [f"series {n} - plain us" for n, _ in series]
+    head = ["plain ms"] + [f"series {n} ({', '.join(f.values())}) ms" for n, f in series]
+    head += [f"series {n}/plain" for n, _ in series] + [f"series {n} - plain ms" for n, _ in series]
     lines += ["| shapes | parts | " + " | ".join(head) + " |", "|" + " --- |" * (2 + len(head))]
     for host in (False, True):
         mine = [t for t in tables if t.host == host]
         plain = step_sum(mine, {part: "plain" for part in XPU_FORMS})
         forms = [step_sum(mine, f) for _, f in series]
-        cells = [_cell(plain)] + [_cell(v) for v in forms] + [_ratio(v, plain) for v in forms]
-        cells += [f"{min(v) - min(plain):.2f}" for v in forms]
+        cells = [_cell(plain, ms=True)] + [_cell(v, ms=True) for v in forms] + [_ratio(v, plain) for v in forms]
+        cells += [f"{(min(v) - min(plain)) / 1000:.3f}" for v in forms]
         shapes_name = f"{HOST_SHAPES} (host part)" if host else args.shapes
         lines.append(f"| {shapes_name} | {', '.join(t.part for t in mine)} | " + " | ".join(cells) + " |")
     per_sum = LAB_RANK_SUMS_MS * 1000 / COLLECTIVES_PER_STEP
@@ -383,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         "all-reduce on --world gloo ranks; needs the patched vLLM tree)",
     )
     add("--rounds", type=int, default=7, help="interleaved rounds; every mode of every part is timed once per round")
-    add("--steps", type=int, default=3, help="calls per form mode, shape and round at --shapes")
+    add("--steps", type=int, default=1, help="calls per form mode, shape and round at --shapes")
     add("--host-steps", type=int, default=200, help=f"calls per form mode, shape and round at {HOST_SHAPES}")
     add("--collective-steps", type=int, default=50, help="all-reduces per mode, message shape and round")
     add(
