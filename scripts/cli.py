@@ -65,6 +65,10 @@ ENTRY_POINTS = (
         "python -m scripts.bench.tp_collectives",
         "plain gloo all-reduce vs rank-order sum vs XCCL stand-in on CPU ranks, per call",
     ),
+    (
+        "python -m scripts.bench.verify_step_cost",
+        "row-invariant forms and rank-order collectives vs the plain path, per verify step, on CPU",
+    ),
     ("python -m scripts.old_line build", "clone, check out the vLLM 0.26.0 line and build its wheel (CI)"),
     (
         "python -m scripts.recipe render",

@@ -30,6 +30,7 @@ MAINS = [
     ("scripts.device.split_divergence", []),
     ("scripts.bench.metadata_microbench", []),
     ("scripts.bench.tp_collectives", []),
+    ("scripts.bench.verify_step_cost", []),
     ("scripts.old_line", []),
     ("scripts.recipe", []),
 ]

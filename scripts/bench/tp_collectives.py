@@ -36,7 +36,7 @@ METHODS = ("plain", "rank-order", "standin")
 DTYPES = ("bf16", "fp32")
 
 
-def _methods() -> dict[str, Callable[[Any, Any], Any]]:
+def all_reduce_methods() -> dict[str, Callable[[Any, Any], Any]]:
     import torch.distributed as dist
     from vllm.distributed import xpu_laguna_collectives as xc
 
@@ -48,32 +48,64 @@ def _methods() -> dict[str, Callable[[Any, Any], Any]]:
     return {"plain": plain, "rank-order": xc.rank_order_all_reduce, "standin": xc.xccl_ring_standin_all_reduce}
 
 
-def _measure(
-    rank: int, world: int, port: int, shapes: list[tuple[int, int]], dtype: str, steps: int, rounds: int
-) -> dict[tuple[int, int], dict[str, list[float]]]:
+def message(shape: tuple[int, int], rank: int, dtype: str) -> Any:
+    """Rank ``rank``'s message: seeded normal values of ``shape`` in ``dtype`` (``DTYPES``)."""
+    import torch
+
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(rank)).to(torch_dtype)
+
+
+def time_round(
+    methods: dict[str, Callable[[Any, Any], Any]], names: tuple[str, ...], x: Any, group: Any, steps: int
+) -> dict[str, float]:
+    """One round: us per call of each named method (``steps`` calls, a barrier before each method)."""
+    import torch.distributed as dist
+
+    out = {}
+    for name in names:
+        fn = methods[name]
+        dist.barrier(group)
+        start = time.perf_counter_ns()
+        for _ in range(steps):
+            fn(x, group)
+        out[name] = (time.perf_counter_ns() - start) / steps / 1000
+    return out
+
+
+def join_group(rank: int, world: int, port: int) -> Any:
+    """One intra-op thread, then the gloo group over loopback; returns the group."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    group = dist.group.WORLD
-    methods = _methods()
-    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    return dist.group.WORLD
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _measure(
+    rank: int, world: int, port: int, shapes: list[tuple[int, int]], dtype: str, steps: int, rounds: int
+) -> dict[tuple[int, int], dict[str, list[float]]]:
+    import torch.distributed as dist
+
+    group = join_group(rank, world, port)
+    methods = all_reduce_methods()
     samples: dict[tuple[int, int], dict[str, list[float]]] = {}
     try:
         for shape in shapes:
-            x = torch.randn(*shape, generator=torch.Generator().manual_seed(rank)).to(torch_dtype)
+            x = message(shape, rank, dtype)
             per_shape = samples.setdefault(shape, {name: [] for name in METHODS})
             for fn in methods.values():  # warm-up
                 fn(x, group)
             for _ in range(rounds):
-                for name in METHODS:
-                    fn = methods[name]
-                    dist.barrier(group)
-                    start = time.perf_counter_ns()
-                    for _ in range(steps):
-                        fn(x, group)
-                    per_shape[name].append((time.perf_counter_ns() - start) / steps / 1000)
+                for name, value in time_round(methods, METHODS, x, group, steps).items():
+                    per_shape[name].append(value)
     finally:
         dist.destroy_process_group()
     return samples
@@ -90,9 +122,7 @@ def run(
     world: int, shapes: list[tuple[int, int]], dtype: str, steps: int, rounds: int
 ) -> dict[tuple[int, int], dict[str, list[float]]]:
     """Rank 0's samples (us per call, one per round) per shape and method."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
     procs = [
