@@ -13,6 +13,7 @@ import nox
 
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
+from scripts.cpu_slots import slot_count  # noqa: E402  (stdlib only)
 from scripts.layout import Layout  # noqa: E402  (stdlib only: the one definition of the build paths)
 
 LAYOUT = Layout(REPO)
@@ -36,8 +37,9 @@ BUILD_DEPS = [
     "numpy",
 ]
 RUFF = "ruff==0.14.0"  # the version vLLM 0.26.0's and 0.32.0's pre-commit run
-# nox: test_readme.py; matplotlib: test_measure_plot.py; ruff: test_style.py
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "nox", "matplotlib", RUFF]
+# nox: test_readme.py; matplotlib: test_measure_plot.py; ruff: test_style.py; pytest-xdist: one
+# pytest worker per core (PARALLEL)
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.6", "nox", "matplotlib", RUFF]
 
 
 @nox.session(reuse_venv=True)
@@ -45,6 +47,16 @@ def apply(session: nox.Session) -> None:
     """Build/refresh build/worktree: pinned upstream + patches/series + overlay/ (options: --force, --source git, --offline)."""
     session.install(*TOOL_DEPS)
     session.run("python", "-m", "scripts", "apply", *session.posargs)
+
+
+PARALLEL = ["-n", "auto"]
+"""pytest-xdist: the tooling and patch tests spread over one worker per core."""
+
+
+def _e2e_parallel() -> list[str]:
+    """The CPU end-to-end tests: one pytest worker per CPU slot (scripts/cpu_slots.py; every
+    engine takes a slot, so no two share a core), whole files per worker, the slowest first (tests/e2e/conftest.py)."""
+    return ["-n", str(slot_count()), "--dist", "loadfile"]
 
 
 @nox.session(reuse_venv=True, requires=["apply"])
@@ -96,8 +108,9 @@ def tests(session: nox.Session) -> None:
     """Tooling tests: synthetic upstream (fast) and the real pinned sdist (apply, build, verify, export fixpoint)."""
     session.install(*TOOL_DEPS, *BUILD_DEPS, *TEST_DEPS)
     session.run(
-        "python", "-m", "pytest", "-q", "-ra", "--timeout=1200", "tests", "--ignore=tests/e2e", *session.posargs
-    )
+        "python", "-m", "pytest", "-q", "-ra", "--timeout=1200", *PARALLEL, "tests", "--ignore=tests/e2e",
+        *session.posargs,
+    )  # fmt: skip
 
 
 def _cpu_runtime(session: nox.Session) -> str:
@@ -147,13 +160,17 @@ def cpu_tests(session: nox.Session) -> None:
         "-p",
         "no:cacheprovider",
         "--timeout=1200",
+        *PARALLEL,
         tree_tests,
         *session.posargs,
         env={"PYTHONPATH": ""},
         external=True,
         success_codes=[0, 5] if session.posargs else [0],
     )
-    session.run(python, "-m", "pytest", "-q", "-ra", "--timeout=1800", "tests/e2e", *session.posargs, external=True)
+    session.run(
+        python, "-m", "pytest", "-q", "-ra", "--timeout=1800", *_e2e_parallel(), "tests/e2e", *session.posargs,
+        external=True,
+    )  # fmt: skip
 
 
 @nox.session(reuse_venv=True, default=False)

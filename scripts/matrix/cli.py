@@ -64,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         "the long-context last-bit residual)",
     )
     run.add_argument("--kv-cache-bytes", type=int, default=512 << 20, help="KV cache bytes (CPU only)")
+    run.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="legs at once on CPU, each on its own CPU slot (scripts/cpu_slots.py; 0: as many as "
+        "there are slots, VXL_CPU_SLOTS sets the count); on a device the legs always run one by one",
+    )
     run.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh per run)")
     run.add_argument("--report", default=str(Layout().build / "matrix-report.json"), help="JSON report path")
     run.add_argument(
@@ -153,6 +160,8 @@ def validate_run(args: argparse.Namespace) -> str | None:
         )
     if args.prompts < 3:
         return f"--prompts {args.prompts}: the matrix needs at least 3 (long, long-then-next, plain)"
+    if args.jobs < 0:
+        return f"--jobs {args.jobs}: must be >= 0 (0: one leg per CPU slot)"
     if args.tp < 1:
         return f"--tp {args.tp}: must be >= 1"
     if not 1 <= args.max_tokens < args.max_model_len:

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from scripts.matrix.evaluate import evaluate
 from scripts.matrix.graphs import GraphExpectation, decoder_topology
-from scripts.matrix.legs import LEGS, NOT_RUN_NO_GRAPHS, Leg, device_kind, long_context_prompt, make_prompts
+from scripts.matrix.legs import LEGS, device_kind, long_context_prompt, make_prompts
 from scripts.matrix.report import finish, series_info
+from scripts.matrix.runner import run_legs
 
 
 def _num_layers(model_dir: str) -> int:
@@ -41,25 +38,6 @@ def _graph_expectation(
         )
         for tp in tps
     }
-
-
-def leg_environment(leg: Leg, default_tp: int, device: str, base: dict[str, str]) -> dict[str, str]:
-    """The leg process's environment. On CPU the engine runs in-process (the backend override
-    applies); past TP 1 the ranks are worker processes of vLLM's mp executor, so the series'
-    attention (and for a graph leg the graph emulation) is installed in each of them through
-    the hooks a CPU server uses (:func:`scripts.measure.emulation.server_hooks_env`)."""
-    env = {**base, **leg.env(default_tp)}
-    if device != "cpu":
-        return env
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if leg.tp_size(default_tp) > 1:
-        from scripts.measure.emulation import server_hooks_env
-
-        hooks = server_hooks_env(series_attention=True, emulate_graphs=leg.graph)
-        if base.get("PYTHONPATH"):
-            hooks["PYTHONPATH"] = os.pathsep.join((hooks["PYTHONPATH"], base["PYTHONPATH"]))
-        env.update(hooks)
-    return env
 
 
 def drive(args: argparse.Namespace) -> int:
@@ -89,14 +67,9 @@ def drive(args: argparse.Namespace) -> int:
             return 2
         prompts.append(spec)
     dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
-    outputs: dict[str, dict[str, Any]] = {}
     started = time.monotonic()
-    for number, leg in enumerate(legs, 1):
-        if leg.graph and device == "cpu" and args.no_emulated_graphs:
-            outputs[leg.name] = {"status": NOT_RUN_NO_GRAPHS}
-            print(f"==> [{number}/{len(legs)}] {leg.name}: {NOT_RUN_NO_GRAPHS}", file=sys.stderr)
-            continue
-        config = {
+    configs = {
+        leg.name: {
             "leg": asdict(leg),
             "target": target,
             "draft": draft,
@@ -113,26 +86,10 @@ def drive(args: argparse.Namespace) -> int:
             "mutation": leg.mutation,
             "prompts": [asdict(p) for p in prompts],
         }
-        with tempfile.TemporaryDirectory(prefix="vxl-leg-") as tmp:
-            cfg, out = Path(tmp) / "config.json", Path(tmp) / "out.json"
-            cfg.write_text(json.dumps(config))
-            env = leg_environment(leg, args.tp, device, dict(os.environ))
-            print(
-                f"==> [{number}/{len(legs)}] {leg.name}: fresh engine, TP {leg.tp_size(args.tp)}, "
-                f"{len(prompts)} prompts, {' '.join(f'{k}={v}' for k, v in leg.env(args.tp).items())}",
-                file=sys.stderr,
-                flush=True,
-            )
-            t0 = time.monotonic()
-            proc = subprocess.run(
-                [sys.executable, "-m", "scripts.matrix", "leg", str(cfg), str(out)], env=env, check=False
-            )
-            print(f"    {leg.name} took {time.monotonic() - t0:.1f}s (exit {proc.returncode})", file=sys.stderr)
-            outputs[leg.name] = (
-                json.loads(out.read_text())
-                if proc.returncode == 0 and out.exists()
-                else {"status": f"error: leg process exited {proc.returncode}"}
-            )
+        for leg in legs
+        if not (leg.graph and device == "cpu" and args.no_emulated_graphs)
+    }
+    outputs = run_legs(legs, configs, args, device, Path(args.report))
     for name in sorted({leg.teacher for leg in legs if leg.speculative} | {"teacher"} & set(names)):
         if "rows" not in outputs.get(name, {}):
             print(f"error: the teacher leg {name} did not run: {outputs.get(name)}", file=sys.stderr)

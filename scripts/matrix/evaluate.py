@@ -35,6 +35,7 @@ class LegResult:
     collectives_per_step: dict[str, Any] = field(default_factory=dict)
     accepted_per_depth: list[int] = field(default_factory=list)  # depth 1..7 (scripts.spec_acceptance)
     drafts: int = 0  # verify steps with drafted tokens
+    cpu_bind: str = ""  # VLLM_CPU_OMP_THREADS_BIND of the leg's CPU slot (scripts.cpu_slots); "" off CPU
 
 
 def logprob_verdict(
@@ -146,6 +147,7 @@ def evaluate(
             env=leg.env(default_tp) if leg.speculative or tp > 1 else {},
             teacher=teacher_name,
             tp=tp,
+            cpu_bind=str((data or {}).get("cpu_bind", "")),
         )
         if data is None or "status" in data:
             result.status = (data or {}).get("status", "error: no output")

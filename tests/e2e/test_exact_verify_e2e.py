@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from scripts.cpu_slots import leased_environ
 from scripts.tiny_laguna import TinyModels
 
 NUM_SPECULATIVE_TOKENS = 7  # M = 8
@@ -85,7 +86,6 @@ def _run(
     draft: Path | None,
 ) -> Leg:
     import vllm.envs as envs
-    from vllm import LLM, SamplingParams
     from vllm.v1.attention.backends import xpu_laguna_exact
 
     mp.setattr(envs, "VLLM_XPU_LAGUNA_EXACT_VERIFY", exact, raising=False)
@@ -103,6 +103,18 @@ def _run(
         }
     )
     start = time.monotonic()
+    with leased_environ("e2e exact-verify engine"):
+        _generate(leg, target, prompts, max_tokens, spec)
+    leg.exact_calls.update(xpu_laguna_exact.counters.calls_by_width)
+    leg.prebuilt_calls = xpu_laguna_exact.counters.prebuilt_calls
+    leg.seconds = time.monotonic() - start
+    return leg
+
+
+def _generate(leg: Leg, target: Path, prompts: tuple[str, ...], max_tokens: int, spec: dict[str, Any] | None) -> None:
+    """One in-process engine (uni executor: its worker binds this process's threads)."""
+    from vllm import LLM, SamplingParams
+
     llm = LLM(
         model=str(target),
         dtype="float32",
@@ -128,10 +140,6 @@ def _run(
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
-    leg.exact_calls.update(xpu_laguna_exact.counters.calls_by_width)
-    leg.prebuilt_calls = xpu_laguna_exact.counters.prebuilt_calls
-    leg.seconds = time.monotonic() - start
-    return leg
 
 
 def test_exact_verify_spec_decode_equals_teacher(

@@ -9,6 +9,10 @@ speculation (M=8) is on as the recipe says; the recipe names a minimal chat temp
 (``recipes/cpu-tiny.chat.jinja``) because the tiny tokenizer has none.
 
 * completions and chat answer; the server log carries the series' exact-verify counters (> 0);
+* the log proves the served leg runs the series' attention: the plugin registered it in the API server,
+  the engine core and the worker, and the overlay logged exact verify ON (reference kernel seam) and
+  prebuilt metadata ON (the negative control, a server without the plugin, is
+  ``test_served_series_attention.py``);
 * 8 prompts alone, one after another, then the same prompts 4 times each (32 streamed completions) from
   8 concurrent clients: every request completes with the greedy tokens of its prompt served alone, the
   log shows no ERROR and no Traceback, and the server still answers;
@@ -31,10 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from served_markers import EXACT_ON, PREBUILT_ON
 
 from scripts import REPO_ROOT
+from scripts.cpu_slots import cpu_lease
 from scripts.measure import client
 from scripts.measure.emulation import series_attention_env, settled_counters
+from scripts.measure.series_attention.xpu_laguna_cpu_attention import COUNTERS_LINE, REGISTERED_LINE
 from scripts.measure.server import HOST, Server, api_server_argv, base_env, free_port
 from scripts.recipe import CPU_CHAT_TEMPLATE, RECIPE_DIR, VERIFY_WIDTH, shell_env
 
@@ -115,7 +122,10 @@ def served(recipe_models: Path, tmp_path_factory: pytest.TempPathFactory, e2e: A
     argv = api_server_argv(sys.executable, port, ["--config", config, "--max-num-seqs", str(MAX_NUM_SEQS)])
     log_path = tmp_path_factory.mktemp("recipe-serve") / "server.log"
     started = time.monotonic()
-    with Server(argv, env, log_path, port, cwd=REPO_ROOT) as server:
+    with (
+        cpu_lease("e2e recipe server") as lease,
+        Server(argv, {**env, **lease.env()}, log_path, port, cwd=REPO_ROOT) as server,
+    ):
         ready_s = server.wait_ready(READY_TIMEOUT_S)
         models = httpx.get(f"http://{HOST}:{port}/v1/models", timeout=30).json()["data"]
         run = RecipeServer(server, port, models[0]["id"], log_path, ready_s, started)
@@ -206,6 +216,16 @@ def test_the_recipe_serves_completions_and_chat_on_the_series_path(
         f"exact-path layer calls by width {dict(sorted(calls.items()))}, prebuilt {counters['prebuilt_calls']}; "
         f"drafts {spec.drafts}, accepted {spec.accepted_tokens} of {spec.draft_tokens} drafted tokens"
     )
+
+
+def test_the_server_log_shows_the_series_attention_in_every_process(served: RecipeServer) -> None:
+    log = served.log()
+    pids = set(re.findall(rf"{re.escape(REGISTERED_LINE)} \(pid (\d+)\)", log))
+    assert len(pids) >= 3, pids  # API server, engine core, worker
+    assert f"{EXACT_ON} (verify widths 2..{VERIFY_WIDTH}" in log
+    assert "kernel seam: reference" in log
+    assert PREBUILT_ON in log
+    assert COUNTERS_LINE in log
 
 
 @dataclass
