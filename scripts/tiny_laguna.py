@@ -96,6 +96,7 @@ DRAFT_DEPTH_HEADS = 7  # one per drafted token of DFlash M8
 
 # Strength of the planted cycle against the random layers (measured: see docs/tiny-laguna.md).
 EMBED_SCALE = 9.0  # norm of an ordinary token's TOK vector in the embedding
+TP4_EMBED_SCALE = 10.0  # the tp4 variant's (its random layers push harder; docs/tiny-laguna.md)
 KEY_SHARE = 0.5  # norm of the shared KEY vector relative to the TOK vector
 LM_HEAD_SCALE = 2.5  # lm_head rows: LM_HEAD_SCALE * predecessor's TOK vector ...
 LM_HEAD_NOISE = 0.1  # ... plus this much random row (std per entry, outside the MASK block)
@@ -127,10 +128,11 @@ class Variant:
     name: str
     heads_per_layer: tuple[int, ...]
     tps: tuple[int, ...]
+    embed_scale: float = EMBED_SCALE
 
 
 DEFAULT_VARIANT = Variant("default", HEADS_PER_LAYER, tps=(1, 2))
-VARIANTS = (DEFAULT_VARIANT, Variant("tp4", TP4_HEADS_PER_LAYER, tps=(1, 2, 4)))
+VARIANTS = (DEFAULT_VARIANT, Variant("tp4", TP4_HEADS_PER_LAYER, tps=(1, 2, 4), embed_scale=TP4_EMBED_SCALE))
 
 
 def variant_named(name: str) -> Variant:
@@ -241,7 +243,7 @@ def _block(span: tuple[int, int]) -> slice:
 
 def _build_target(
     out: Path,
-    heads_per_layer: tuple[int, ...],
+    variant: Variant,
     vocab: int,
     cycles: st.Cycles,
     mask_id: int,
@@ -258,8 +260,8 @@ def _build_target(
         hidden_size=HIDDEN,
         intermediate_size=DENSE_INTERMEDIATE,
         num_hidden_layers=n,
-        num_attention_heads=max(heads_per_layer),
-        num_attention_heads_per_layer=list(heads_per_layer),
+        num_attention_heads=max(variant.heads_per_layer),
+        num_attention_heads_per_layer=list(variant.heads_per_layer),
         num_key_value_heads=NUM_KV_HEADS,
         head_dim=HEAD_DIM,
         max_position_embeddings=MAX_POSITIONS,
@@ -301,8 +303,8 @@ def _build_target(
         shared_key = torch.ones(key.stop - key.start) / (key.stop - key.start) ** 0.5
         emb = model.model.embed_tokens.weight
         emb.zero_()
-        emb[ordinary, tok] = EMBED_SCALE * cycles.units[ordinary]
-        emb[ordinary, key] = EMBED_SCALE * KEY_SHARE * shared_key
+        emb[ordinary, tok] = variant.embed_scale * cycles.units[ordinary]
+        emb[ordinary, key] = variant.embed_scale * KEY_SHARE * shared_key
         emb[mask_id] = MASK_EMBED_NORM * mask_dir
         head = model.lm_head.weight
         head.copy_(LM_HEAD_NOISE * torch.randn(head.shape, generator=gen))
@@ -469,7 +471,7 @@ def generate(out_dir: Path, seed: int = 0, variant: str = DEFAULT_VARIANT.name) 
     mask_dir[mask_block] = direction / direction.norm()
 
     _save_tokenizer(tok, target)
-    _build_target(target, shape.heads_per_layer, vocab, cycles, mask_id, mask_dir, special, seed)
+    _build_target(target, shape, vocab, cycles, mask_id, mask_dir, special, seed)
     _build_draft(draft, target, vocab, mask_id, mask_dir, seed)
     _save_tokenizer(tok, draft)
     models = TinyModels(
