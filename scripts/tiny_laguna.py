@@ -22,8 +22,9 @@ Design of the weights (so tests see every verify row, not only the rejection pat
   1..7 is accepted regularly, and every depth is rejected regularly too.
 
 Variants (``VARIANTS``): the default pair runs at TP 1 and 2; ``tp4`` has twice the target's
-query heads, (8, 8, 8, 4), so it also runs at TP 4 (same KV heads, replicated there; every other
-size and the drafter as in the default). :func:`variant_for_tp` picks the first variant that
+query heads, (8, 8, 8, 4), so it also runs at TP 4 (same KV heads, replicated there), and
+``EMBED_SCALE`` 10 (it keeps the default's acceptance); every other size and the drafter are the
+default's. :func:`variant_for_tp` picks the first variant that
 runs at a TP size, :func:`variant_dir` where it lives under a ``--tiny`` folder.
 
 CLI: ``python -m scripts.tiny_laguna --out DIR [--seed N] [--variant V]`` writes ``DIR/target``,

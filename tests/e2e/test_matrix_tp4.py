@@ -64,6 +64,7 @@ def test_tp4_legs_run_the_tp4_variant_in_four_ranks(tp4_run: tuple[Any, dict[str
     target = json.loads((Path(data["models"]["4"]["target"]) / "config.json").read_text())
     assert target["num_attention_heads_per_layer"] == [8, 8, 8, 4] and target["num_key_value_heads"] == 2
     legs = _legs(data)
+    assert [legs[n]["tp"] for n in ("teacher-tp4", "teacher-ring-tp4")] == [4, 4]
     for name in (EXACT, RING):
         leg = legs[name]
         assert leg["tp"] == 4 and leg["teacher_exact"] == "3/3", leg
