@@ -48,7 +48,11 @@ def config_problems(config: Mapping[str, Any], tp: int) -> list[str]:
     """Why a model with this ``config.json`` content cannot run at TP ``tp`` (empty: it can)."""
     if tp < 1:
         return [f"TP {tp} is not a tensor-parallel size"]
+    if tp == 1:
+        return []
     cfg = config.get("text_config", config)
+    if not (cfg.get("num_attention_heads_per_layer") or cfg.get("num_attention_heads")):
+        return ["config.json names no attention heads (num_attention_heads)"]
     heads = _layer_heads(cfg)
     kv = int(cfg.get("num_key_value_heads") or max(heads))
     problems = []

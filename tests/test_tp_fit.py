@@ -81,3 +81,8 @@ def test_each_tp_size_gets_the_first_variant_built_for_it() -> None:
     assert [variant_for_tp(tp).name for tp in (1, 2, 4)] == ["default", "default", "tp4"]
     with pytest.raises(TinyLagunaError, match="no tiny Laguna variant runs at TP 3"):
         variant_for_tp(3)
+
+
+def test_a_config_without_heads_is_refused_past_tp1_only() -> None:
+    assert config_problems({"hidden_size": 64}, 1) == []
+    assert config_problems({"hidden_size": 64}, 2) == ["config.json names no attention heads (num_attention_heads)"]
