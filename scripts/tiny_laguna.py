@@ -21,10 +21,16 @@ Design of the weights (so tests see every verify row, not only the rejection pat
   are then accepted as deep as the target keeps to the cycle: every depth
   1..7 is accepted regularly, and every depth is rejected regularly too.
 
-CLI: ``python -m scripts.tiny_laguna --out DIR [--seed N]`` writes ``DIR/target``, ``DIR/draft``
-and ``DIR/generator.json`` (the generator's digest: ``cpu_runtime ensure`` regenerates stale
-models). Measured acceptance and weaknesses: docs/tiny-laguna.md. Heavy imports happen inside
-``generate`` only, so importing this module stays cheap.
+Variants (``VARIANTS``): the default pair runs at TP 1 and 2; ``tp4`` has twice the target's
+query heads, (8, 8, 8, 4), so it also runs at TP 4 (same KV heads, replicated there), and
+``EMBED_SCALE`` 10 (it keeps the default's acceptance); every other size and the drafter are the
+default's. :func:`variant_for_tp` picks the first variant that
+runs at a TP size, :func:`variant_dir` where it lives under a ``--tiny`` folder.
+
+CLI: ``python -m scripts.tiny_laguna --out DIR [--seed N] [--variant V]`` writes ``DIR/target``,
+``DIR/draft`` and ``DIR/generator.json`` (the generator's digest: ``cpu_runtime ensure``
+regenerates stale models). Measured acceptance and weaknesses: docs/tiny-laguna.md. Heavy
+imports happen inside ``generate`` only, so importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -38,11 +44,23 @@ from typing import TYPE_CHECKING, Any
 
 from scripts import tiny_laguna_structure as st
 from scripts.errors import ToolError
+from scripts.tp_fit import model_problems
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MASK_TOKEN", "STAMP", "TinyModels", "generate", "generator_digest", "main"]
+__all__ = [
+    "MASK_TOKEN",
+    "STAMP",
+    "VARIANTS",
+    "TinyModels",
+    "Variant",
+    "generate",
+    "generator_digest",
+    "main",
+    "variant_dir",
+    "variant_for_tp",
+]
 
 MASK_TOKEN = "<|mask|>"
 STAMP = "generator.json"  # written next to target/ and draft/: which generator made them
@@ -59,7 +77,8 @@ LAYER_TYPES = (
     "sliding_attention",
     "full_attention",
 )
-HEADS_PER_LAYER = (4, 4, 4, 2)
+HEADS_PER_LAYER = (4, 4, 4, 2)  # the default pair's (TP 1, 2)
+TP4_HEADS_PER_LAYER = (8, 8, 8, 4)  # the tp4 variant's: 2, 2, 2, 1 per rank at TP 4
 SLIDING_WINDOW = 32
 MAX_POSITIONS = 8192  # room for the matrix's long-context prompt (> 4096 tokens)
 NUM_EXPERTS = 8
@@ -78,6 +97,7 @@ DRAFT_DEPTH_HEADS = 7  # one per drafted token of DFlash M8
 
 # Strength of the planted cycle against the random layers (measured: see docs/tiny-laguna.md).
 EMBED_SCALE = 9.0  # norm of an ordinary token's TOK vector in the embedding
+TP4_EMBED_SCALE = 10.0  # the tp4 variant's (its random layers push harder; docs/tiny-laguna.md)
 KEY_SHARE = 0.5  # norm of the shared KEY vector relative to the TOK vector
 LM_HEAD_SCALE = 2.5  # lm_head rows: LM_HEAD_SCALE * predecessor's TOK vector ...
 LM_HEAD_NOISE = 0.1  # ... plus this much random row (std per entry, outside the MASK block)
@@ -101,6 +121,44 @@ _SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>", MASK_TOKEN)
 
 
 @dataclass(frozen=True)
+class Variant:
+    """One tiny pair: its target's query heads per layer and the TP sizes it is built for (the
+    generator refuses a variant that vLLM could not split at one of them,
+    :func:`scripts.tp_fit.config_problems`). Every other size is shared by all variants."""
+
+    name: str
+    heads_per_layer: tuple[int, ...]
+    tps: tuple[int, ...]
+    embed_scale: float = EMBED_SCALE
+
+
+DEFAULT_VARIANT = Variant("default", HEADS_PER_LAYER, tps=(1, 2))
+VARIANTS = (DEFAULT_VARIANT, Variant("tp4", TP4_HEADS_PER_LAYER, tps=(1, 2, 4), embed_scale=TP4_EMBED_SCALE))
+
+
+def variant_named(name: str) -> Variant:
+    for variant in VARIANTS:
+        if variant.name == name:
+            return variant
+    raise TinyLagunaError(f"no tiny variant {name!r}; known: {', '.join(v.name for v in VARIANTS)}")
+
+
+def variant_for_tp(tp: int) -> Variant:
+    """The first variant (the default first) built for TP ``tp``."""
+    for variant in VARIANTS:
+        if tp in variant.tps:
+            return variant
+    built = ", ".join(f"{v.name}: TP {'/'.join(map(str, v.tps))}" for v in VARIANTS)
+    raise TinyLagunaError(f"no tiny Laguna variant runs at TP {tp} ({built})")
+
+
+def variant_dir(tiny: Path, variant: Variant) -> Path:
+    """Where ``variant`` lives under a ``--tiny`` folder: the default in it, the others in a
+    sub-folder named after them (next to the default's target/ and draft/)."""
+    return Path(tiny) if variant == DEFAULT_VARIANT else Path(tiny) / variant.name
+
+
+@dataclass(frozen=True)
 class TinyModels:
     """Paths of a generated tiny model pair."""
 
@@ -109,6 +167,7 @@ class TinyModels:
     mask_token_id: int
     vocab_size: int
     successor: tuple[int, ...]  # successor[y]: the token the planted cycle puts after y
+    variant: str = DEFAULT_VARIANT.name
 
 
 class TinyLagunaError(ToolError):
@@ -166,19 +225,17 @@ def _rope_parameters() -> dict[str, dict[str, Any]]:
     }
 
 
-def check_tp2_divisible() -> None:
-    """Head, KV-head and expert counts of target and drafter split evenly over TP 2."""
-    counts = {
-        "target heads per layer": HEADS_PER_LAYER,
-        "target KV heads": (NUM_KV_HEADS,),
-        "experts": (NUM_EXPERTS, EXPERTS_PER_TOKEN),
-        "drafter heads": (DRAFT_HEADS, NUM_KV_HEADS),
-    }
-    odd = {what: n for what, n in counts.items() if any(x % 2 for x in n)}
-    if odd:
-        raise TinyLagunaError(f"counts not divisible by 2 (TP 2): {odd}")
+def check_depth_heads() -> None:
+    """The drafter's depth heads all read KV head 0 (one GQA group holds them)."""
     if DRAFT_HEADS // NUM_KV_HEADS < DRAFT_DEPTH_HEADS:
         raise TinyLagunaError("the depth heads must share KV head 0 (DRAFT_HEADS / NUM_KV_HEADS >= 7)")
+
+
+def check_tp_fit(models: TinyModels, variant: Variant) -> None:
+    """Target and drafter, as written, split at every TP size the variant is built for."""
+    problems = [p for tp in variant.tps for d in (models.target, models.draft) for p in model_problems(d, tp)]
+    if problems:
+        raise TinyLagunaError(f"tiny variant {variant.name} does not split as built for: {'; '.join(problems)}")
 
 
 def _block(span: tuple[int, int]) -> slice:
@@ -187,6 +244,7 @@ def _block(span: tuple[int, int]) -> slice:
 
 def _build_target(
     out: Path,
+    variant: Variant,
     vocab: int,
     cycles: st.Cycles,
     mask_id: int,
@@ -203,8 +261,8 @@ def _build_target(
         hidden_size=HIDDEN,
         intermediate_size=DENSE_INTERMEDIATE,
         num_hidden_layers=n,
-        num_attention_heads=max(HEADS_PER_LAYER),
-        num_attention_heads_per_layer=list(HEADS_PER_LAYER),
+        num_attention_heads=max(variant.heads_per_layer),
+        num_attention_heads_per_layer=list(variant.heads_per_layer),
         num_key_value_heads=NUM_KV_HEADS,
         head_dim=HEAD_DIM,
         max_position_embeddings=MAX_POSITIONS,
@@ -246,8 +304,8 @@ def _build_target(
         shared_key = torch.ones(key.stop - key.start) / (key.stop - key.start) ** 0.5
         emb = model.model.embed_tokens.weight
         emb.zero_()
-        emb[ordinary, tok] = EMBED_SCALE * cycles.units[ordinary]
-        emb[ordinary, key] = EMBED_SCALE * KEY_SHARE * shared_key
+        emb[ordinary, tok] = variant.embed_scale * cycles.units[ordinary]
+        emb[ordinary, key] = variant.embed_scale * KEY_SHARE * shared_key
         emb[mask_id] = MASK_EMBED_NORM * mask_dir
         head = model.lm_head.weight
         head.copy_(LM_HEAD_NOISE * torch.randn(head.shape, generator=gen))
@@ -368,21 +426,26 @@ def _build_draft(out: Path, target_dir: Path, vocab: int, mask_id: int, mask_dir
         f.write("\n")
 
 
-def generator_digest(seed: int = 0) -> str:
-    """sha256 of this generator's sources and the seed: models with another digest are stale."""
+def generator_digest(seed: int = 0, variant: str = DEFAULT_VARIANT.name) -> str:
+    """sha256 of this generator's sources, the seed and the variant: models with another digest
+    are stale."""
     import hashlib
 
     digest = hashlib.sha256(f"seed={seed}\n".encode())
+    if variant != DEFAULT_VARIANT.name:
+        digest.update(f"variant={variant}\n".encode())
     for source in (Path(__file__), Path(st.__file__)):
         digest.update(source.read_bytes())
     return digest.hexdigest()
 
 
-def generate(out_dir: Path, seed: int = 0) -> TinyModels:
-    """Write ``out_dir/target`` and ``out_dir/draft``; return their paths."""
+def generate(out_dir: Path, seed: int = 0, variant: str = DEFAULT_VARIANT.name) -> TinyModels:
+    """Write ``out_dir/target`` and ``out_dir/draft`` of ``variant`` (``VARIANTS``); return their
+    paths."""
     import torch
 
-    check_tp2_divisible()
+    shape = variant_named(variant)
+    check_depth_heads()
     if (HIDDEN, HEAD_DIM) != (st.HIDDEN, st.HEAD_DIM) or _rope_parameters()["full_attention"] != {
         "rope_type": "default",
         "rope_theta": st.ROPE_THETA,
@@ -409,17 +472,21 @@ def generate(out_dir: Path, seed: int = 0) -> TinyModels:
     mask_dir[mask_block] = direction / direction.norm()
 
     _save_tokenizer(tok, target)
-    _build_target(target, vocab, cycles, mask_id, mask_dir, special, seed)
+    _build_target(target, shape, vocab, cycles, mask_id, mask_dir, special, seed)
     _build_draft(draft, target, vocab, mask_id, mask_dir, seed)
     _save_tokenizer(tok, draft)
-    (out_dir / STAMP).write_text(json.dumps({"generator": generator_digest(seed)}) + "\n", encoding="utf-8")
-    return TinyModels(
+    models = TinyModels(
         target=target,
         draft=draft,
         mask_token_id=mask_id,
         vocab_size=vocab,
         successor=cycles.successor(vocab),
+        variant=shape.name,
     )
+    check_tp_fit(models, shape)
+    stamp = {"generator": generator_digest(seed, shape.name)}
+    (out_dir / STAMP).write_text(json.dumps(stamp) + "\n", encoding="utf-8")
+    return models
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -432,9 +499,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, required=True, help="output folder (gets target/ and draft/)")
     parser.add_argument("--seed", type=int, default=0, help="random seed")
+    parser.add_argument(
+        "--variant",
+        default=DEFAULT_VARIANT.name,
+        choices=[v.name for v in VARIANTS],
+        help="which pair: "
+        + "; ".join(f"{v.name}: target heads {v.heads_per_layer}, TP {'/'.join(map(str, v.tps))}" for v in VARIANTS)
+        + " (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     try:
-        models = generate(args.out, seed=args.seed)
+        models = generate(args.out, seed=args.seed, variant=args.variant)
     except (ToolError, OSError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
+
+import pytest
 
 from scripts.cpu_slots import OMP_BIND_ENV
 from scripts.matrix.cli import main
 from scripts.matrix.evaluate import evaluate
-from scripts.matrix.legs import EQUAL_BY_ARITHMETIC, LEGS, STANDIN_ENV, TP_REDUCE_ENV
+from scripts.matrix.legs import EQUAL_BY_ARITHMETIC, LEGS, STANDIN_ENV, TP4_LEGS, TP_REDUCE_ENV
 from scripts.matrix.runner import leg_environment
 from tests.test_matrix_logprobs import TEACHER, _out
 
@@ -65,3 +69,44 @@ def test_run_refuses_a_leg_without_its_teacher(capsys: object) -> None:
     assert (
         main(["run", "--tiny", "/tmp/nowhere-tiny", "--legs", "teacher,dflash-graph0-meta1-tp2", "--check-only"]) == 2
     )
+
+
+# ---------------------------------------------------------------- TP 4
+
+TP4 = {leg.name: leg for leg in TP4_LEGS}
+
+
+def test_tp4_legs_are_opt_in_and_named_by_the_cli() -> None:
+    assert not {leg.name for leg in TP4_LEGS} & set(LEG)  # not in the default run
+    assert all(leg.tp == 4 and leg.xccl_standin for leg in TP4_LEGS)
+    env = TP4["dflash-graph0-meta1-tp4"].env()
+    assert (env[TP_REDUCE_ENV], env[STANDIN_ENV]) == ("1", "1") and OMP_BIND_ENV not in env
+    assert TP4["teacher-ring-tp4"].env()[TP_REDUCE_ENV] == "0"
+    assert TP4["dflash-ring-tp4-diagnostic"].teacher == "teacher-ring-tp4"
+    assert main(["run", "--tiny", "/tmp/nowhere-tiny", "--legs", ",".join(TP4), "--check-only"]) == 0
+
+
+def test_the_tp4_ring_leg_is_a_negative_control_not_equal_by_arithmetic() -> None:
+    """At 4 ranks the fixed order off must change bits: the ring leg fails when equal."""
+    differs = copy.deepcopy(TEACHER)
+    differs[0][1][1] = (-0.5001).hex()
+    legs = (TP4["teacher-ring-tp4"], TP4["dflash-ring-tp4-diagnostic"])
+    outputs = {"teacher-ring-tp4": _out(TEACHER), "dflash-ring-tp4-diagnostic": _out(differs)}
+    result = evaluate(outputs, legs, 2, require_bitwise=True)[1]
+    assert result.status == "passed" and result.logprobs["verdict"].startswith("negative control holds"), result
+    outputs["dflash-ring-tp4-diagnostic"] = _out(copy.deepcopy(TEACHER))
+    result = evaluate(outputs, legs, 2, require_bitwise=True)[1]
+    assert result.status == "failed" and result.logprobs["verdict"] == "negative control FAILED"
+
+
+def test_tp4_legs_are_refused_where_the_model_cannot_split(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    config = {"num_hidden_layers": 4, "num_attention_heads": 4, "num_attention_heads_per_layer": [4, 4, 4, 2]}
+    (model / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 2}))
+    argv = ["run", "--model-dir", str(model), "--draft-dir", str(model), "--check-only", "--legs"]
+    assert main([*argv, "teacher-tp4,dflash-graph0-meta1-tp4"]) == 2
+    assert "runs at TP 4, which the model cannot" in capsys.readouterr().err
+    assert main([*argv, "teacher-tp2,dflash-graph0-meta1-tp2"]) == 0  # the same model splits at TP 2
+    assert main(["run", "--tiny", str(tmp_path / "tiny"), "--tp", "3", "--legs", "teacher", "--check-only"]) == 2
+    assert "no tiny Laguna variant runs at TP 3" in capsys.readouterr().err

@@ -16,7 +16,9 @@ exact verify path on must be bitwise equal at every position; the diagnostic leg
 ``dflash-exact0-diagnostic`` (exact verify off) must NOT be (negative control: if it ever is,
 the gate cannot tell exact from non-exact verify and the run fails), nor may
 ``dflash-noplan-diagnostic`` (exact verify without the KV split plan, a debug switch): only the
-long-context prompt separates that one from the exact legs. On a device the counts are
+long-context prompt separates that one from the exact legs. The TP 4 legs (opt-in, ``TP4_LEGS``)
+add the fixed rank order's negative control: ``dflash-ring-tp4-diagnostic`` (fixed order off)
+must NOT be bitwise equal to its ring teacher ``teacher-ring-tp4``. On a device the counts are
 reported, not gated. One prompt of at least ``--long-prompt-tokens`` tokens crosses the KV
 split-count divergence of the global layer; it is gated like the others and its counts are also
 reported on their own. Every leg gets the same token budget (``--max-num-batched-tokens``,

@@ -12,7 +12,7 @@ import scripts.matrix
 from scripts.layout import Layout
 from scripts.matrix.driver import drive
 from scripts.matrix.engine import FAULTS, run_leg
-from scripts.matrix.legs import LEGS, LONG_PROMPT_TOKENS
+from scripts.matrix.legs import ALL_LEGS, LEGS, LONG_PROMPT_TOKENS, TP4_LEGS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--method", default="dflash", choices=("dflash", "ngram"), help="speculative method")
     run.add_argument("--prompts", type=int, default=13, help="fresh prompts per leg")
     run.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt")
-    run.add_argument("--legs", default=",".join(leg.name for leg in LEGS), help="comma-separated leg names")
-    run.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    run.add_argument(
+        "--legs",
+        default=",".join(leg.name for leg in LEGS),
+        help="comma-separated leg names; the TP 4 legs run only when named: "
+        f"{','.join(leg.name for leg in TP4_LEGS)} (default: every other leg)",
+    )
+    run.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel size of the legs without their own (the -tpN legs have theirs); with "
+        "--tiny each TP size gets the first tiny variant built for it (scripts.tiny_laguna)",
+    )
     run.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on devices")
     run.add_argument(
         "--max-model-len",
@@ -133,6 +144,26 @@ def _model_problem(option: str, directory: str | None) -> str | None:
     return None
 
 
+def _tp_problem(args: argparse.Namespace, tps: list[int]) -> str | None:
+    """Why a leg's TP size cannot run the models: no tiny variant for it, or a named model that
+    vLLM cannot split that way (:mod:`scripts.tp_fit`)."""
+    from scripts.tiny_laguna import TinyLagunaError, variant_for_tp
+    from scripts.tp_fit import model_problems
+
+    for tp in tps:
+        if args.tiny:
+            try:
+                variant_for_tp(tp)
+            except TinyLagunaError as exc:
+                return f"--legs: {exc}"
+            continue
+        dirs = [args.model_dir] + ([args.draft_dir] if args.method == "dflash" else [])
+        problems = [p for d in dirs for p in model_problems(d, tp)]
+        if problems:
+            return f"--legs: a leg runs at TP {tp}, which the model cannot: {problems[0]}"
+    return None
+
+
 def validate_run(args: argparse.Namespace) -> str | None:
     """What is wrong with ``run``'s options, in one line (None: nothing). Runs before anything is
     installed, generated or started; needs neither torch nor vLLM."""
@@ -149,7 +180,7 @@ def validate_run(args: argparse.Namespace) -> str | None:
     elif Path(args.tiny).exists() and not Path(args.tiny).is_dir():
         return f"--tiny {args.tiny}: exists and is not a directory"
     names = [n.strip() for n in args.legs.split(",") if n.strip()]
-    known = {leg.name: leg for leg in LEGS}
+    known = {leg.name: leg for leg in ALL_LEGS}
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         return f"--legs: unknown leg(s) {unknown} or none; known: {', '.join(known)}"
@@ -164,6 +195,9 @@ def validate_run(args: argparse.Namespace) -> str | None:
         return f"--jobs {args.jobs}: must be >= 0 (0: one leg per CPU slot)"
     if args.tp < 1:
         return f"--tp {args.tp}: must be >= 1"
+    problem = _tp_problem(args, sorted({known[n].tp_size(args.tp) for n in names}))
+    if problem:
+        return problem
     if not 1 <= args.max_tokens < args.max_model_len:
         return (
             f"--max-tokens {args.max_tokens} must be >= 1 and leave room for the prompt in "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from scripts.matrix.evaluate import evaluate
 from scripts.matrix.graphs import GraphExpectation, decoder_topology
-from scripts.matrix.legs import LEGS, device_kind, long_context_prompt, make_prompts
+from scripts.matrix.legs import ALL_LEGS, device_kind, long_context_prompt, make_prompts
 from scripts.matrix.report import finish, series_info
 from scripts.matrix.runner import run_legs
 
@@ -24,10 +24,10 @@ def _num_layers(model_dir: str) -> int:
 
 
 def _graph_expectation(
-    target: str, draft: str, args: argparse.Namespace, tps: set[int]
+    models: dict[int, tuple[str, str]], args: argparse.Namespace
 ) -> dict[int, GraphExpectation] | None:
-    """Expected topology per TP size from the models' own config files (not from the code under
-    test)."""
+    """Expected topology per TP size from the config files of the models run at that size (not
+    from the code under test)."""
     if args.method != "dflash":
         return None
     return {
@@ -36,8 +36,27 @@ def _graph_expectation(
             drafter=decoder_topology(_num_layers(draft), tp),
             min_replays=args.min_graph_replays,
         )
-        for tp in tps
+        for tp, (target, draft) in models.items()
     }
+
+
+def models_by_tp(args: argparse.Namespace, tps: set[int]) -> dict[int, tuple[str, str]]:
+    """Target and drafter folders per TP size: ``--model-dir``/``--draft-dir`` at every size
+    (``validate_run`` checked that they split), or with ``--tiny`` the first tiny variant built
+    for the size (:func:`scripts.tiny_laguna.variant_for_tp`), each variant generated once."""
+    if not args.tiny:
+        return {tp: (args.model_dir, args.draft_dir) for tp in sorted(tps)}
+    from scripts.tiny_laguna import generate, variant_dir, variant_for_tp
+
+    made: dict[str, tuple[str, str]] = {}
+    out = {}
+    for tp in sorted(tps):
+        variant = variant_for_tp(tp)
+        if variant.name not in made:
+            models = generate(variant_dir(Path(args.tiny), variant), variant=variant.name)
+            made[variant.name] = (str(models.target), str(models.draft))
+        out[tp] = made[variant.name]
+    return out
 
 
 def drive(args: argparse.Namespace) -> int:
@@ -45,19 +64,14 @@ def drive(args: argparse.Namespace) -> int:
     the options)."""
     device = device_kind()
     series = series_info()  # fail early, before any engine runs
-    if args.tiny:
-        from scripts.tiny_laguna import generate
-
-        models = generate(Path(args.tiny))
-        target, draft = str(models.target), str(models.draft)
-    else:
-        target, draft = args.model_dir, args.draft_dir
     names = [n.strip() for n in args.legs.split(",") if n.strip()]
-    known = {leg.name: leg for leg in LEGS}
+    known = {leg.name: leg for leg in ALL_LEGS}
     legs = tuple(known[n] for n in names)  # validate_run checked them
+    models = models_by_tp(args, {leg.tp_size(args.tp) for leg in legs})
     prompts = make_prompts(args.prompts, args.max_tokens, args.seed)
     if args.long_prompt_tokens > 0:
-        spec = long_context_prompt(target, args.long_prompt_tokens, args.max_tokens, args.seed)
+        # every tiny variant has the same tokenizer
+        spec = long_context_prompt(next(iter(models.values()))[0], args.long_prompt_tokens, args.max_tokens, args.seed)
         if spec.max_tokens + args.long_prompt_tokens + 64 > args.max_model_len:
             print(
                 f"error: --max-model-len {args.max_model_len} cannot hold the long-context prompt "
@@ -68,8 +82,12 @@ def drive(args: argparse.Namespace) -> int:
         prompts.append(spec)
     dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     started = time.monotonic()
-    configs = {
-        leg.name: {
+    configs = {}
+    for leg in legs:
+        if leg.graph and device == "cpu" and args.no_emulated_graphs:
+            continue  # reported as not run
+        target, draft = models[leg.tp_size(args.tp)]
+        configs[leg.name] = {
             "leg": asdict(leg),
             "target": target,
             "draft": draft,
@@ -86,9 +104,6 @@ def drive(args: argparse.Namespace) -> int:
             "mutation": leg.mutation,
             "prompts": [asdict(p) for p in prompts],
         }
-        for leg in legs
-        if not (leg.graph and device == "cpu" and args.no_emulated_graphs)
-    }
     outputs = run_legs(legs, configs, args, device, Path(args.report))
     for name in sorted({leg.teacher for leg in legs if leg.speculative} | {"teacher"} & set(names)):
         if "rows" not in outputs.get(name, {}):
@@ -101,7 +116,7 @@ def drive(args: argparse.Namespace) -> int:
         len(prompts),
         require_bitwise=device == "cpu",
         long_context=long_ones,
-        graph_expectation=_graph_expectation(target, draft, args, {leg.tp_size(args.tp) for leg in legs}),
+        graph_expectation=_graph_expectation(models, args),
         default_tp=args.tp,
     )
     return finish(
@@ -114,4 +129,5 @@ def drive(args: argparse.Namespace) -> int:
         outputs=outputs,
         results=results,
         started=started,
+        models=models,
     )

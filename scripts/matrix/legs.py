@@ -114,6 +114,27 @@ LEGS = (
     ),
 )
 
+# TP 4 (opt-in with --legs: 4 worker processes per leg; tiny models: the ``tp4`` variant of
+# scripts.tiny_laguna). At 4 ranks the ring's order of an element depends on the message size,
+# so the fixed order off must break exactness: the ring leg is compared with a ring teacher (the
+# fixed order off there too, so only the message sizes differ: M=8 verify rows against M=1
+# decodes); against the fixed-order teacher it would differ even without speculation.
+TP4_LEGS = (
+    Leg("teacher-tp4", False, tp=4, xccl_standin=True),
+    Leg("teacher-ring-tp4", False, tp=4, tp_reduce=False, xccl_standin=True),
+    Leg("dflash-graph0-meta1-tp4", True, metadata=True, tp=4, xccl_standin=True, teacher="teacher-tp4"),
+    Leg(
+        "dflash-ring-tp4-diagnostic",
+        True,
+        metadata=True,
+        tp=4,
+        tp_reduce=False,
+        xccl_standin=True,
+        teacher="teacher-ring-tp4",
+    ),
+)
+ALL_LEGS = LEGS + TP4_LEGS  # every leg --legs can name; LEGS: the default run
+
 
 @dataclass(frozen=True)
 class PromptSpec:

@@ -117,6 +117,7 @@ def finish(
     outputs: dict[str, dict[str, Any]],
     results: list[LegResult],
     started: float,
+    models: dict[int, tuple[str, str | None]] | None = None,
 ) -> int:
     """Write the report, print the table and the verdict line; the exit status (1: a leg failed)."""
     first = next(r.name for r in results if r.name == r.teacher and "rows" in outputs.get(r.name, {}))
@@ -137,6 +138,8 @@ def finish(
         "width": WIDTH,
         "dtype": dtype,
         "prompts": [asdict(p) for p in prompts],
+        # target and drafter folder per TP size (with --tiny: the variant built for that size)
+        "models": {str(tp): {"target": t, "draft": d} for tp, (t, d) in sorted((models or {}).items())},
         "block_size": block,
         "rollover_prompts": rollover,
         "long_then_next_prompt": 1,

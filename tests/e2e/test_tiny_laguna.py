@@ -84,3 +84,20 @@ def test_teacher_follows_the_cycle_mostly_with_real_distributions(
     assert 0.7 <= share <= 0.97, share  # measured: 0.90 (seed 0, 5 prompts x 80 tokens)
     probs = sorted(math.exp(v) for v in top1)
     assert probs[len(probs) // 2] < 0.95 and probs[0] < 0.5, (probs[0], probs[len(probs) // 2])
+
+
+def test_tp4_variant_shares_the_drafter_and_splits_at_tp4(tmp_path: Path, tiny_models: TinyModels) -> None:
+    import pytest
+
+    from scripts.tiny_laguna import HEADS_PER_LAYER, TinyLagunaError, Variant, check_tp_fit
+    from scripts.tp_fit import model_problems
+
+    tp4 = generate(tmp_path / "tp4", seed=0, variant="tp4")
+    assert _digests(tp4.draft) == _digests(tiny_models.draft)  # only the target differs
+    assert _digests(tp4.target) != _digests(tiny_models.target)
+    cfg = json.loads((tp4.target / "config.json").read_text())
+    assert cfg["num_attention_heads_per_layer"] == [8, 8, 8, 4] and cfg["num_key_value_heads"] == 2
+    assert model_problems(tp4.target, 4) == [] and model_problems(tp4.draft, 4) == []
+    # negative control of the generator's check: the default pair claimed for TP 4 is refused
+    with pytest.raises(TinyLagunaError, match="query heads \\[2\\] do not divide by TP 4"):
+        check_tp_fit(tiny_models, Variant("default-at-tp4", HEADS_PER_LAYER, tps=(4,)))
