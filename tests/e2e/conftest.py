@@ -73,6 +73,7 @@ def _have_cpu_runtime() -> str | None:
 # all workers (:func:`_shared`).
 SLOW_FIRST = (
     "test_matrix_fast.py",
+    "test_matrix_tp4.py",
     "test_measure_crossover.py",
     "test_matrix_graphs.py",
     "test_served_series_attention.py",
