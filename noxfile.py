@@ -50,7 +50,9 @@ def apply(session: nox.Session) -> None:
 
 
 PARALLEL = ["-n", "auto"]
-"""pytest-xdist: the tooling and patch tests spread over one worker per core."""
+"""pytest-xdist for the tooling tests: one worker per core (118 s instead of 156 s on 2 cores). The
+patch tests stay in one process: each worker would import torch and vLLM again (93 s with two
+workers against 80 s with one, measured on a fresh clone)."""
 
 
 def _e2e_parallel() -> list[str]:
@@ -160,7 +162,6 @@ def cpu_tests(session: nox.Session) -> None:
         "-p",
         "no:cacheprovider",
         "--timeout=1200",
-        *PARALLEL,
         tree_tests,
         *session.posargs,
         env={"PYTHONPATH": ""},

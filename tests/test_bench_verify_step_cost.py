@@ -164,22 +164,3 @@ def test_negative_control_a_changed_ratio_or_a_missing_shape_is_reported(forms_o
     assert any("router gate" in p and "lanes/plain" in p for p in problems(altered, ("forms",)))
     dropped = "\n".join([*lines[:row], *lines[row + 1 :]])
     assert any("no row for router gate" in p for p in problems(dropped, ("forms",)))
-
-
-def _python_with_series() -> str:
-    """An interpreter that imports the patched vLLM tree: this one, else the CPU runtime's."""
-    probe = "import vllm.distributed.xpu_laguna_collectives"
-    if subprocess.run([sys.executable, "-c", probe], capture_output=True, check=False).returncode == 0:
-        return sys.executable
-    from scripts.cpu_venv import runtime_python
-
-    python = runtime_python()
-    if python.exists() and subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0:
-        return str(python)
-    pytest.skip("needs the patched vLLM tree: nox -s cpu_runtime")
-
-
-def test_full_run_with_the_collectives() -> None:
-    proc = _run(*TINY, python=_python_with_series())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert problems(proc.stdout, vsc.PARTS) == []
