@@ -141,6 +141,16 @@ def cpu_lease(label: str, *, timeout_s: float = 3600.0) -> Iterator[Lease]:
 
 
 @contextmanager
+def cpu_lease_if(on_cpu: bool, label: str) -> Iterator[Lease | None]:
+    """:func:`cpu_lease` on CPU; elsewhere None (a device engine needs no CPU slot)."""
+    if not on_cpu:
+        yield None
+        return
+    with cpu_lease(label) as lease:
+        yield lease
+
+
+@contextmanager
 def leased_environ(label: str, tp: int = 1) -> Iterator[Lease]:
     """:func:`cpu_lease` for an engine started in this process (``vllm.LLM``): while the block
     runs, ``os.environ`` binds its ranks to the lease's cores (vLLM reads the variable when its

@@ -18,13 +18,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scripts.cpu_slots import Lease, cpu_lease, slot_count
+from scripts.cpu_slots import cpu_lease_if, slot_count
 from scripts.matrix.legs import NOT_RUN_NO_GRAPHS, Leg
 
 LOG_TAIL_LINES = 40
@@ -56,15 +54,6 @@ def leg_jobs(args: argparse.Namespace, device: str) -> int:
     return args.jobs or slot_count()
 
 
-@contextmanager
-def _cores(device: str, label: str) -> Iterator[Lease | None]:
-    if device != "cpu":
-        yield None
-        return
-    with cpu_lease(label) as lease:
-        yield lease
-
-
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -78,7 +67,10 @@ def _run_one(
     number: int, total: int, leg: Leg, config: dict[str, Any], args: argparse.Namespace, device: str, log: Path | None
 ) -> dict[str, Any]:
     tp = int(config["tp"])
-    with tempfile.TemporaryDirectory(prefix="vxl-leg-") as tmp, _cores(device, f"matrix leg {leg.name}") as lease:
+    with (
+        tempfile.TemporaryDirectory(prefix="vxl-leg-") as tmp,
+        cpu_lease_if(device == "cpu", f"matrix leg {leg.name}") as lease,
+    ):
         cfg, out = Path(tmp) / "config.json", Path(tmp) / "out.json"
         cfg.write_text(json.dumps(config))
         env = leg_environment(leg, args.tp, device, dict(os.environ))
@@ -135,7 +127,7 @@ def run_legs(
                 args,
                 device,
                 logs / f"{leg.name}.log" if jobs > 1 else None,
-            )  # fmt: skip
+            )
             for number, leg in enumerate(legs, 1)
             if leg.name in configs
         }

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts import REPO_ROOT
-from scripts.cpu_slots import OMP_BIND_ENV, cpu_lease
+from scripts.cpu_slots import OMP_BIND_ENV, cpu_lease_if
 from scripts.digest import sha256_file
 from scripts.errors import ToolError
 from scripts.git import head_commit
@@ -185,11 +185,8 @@ def run_leg(
 def _cores(cpu: bool, env: dict[str, str], leg: str) -> Iterator[dict[str, str]]:
     """On a CPU runtime the leg's server takes one CPU slot (:mod:`scripts.cpu_slots`) and is bound
     to its cores, unless ``--env`` binds it already; elsewhere ``env`` as it is."""
-    if not cpu or OMP_BIND_ENV in env:
-        yield env
-        return
-    with cpu_lease(f"crossover leg {leg}") as lease:
-        yield {**env, **lease.env()}
+    with cpu_lease_if(cpu and OMP_BIND_ENV not in env, f"crossover leg {leg}") as lease:
+        yield env if lease is None else {**env, **lease.env()}
 
 
 def _settled(port: int, expected_finished: int) -> client.MetricsSnapshot:

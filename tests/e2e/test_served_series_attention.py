@@ -50,7 +50,6 @@ SERVER_ARGS = "--dtype float32 --enforce-eager --kv-cache-memory-bytes 268435456
 class Served:
     log: str
     token_ids: list[list[int]]
-    accepted: int
     ready_s: float
     total_s: float
 
@@ -86,11 +85,9 @@ def _serve(models: TinyModels, prompts: tuple[str, ...], out: Path, name: str) -
             result = client.stream_completion(HOST, port, body, REQUEST_TIMEOUT_S)
             assert result.error is None, f"{name}: {result.error} (log {server.log_tail()})"
             token_ids.append(result.token_ids)
-        spec_counters = client.scrape(HOST, port).spec
     return Served(
         log=log_path.read_text(encoding="utf-8", errors="replace"),
         token_ids=token_ids,
-        accepted=spec_counters.accepted_tokens if spec_counters else 0,
         ready_s=ready_s,
         total_s=time.monotonic() - start,
     )
