@@ -26,12 +26,14 @@ default ``--max-model-len``: every prompt prefilled in one chunk; a chunked pref
 leaves a last-bit logprob difference, see the README). The longest context per leg is reported.
 
 ``python -m scripts.matrix run ...`` is the driver (it needs vLLM importable, i.e. the CPU
-runtime on this machine); ``python -m scripts.matrix leg CONFIG`` runs one leg.
+runtime on this machine); ``python -m scripts.matrix leg CONFIG`` runs one leg. On CPU a leg's
+process is a fork of one interpreter that imported vLLM once (:mod:`.preloaded`).
 
 Modules: :mod:`.legs` (legs, prompts, constants), :mod:`.engine` (one leg in its own process),
 :mod:`.logprobs` (the logprob gate), :mod:`.graphs` (graph-leg accounting checks),
 :mod:`.evaluate` (verdicts per leg), :mod:`.report` (table and report file), :mod:`.driver` (runs
-the legs), :mod:`.cli` (options and their checks). Every module imports without torch or vLLM;
+the legs), :mod:`.runner` and :mod:`.preloaded` (the legs' processes), :mod:`.cli` (options and
+their checks). Every module imports without torch or vLLM;
 only :mod:`.engine` uses vLLM, inside its functions.
 """
 

@@ -13,6 +13,7 @@ from scripts.layout import Layout
 from scripts.matrix.driver import drive
 from scripts.matrix.engine import FAULTS, run_leg
 from scripts.matrix.legs import ALL_LEGS, LEGS, LONG_PROMPT_TOKENS, TP4_LEGS
+from scripts.matrix.preloaded import LEG_STARTS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="legs at once on CPU, each on its own CPU slot (scripts/cpu_slots.py; 0: as many as "
         "there are slots, VXL_CPU_SLOTS sets the count); on a device the legs always run one by one",
+    )
+    run.add_argument(
+        "--leg-start",
+        choices=LEG_STARTS,
+        default="auto",
+        help="how a leg's process starts: preloaded = a fork of one interpreter that imported vLLM "
+        "once (saves ~11 s per leg), fresh = its own `python -m scripts.matrix leg`; auto: "
+        "preloaded on CPU, fresh on a device (scripts/matrix/preloaded.py)",
     )
     run.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh per run)")
     run.add_argument("--report", default=str(Layout().build / "matrix-report.json"), help="JSON report path")

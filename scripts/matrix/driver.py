@@ -13,6 +13,7 @@ from pathlib import Path
 from scripts.matrix.evaluate import evaluate
 from scripts.matrix.graphs import GraphExpectation, decoder_topology
 from scripts.matrix.legs import ALL_LEGS, device_kind, long_context_prompt, make_prompts
+from scripts.matrix.preloaded import leg_start, warm_up
 from scripts.matrix.report import finish, series_info
 from scripts.matrix.runner import run_legs
 
@@ -64,6 +65,11 @@ def drive(args: argparse.Namespace) -> int:
     the options)."""
     device = device_kind()
     series = series_info()  # fail early, before any engine runs
+    if args.leg_start == "preloaded" and device != "cpu":
+        print(f"error: --leg-start preloaded is for CPU runs; on {device} every leg starts fresh", file=sys.stderr)
+        return 2
+    if leg_start(args.leg_start, device) == "preloaded":
+        warm_up()  # vLLM's imports overlap with the tiny models and the prompts
     names = [n.strip() for n in args.legs.split(",") if n.strip()]
     known = {leg.name: leg for leg in ALL_LEGS}
     legs = tuple(known[n] for n in names)  # validate_run checked them

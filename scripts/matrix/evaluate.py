@@ -36,6 +36,7 @@ class LegResult:
     accepted_per_depth: list[int] = field(default_factory=list)  # depth 1..7 (scripts.spec_acceptance)
     drafts: int = 0  # verify steps with drafted tokens
     cpu_bind: str = ""  # VLLM_CPU_OMP_THREADS_BIND of the leg's CPU slot (scripts.cpu_slots); "" off CPU
+    leg_start: str = ""  # how the leg's process started: "preloaded" or "fresh" (scripts.matrix.preloaded)
 
 
 def logprob_verdict(
@@ -148,6 +149,7 @@ def evaluate(
             teacher=teacher_name,
             tp=tp,
             cpu_bind=str((data or {}).get("cpu_bind", "")),
+            leg_start=str((data or {}).get("leg_start", "")),
         )
         if data is None or "status" in data:
             result.status = (data or {}).get("status", "error: no output")

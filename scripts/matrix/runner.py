@@ -1,4 +1,5 @@
-"""Running the legs: each a fresh engine in its own process (``python -m scripts.matrix leg``).
+"""Running the legs: each a fresh engine in its own process (``python -m scripts.matrix leg``;
+on CPU a fork of an interpreter that imported vLLM once, :mod:`scripts.matrix.preloaded`).
 
 On CPU several legs run at once, each on its own cores: every leg first takes a CPU slot
 (:mod:`scripts.cpu_slots`, machine-wide, so two matrices or a matrix and a test server never
@@ -24,6 +25,7 @@ from typing import Any
 
 from scripts.cpu_slots import cpu_lease_if, slot_count
 from scripts.matrix.legs import NOT_RUN_NO_GRAPHS, Leg
+from scripts.matrix.preloaded import leg_start, run_preloaded
 
 LOG_TAIL_LINES = 40
 
@@ -63,6 +65,15 @@ def _tail(path: Path) -> str:
     return "\n".join(f"    | {line}" for line in lines)
 
 
+def _run_fresh(cfg: Path, out: Path, env: dict[str, str], log: Path | None) -> int:
+    """The leg as ``python -m scripts.matrix leg`` in a fresh interpreter; its exit code."""
+    command = [sys.executable, "-m", "scripts.matrix", "leg", str(cfg), str(out)]
+    if log is None:
+        return subprocess.run(command, env=env, check=False).returncode
+    with log.open("wb") as sink:
+        return subprocess.run(command, env=env, stdout=sink, stderr=subprocess.STDOUT, check=False).returncode
+
+
 def _run_one(
     number: int, total: int, leg: Leg, config: dict[str, Any], args: argparse.Namespace, device: str, log: Path | None
 ) -> dict[str, Any]:
@@ -85,18 +96,18 @@ def _run_one(
         if log is not None:
             _say(f"    {leg.name}: output in {log}")
         t0 = time.monotonic()
-        command = [sys.executable, "-m", "scripts.matrix", "leg", str(cfg), str(out)]
-        if log is None:
-            proc = subprocess.run(command, env=env, check=False)
+        start = leg_start(args.leg_start, device)
+        if start == "preloaded":
+            returncode = run_preloaded(["leg", str(cfg), str(out)], env, log)
         else:
-            with log.open("wb") as sink:
-                proc = subprocess.run(command, env=env, stdout=sink, stderr=subprocess.STDOUT, check=False)
-        _say(f"    {leg.name} took {time.monotonic() - t0:.1f}s (exit {proc.returncode})")
-        if proc.returncode != 0 and log is not None:
+            returncode = _run_fresh(cfg, out, env, log)
+        _say(f"    {leg.name} took {time.monotonic() - t0:.1f}s (exit {returncode})")
+        if returncode != 0 and log is not None:
             _say(f"    {leg.name}: last lines of {log}:\n{_tail(log)}")
-        if proc.returncode != 0 or not out.exists():
-            return {"status": f"error: leg process exited {proc.returncode}"}
+        if returncode != 0 or not out.exists():
+            return {"status": f"error: leg process exited {returncode}"}
         result: dict[str, Any] = json.loads(out.read_text())
+        result["leg_start"] = start
         if lease is not None:
             result["cpu_bind"] = lease.bind(tp)
         return result

@@ -46,6 +46,8 @@ def test_matrix_fast_subset(fast_run: tuple[subprocess.CompletedProcess[str], di
     (long_context,) = data["long_context_prompts"]
     assert long_context["prompt_tokens"] >= 4200
     assert legs["teacher"]["status"] == "passed"
+    # every leg that ran is a fork of the preloaded interpreter (scripts/matrix/preloaded.py)
+    assert {leg["leg_start"] for leg in legs.values() if leg["status"] != NOT_RUN_NO_GRAPHS} == {"preloaded"}
     for name in ("dflash-graph0-meta0", "dflash-graph0-meta1"):
         assert legs[name]["status"] == "passed", legs[name]["mismatches"]
         assert legs[name]["teacher_exact"] == "14/14"
