@@ -7,6 +7,7 @@ Tests:      nox -s tests cpu_tests
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
@@ -42,11 +43,16 @@ RUFF = "ruff==0.14.0"  # the version vLLM 0.26.0's and 0.32.0's pre-commit run
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.6", "nox", "matplotlib", RUFF]
 
 
+def _scripts(session: nox.Session, command: str, *deps: str) -> None:
+    """``python -m scripts COMMAND`` with the session's arguments, after installing the tooling's requirements and ``deps``."""
+    session.install(*TOOL_DEPS, *deps)
+    session.run("python", "-m", "scripts", command, *session.posargs)
+
+
 @nox.session(reuse_venv=True)
 def apply(session: nox.Session) -> None:
     """Build/refresh build/worktree: pinned upstream + patches/series + overlay/ (options: --force, --source git, --offline)."""
-    session.install(*TOOL_DEPS)
-    session.run("python", "-m", "scripts", "apply", *session.posargs)
+    _scripts(session, "apply")
 
 
 PARALLEL = ["-n", "auto"]
@@ -64,29 +70,25 @@ def _e2e_parallel() -> list[str]:
 @nox.session(reuse_venv=True, requires=["apply"])
 def build(session: nox.Session) -> None:
     """Build dist/vllm-<version>+xpu.<label>-*.whl (VLLM_TARGET_DEVICE=xpu) with its provenance record."""
-    session.install(*TOOL_DEPS, *BUILD_DEPS)
-    session.run("python", "-m", "scripts", "build", *session.posargs)
+    _scripts(session, "build", *BUILD_DEPS)
 
 
 @nox.session(reuse_venv=True, default=False)
 def export(session: nox.Session) -> None:
     """Write build/worktree's commits back to patches/ and overlay/ (--check: fail instead of writing)."""
-    session.install(*TOOL_DEPS)
-    session.run("python", "-m", "scripts", "export", *session.posargs)
+    _scripts(session, "export")
 
 
 @nox.session(reuse_venv=True, default=False)
 def lint(session: nox.Session) -> None:
     """Check series, patch headers, safe paths, overlay manifest and strict application (no fuzz, no offset)."""
-    session.install(*TOOL_DEPS)
-    session.run("python", "-m", "scripts", "lint", *session.posargs)
+    _scripts(session, "lint")
 
 
 @nox.session(reuse_venv=True, default=False)
 def rebase(session: nox.Session) -> None:
     """Move the series to a newer vLLM (-- --onto VERSION | --onto-commit SHA | --continue | --abort; --dry-run, --report PATH)."""
-    session.install(*TOOL_DEPS)
-    session.run("python", "-m", "scripts", "rebase", *session.posargs)
+    _scripts(session, "rebase")
 
 
 @nox.session(reuse_venv=True, default=False)
@@ -94,15 +96,13 @@ def verify(session: nox.Session) -> None:
     """Check a wheel (nox -s verify -- dist/vllm-*.whl) or an installed vllm (-- installed --python PY)."""
     if not session.posargs:
         session.error("usage: nox -s verify -- PATH-TO-WHEEL | installed [--python PY]")
-    session.install(*TOOL_DEPS)
-    session.run("python", "-m", "scripts", "verify", *session.posargs)
+    _scripts(session, "verify")
 
 
 @nox.session(reuse_venv=True, default=False)
 def bench(session: nox.Session) -> None:
     """Time cold, warm and no-op apply and build next to the raw baseline (extract + git apply + pip wheel)."""
-    session.install(*TOOL_DEPS, *BUILD_DEPS)
-    session.run("python", "-m", "scripts", "bench", *session.posargs)
+    _scripts(session, "bench", *BUILD_DEPS)
 
 
 @nox.session(reuse_venv=True, default=False)
@@ -174,17 +174,26 @@ def cpu_tests(session: nox.Session) -> None:
     )  # fmt: skip
 
 
+def _checked_run(
+    session: nox.Session, command: tuple[str, ...], on_cpu: Callable[[list[str]], list[str]] = list
+) -> None:
+    """``python -m COMMAND`` with the session's arguments: first ``--check-only`` here (before any install),
+    then with ``--python PY``'s interpreter, or else in the CPU runtime; ``on_cpu`` completes the arguments
+    of the check and of the CPU run."""
+    session.install(*TOOL_DEPS)
+    python, args = _installed_python(session)
+    session.run("python", "-m", *command, "--check-only", *on_cpu(args))
+    if python:
+        session.run(python, "-m", *command, *args, external=True)
+        return
+    runtime = _cpu_runtime(session)
+    session.run(runtime, "-m", *command, *on_cpu(args), external=True)
+
+
 @nox.session(reuse_venv=True, default=False)
 def matrix(session: nox.Session) -> None:
     """Equivalence matrix teacher vs DFlash M8 x graph x metadata in the CPU runtime (--python PY: an XPU/CUDA build)."""
-    session.install(*TOOL_DEPS)
-    python, args = _installed_python(session)
-    session.run("python", "-m", "scripts.matrix", "run", "--check-only", *_tiny_default(args))  # before any install
-    if python:
-        session.run(python, "-m", "scripts.matrix", "run", *args, external=True)
-        return
-    runtime = _cpu_runtime(session)
-    session.run(runtime, "-m", "scripts.matrix", "run", *_tiny_default(args), external=True)
+    _checked_run(session, ("scripts.matrix", "run"), on_cpu=_tiny_default)
 
 
 def _tiny_default(args: list[str]) -> list[str]:
@@ -215,14 +224,7 @@ def verify_record(session: nox.Session) -> None:
 @nox.session(reuse_venv=True, default=False)
 def crossover(session: nox.Session) -> None:
     """A1/B1/B2/A2 crossover against fresh vllm serve legs, analysis, record, plot (-- --treatment ENV=VALUE ...)."""
-    session.install(*TOOL_DEPS)
-    python, args = _installed_python(session)
-    session.run("python", "-m", "scripts.measure", "crossover", "--check-only", *args)  # before any install
-    if python:
-        session.run(python, "-m", "scripts.measure", "crossover", *args, external=True)
-        return
-    runtime = _cpu_runtime(session)
-    session.run(runtime, "-m", "scripts.measure", "crossover", *args, external=True)
+    _checked_run(session, ("scripts.measure", "crossover"))
 
 
 @nox.session(reuse_venv=True, default=False)

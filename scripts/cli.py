@@ -6,20 +6,31 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from scripts.errors import ToolError
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Every option shows its default; descriptions and epilogs keep their line breaks.
-    All command lines of the tooling use it. An option whose default is None (or whose help
-    already says "default") states its default in its own words instead."""
+    All command lines of the tooling use it (through ToolParser). An option whose default is None
+    (or whose help already says "default") states its default in its own words instead."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         if action.default is None or "default" in text:
             return text
         return super()._get_help_string(action)
+
+
+class ToolParser(argparse.ArgumentParser):
+    """The parser of every command line of the tooling: HelpFormatter unless told otherwise. Its
+    subcommands (``add_subparsers().add_parser``) are ToolParsers too, so they get it as well."""
+
+    def __init__(
+        self, *args: Any, formatter_class: type[argparse.HelpFormatter] = HelpFormatter, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
 
 def positive_ints(text: str) -> tuple[int, ...]:
@@ -142,16 +153,15 @@ WRITES_BUILD = ("apply", "build", "export", "rebase")
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = ToolParser(
         prog="python -m scripts",
         description="Apply, export, lint, build and verify the vLLM XPU Laguna patch series.",
         epilog=entry_points_epilog(),
-        formatter_class=HelpFormatter,
     )
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
-        cmd = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
         cmd.set_defaults(func=func)
         return cmd
 

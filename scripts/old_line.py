@@ -8,7 +8,6 @@ clone's ``dist/`` holds exactly one ``vllm-0.26.0+xpu.*`` wheel. CI runs it.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import tempfile
@@ -16,7 +15,7 @@ import time
 from pathlib import Path
 
 from scripts import REPO_ROOT
-from scripts.cli import HelpFormatter
+from scripts.cli import ToolParser
 from scripts.errors import ToolError, exit_status
 from scripts.git import git_live, resolve_commit
 from scripts.log import info, step
@@ -52,16 +51,14 @@ def build_old_line(repo: Path, dest: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog="python -m scripts.old_line",
         description=__doc__.splitlines()[0],
-        formatter_class=HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser(
         "build",
         help=f"clone, check out the {OLD_VERSION} line and run `nox -s apply build` there",
-        formatter_class=HelpFormatter,
     )
     b.add_argument("--repo", type=Path, default=REPO_ROOT, help="the repository to clone")
     b.add_argument("--dest", type=Path, default=None, help="scratch folder (default: a new temporary folder)")

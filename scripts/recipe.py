@@ -13,7 +13,6 @@ Why each setting is there: ``docs/serving.md``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts import REPO_ROOT
-from scripts.cli import HelpFormatter
+from scripts.cli import ToolParser
 from scripts.errors import ToolError
 from scripts.layout import Layout
 from scripts.pins import Pins, load_pins
@@ -284,15 +283,12 @@ def write(out: Path, files: dict[str, str]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m scripts.recipe", description=__doc__.splitlines()[0], formatter_class=HelpFormatter
-    )
+    parser = ToolParser(prog="python -m scripts.recipe", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser(
         "render",
         help="write (or with --check compare) the recipe files",
         description="Render recipes/ from pins.toml and VERIFY_WIDTH.",
-        formatter_class=HelpFormatter,
     )
     r.add_argument("--out", type=Path, default=RECIPE_DIR, help="folder for the recipe files")
     r.add_argument(

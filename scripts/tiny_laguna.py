@@ -35,7 +35,6 @@ imports happen inside ``generate`` only, so importing this module stays cheap.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -490,12 +489,11 @@ def generate(out_dir: Path, seed: int = 0, variant: str = DEFAULT_VARIANT.name) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scripts.cli import HelpFormatter
+    from scripts.cli import ToolParser
 
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog="python -m scripts.tiny_laguna",
         description="Generate a tiny random Laguna target and DFlash drafter.",
-        formatter_class=HelpFormatter,
     )
     parser.add_argument("--out", type=Path, required=True, help="output folder (gets target/ and draft/)")
     parser.add_argument("--seed", type=int, default=0, help="random seed")

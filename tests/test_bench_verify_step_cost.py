@@ -8,28 +8,21 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from scripts.bench import verify_step_cost as vsc
 from scripts.device import op_invariance_check as oc
+from tests.tool_run import run_module
 
-ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = ("--shapes", "--rows", "--parts", "--rounds", "--steps", "--host-steps", "--collective-steps")
 TINY = ("--shapes", "small", "--rounds", "2", "--steps", "2", "--host-steps", "2", "--collective-steps", "2")
 CELL = re.compile(r"^(\d+\.\d+) \((\d+\.\d+)\)$")
 
 
 def _run(*argv: str, python: str = sys.executable, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [python, "-m", "scripts.bench.verify_step_cost", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONPATH": ""},
-    )
+    env = {**os.environ, "PYTHONPATH": ""}
+    return run_module("scripts.bench.verify_step_cost", *argv, python=python, timeout=timeout, env=env)
 
 
 def tables(text: str) -> dict[str, list[list[str]]]:

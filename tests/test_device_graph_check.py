@@ -4,24 +4,16 @@ validation, the leg plan, the result table and the no-device refusal)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from scripts.device import graph_check as gc
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.tool_run import run_module
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "scripts.device.graph_check", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_module("scripts.device.graph_check", *argv, timeout=60)
 
 
 def test_help() -> None:

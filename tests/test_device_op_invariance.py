@@ -6,26 +6,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from scripts.device import op_invariance_check as oc
+from tests.tool_run import run_module
 
-ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("qkv_proj", "o_proj", "g_proj", "dense_mlp", "shared_expert", "router", "lm_head")
 
 
 def _run(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "scripts.device.op_invariance_check", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_module("scripts.device.op_invariance_check", *argv, timeout=timeout)
 
 
 def test_help() -> None:

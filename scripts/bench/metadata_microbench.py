@@ -28,7 +28,6 @@ Usage (from the repository root)::
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -177,12 +176,11 @@ def _time_us(fn: Any, n: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scripts.cli import HelpFormatter
+    from scripts.cli import ToolParser
 
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog="python -m scripts.bench.metadata_microbench",
         description=__doc__.splitlines()[0],
-        formatter_class=HelpFormatter,
     )
     parser.add_argument("--steps", type=int, default=2000, help="steps per mode")
     parser.add_argument("--cols", type=int, default=2048, help="block-table columns")

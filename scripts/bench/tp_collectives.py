@@ -23,7 +23,6 @@ Usage (from the repository root)::
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import socket
 import statistics
@@ -151,12 +150,11 @@ def _shapes(rows: str, hidden: int) -> list[tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scripts.cli import HelpFormatter
+    from scripts.cli import ToolParser
 
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog="python -m scripts.bench.tp_collectives",
         description=__doc__.splitlines()[0],
-        formatter_class=HelpFormatter,
     )
     parser.add_argument("--hidden", type=int, default=3072, help="elements per row (Laguna-S hidden size)")
     parser.add_argument("--rows", default="1,8", help="message rows to time, comma-separated (decode, verify)")

@@ -51,6 +51,7 @@ from typing import Any
 
 from scripts.bench import tp_collectives as tpc
 from scripts.bench.graph_host_overhead import LAYERS, TOKENS
+from scripts.cli import ToolParser
 from scripts.device import op_invariance_check as oc
 
 FULL_LAYERS = 12  # Laguna-S-2.1: full-attention layers (the other 36 slide)
@@ -348,7 +349,7 @@ def render(tables: list[Table], args: argparse.Namespace) -> list[str]:
     return lines
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(ToolParser):
     def error(self, message: str) -> Any:  # one line, exit 2
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
@@ -370,11 +371,7 @@ def _check(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scripts.cli import HelpFormatter
-
-    parser = _Parser(
-        prog="python -m scripts.bench.verify_step_cost", description=__doc__, formatter_class=HelpFormatter
-    )
+    parser = _Parser(prog="python -m scripts.bench.verify_step_cost", description=__doc__)
     add = parser.add_argument
     add(
         "--shapes",

@@ -441,11 +441,10 @@ def render_table(results: list[LegResult]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from scripts.cli import HelpFormatter
+    from scripts.cli import ToolParser
 
-    p = argparse.ArgumentParser(
+    p = ToolParser(
         prog="python3 -m scripts.device.graph_check",
-        formatter_class=HelpFormatter,
         description="Tiny Laguna with breakable graphs off and on: greedy tokens "
         "and per-step latency (CUDA GPU or XPU).",
     )

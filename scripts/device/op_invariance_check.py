@@ -36,7 +36,6 @@ elementwise [M, 12|18] softplus, [M, 256] sigmoid (fp32), [M, 3072|256] SiLU (bf
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import json
@@ -584,13 +583,12 @@ def _device(choice: str, torch: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scripts.cli import HelpFormatter
+    from scripts.cli import ToolParser
 
-    p = argparse.ArgumentParser(
+    p = ToolParser(
         prog="python -m scripts.device.op_invariance_check",
         description=__doc__.splitlines()[0],
         epilog="\n".join(__doc__.splitlines()[2:]),
-        formatter_class=HelpFormatter,
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda", "xpu"), default="auto", help="where the ops run")
     p.add_argument("--shapes", choices=tuple(SHAPES), default="laguna-s-tp4", help="shape set (small: CPU smoke test)")

@@ -21,7 +21,6 @@ only come from a device run.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import hashlib
 import os
@@ -162,12 +161,11 @@ def compare(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scripts.cli import HelpFormatter
+    from scripts.cli import ToolParser
 
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog="python -m scripts.device.row_invariance_check",
         description=__doc__.splitlines()[0],
-        formatter_class=HelpFormatter,
     )
     models = parser.add_mutually_exclusive_group(required=True)
     models.add_argument("--tiny", metavar="DIR", help="generate (or reuse) the tiny Laguna pair in DIR (CPU)")

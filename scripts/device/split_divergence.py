@@ -13,9 +13,7 @@ Pure arithmetic on the port of vllm_xpu_kernels v0.1.11.1 ``get_num_splits``
 
 from __future__ import annotations
 
-import argparse
-
-from scripts.cli import HelpFormatter, positive_ints
+from scripts.cli import ToolParser, positive_ints
 
 
 def runs(flags: list[tuple[int, bool]]) -> list[tuple[int, int]]:
@@ -29,10 +27,9 @@ def runs(flags: list[tuple[int, bool]]) -> list[tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ToolParser(
         prog="python -m scripts.device.split_divergence",
         description=__doc__.splitlines()[0],
-        formatter_class=HelpFormatter,
     )
     p.add_argument("--heads-q", type=int, default=12, help="Q heads per rank (default: %(default)s, Laguna-S TP4)")
     p.add_argument("--heads-kv", type=int, default=2, help="KV heads per rank (default: %(default)s)")

@@ -44,7 +44,6 @@ Usage on the XPU machine, from the repository root::
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -239,12 +238,11 @@ def _run_case(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scripts.cli import HelpFormatter, positive_ints
+    from scripts.cli import ToolParser, positive_ints
 
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog="python -m scripts.device.xpu_attention_check",
         description=__doc__.splitlines()[0],
-        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--device",

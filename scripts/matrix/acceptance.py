@@ -72,12 +72,11 @@ def measure(models: Path, args: argparse.Namespace) -> tuple[SpecAcceptance, dic
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from scripts.cli import HelpFormatter
+    from scripts.cli import ToolParser
 
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog="python -m scripts.matrix.acceptance",
         description="Accepted drafted tokens per depth of one DFlash M8 matrix leg on CPU (needs the CPU runtime).",
-        formatter_class=HelpFormatter,
     )
     parser.add_argument("--tiny", type=Path, required=True, help="folder with target/ and draft/ (scripts.tiny_laguna)")
     parser.add_argument("--leg", default="dflash-graph0-meta0", help="matrix leg to run (a speculative one)")

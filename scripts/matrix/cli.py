@@ -17,18 +17,16 @@ from scripts.matrix.preloaded import LEG_STARTS
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scripts.cli import HelpFormatter
+    from scripts.cli import ToolParser
 
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog="python -m scripts.matrix",
         description=(scripts.matrix.__doc__ or "").split("\n\n")[0],
-        formatter_class=HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
         "run",
         help="run the matrix and write the report",
-        formatter_class=HelpFormatter,
         description="Run the equivalence matrix and write the report. Options are checked before any engine starts.",
     )
     models = run.add_mutually_exclusive_group(required=True)
@@ -119,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         help="on CPU, report the graph legs as not run instead of running them through the "
         "recording stand-in graph (emulated device graphs)",
     )
-    leg = sub.add_parser("leg", help="(internal) run one leg from a JSON config file", formatter_class=HelpFormatter)
+    leg = sub.add_parser("leg", help="(internal) run one leg from a JSON config file")
     leg.add_argument("config", help="leg config JSON (written by run)")
     leg.add_argument("output", help="where the leg writes its JSON result")
     args = parser.parse_args(argv)

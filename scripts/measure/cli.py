@@ -12,12 +12,11 @@ from scripts.errors import ToolError
 
 
 def _verify_parser() -> argparse.ArgumentParser:
-    from scripts.cli import HelpFormatter
+    from scripts.cli import ToolParser
 
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog="python -m scripts.measure verify-record",
         description="Re-derive every number of a record file; exit 1 naming each field that disagrees.",
-        formatter_class=HelpFormatter,
     )
     parser.add_argument("record", type=Path, help="record JSON file")
     parser.add_argument(

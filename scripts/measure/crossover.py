@@ -247,14 +247,13 @@ def _prior(args: argparse.Namespace) -> Prior | None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from scripts.cli import HelpFormatter
+    from scripts.cli import ToolParser
 
-    p = argparse.ArgumentParser(
+    p = ToolParser(
         prog="python -m scripts.measure crossover",
         description="A1/B1/B2/A2 crossover (+ teacher) against fresh vllm serve processes. "
         "Options are checked (paths, config.json, prompt sizes against --max-model-len) before "
         "any server starts.",
-        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--treatment",
@@ -527,12 +526,11 @@ def _report(analysis: dict[str, Any], record: dict[str, Any], out: Path) -> None
 
 def reanalyze_main(argv: list[str]) -> int:
     """Rebuild analysis, plot and record of an existing run directory from its raw rows."""
-    from scripts.cli import HelpFormatter
+    from scripts.cli import ToolParser
 
-    p = argparse.ArgumentParser(
+    p = ToolParser(
         prog="python -m scripts.measure analyze",
         description="Rebuild analysis, plot and record of a crossover run directory from its raw rows.",
-        formatter_class=HelpFormatter,
     )
     p.add_argument("run_dir", type=Path, help="run directory written by the crossover")
     p.add_argument("--gates", type=Path, default=GATES_PATH, help="gate thresholds (TOML)")

@@ -10,33 +10,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.tool_run import run_module
 
 
 def _run(tmp: Path, exact: bool) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "VLLM_XPU_LAGUNA_EXACT_VERIFY": "1" if exact else "0"}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scripts.device.row_invariance_check",
-            "--tiny",
-            str(tmp / "tiny"),
-            "--prompts",
-            "1",
-            "--max-tokens",
-            "16",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        env=env,
-    )
+    argv = ("--tiny", str(tmp / "tiny"), "--prompts", "1", "--max-tokens", "16")
+    return run_module("scripts.device.row_invariance_check", *argv, timeout=900, env=env)
 
 
 def test_every_module_is_row_invariant_with_the_exact_path(tmp_path: Path) -> None:

@@ -8,21 +8,12 @@ never call the result PASS (only a device run can pass).
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.tool_run import run_module
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "scripts.device.xpu_attention_check", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    return run_module("scripts.device.xpu_attention_check", *args, timeout=900)
 
 
 def test_refuses_xpu_without_a_device() -> None:

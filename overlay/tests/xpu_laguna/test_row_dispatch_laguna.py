@@ -22,16 +22,9 @@ from typing import Any
 
 import pytest
 
+from vllm.model_executor.layers.xpu_laguna_row_dispatch import KINDS
+
 DRIVER = Path(__file__).with_name("row_dispatch_driver.py")
-KINDS = (
-    "qkv_proj",
-    "o_proj",
-    "g_proj",
-    "dense_mlp",
-    "shared_expert",
-    "router",
-    "lm_head",
-)
 TARGET_BLOCKS = ("target_attention_0", "target_attention_1", "target_dense_mlp_0")
 DRAFT_UNITS = (
     "draft_qkv_proj",

@@ -236,27 +236,24 @@ def paged_attention(
         blocks = block_table[i, :num_blocks].to(torch.long)
         k = key_cache[blocks].reshape(num_blocks * block_size, *key_cache.shape[2:])
         v = value_cache[blocks].reshape(num_blocks * block_size, *value_cache.shape[2:])
+        q_seq = q[start:end].to(torch.float32)
+        k_seq = _dequant(k[:kv_len], k_scale)
+        v_seq = _dequant(v[:kv_len], v_scale)
         if decode and end - start == 1:
+            ranges = split_plan.split_ranges(kv_len, splits, block_size, int(left))
             res = _attend_split_k(
-                q[start:end].to(torch.float32),
-                _dequant(k[:kv_len], k_scale),
-                _dequant(v[:kv_len], v_scale),
-                float(softmax_scale),
-                int(left),
-                split_plan.split_ranges(kv_len, splits, block_size, int(left)),
-                out.dtype,
+                q_seq, k_seq, v_seq, float(softmax_scale), int(left), ranges, out.dtype
             )
-            out[start:end] = res.to(out.dtype)
-            continue
-        res = _attend_one(
-            q[start:end].to(torch.float32),
-            _dequant(k[:kv_len], k_scale),
-            _dequant(v[:kv_len], v_scale),
-            float(softmax_scale),
-            bool(causal),
-            int(left),
-            int(right),
-        )
+        else:
+            res = _attend_one(
+                q_seq,
+                k_seq,
+                v_seq,
+                float(softmax_scale),
+                bool(causal),
+                int(left),
+                int(right),
+            )
         out[start:end] = res.to(out.dtype)
     return out
 
