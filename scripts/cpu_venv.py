@@ -16,16 +16,14 @@ engine cannot run. Tried on this machine; see the README.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from scripts import REPO_ROOT
+from scripts import REPO_ROOT, tiny_laguna
 from scripts.errors import ToolError
+from scripts.lock import folder_lock
 from scripts.log import detail, info, step
 
 RUNTIME_TOOLS = ("unidiff>=0.7.5", "packaging>=24.2", "pytest>=8", "pytest-timeout", "pytest-xdist>=3.6", "matplotlib")
@@ -55,17 +53,6 @@ def models_dir(build: Path | None = None) -> Path:
     return Layout(build_dir=build).tiny_models
 
 
-@contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f"{folder.name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _run(cmd: list[str], what: str) -> None:
     """Run a step in the runtime (its output streams through); one line when it fails."""
     detail("$ " + " ".join(cmd))
@@ -74,25 +61,12 @@ def _run(cmd: list[str], what: str) -> None:
         raise ToolError(f"{what} failed (exit {proc.returncode}); its output is above")
 
 
-def _models_current(models: Path) -> bool:
-    """Both models there, made by the generator as it is now (its stamp; none: stale)."""
-    from scripts.tiny_laguna import STAMP, generator_digest
-
-    if not ((models / "target" / "config.json").is_file() and (models / "draft" / "config.json").is_file()):
-        return False
-    try:
-        stamp = json.loads((models / STAMP).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(stamp, dict) and stamp.get("generator") == generator_digest()
-
-
 def ensure(tree: Path | None, models: Path | None) -> Path:
     """Create or reuse the runtime, sync ``tree`` into it, generate the tiny models in
     ``models``; return its python."""
     folder = runtime_dir()
     python = folder / "bin" / "python"
-    with _locked(folder):
+    with folder_lock(folder):
         marker = folder / READY_MARKER
         try:
             ready = json.loads(marker.read_text(encoding="utf-8"))
@@ -113,7 +87,7 @@ def ensure(tree: Path | None, models: Path | None) -> Path:
             with step(f"sync the patched tree {tree} into the runtime"):
                 _run([str(python), "-m", "scripts.cpu_runtime", "sync", "--tree", str(tree)], "cpu_runtime sync")
         if models is not None:
-            if _models_current(models):
+            if tiny_laguna.models_current(models):
                 detail(f"tiny models already in {models}")
             else:
                 with step(f"generate the tiny Laguna models in {models}"):

@@ -1,4 +1,5 @@
-"""An exclusive lock on ``build/`` for every command that writes it (apply, build, export, rebase).
+"""An exclusive lock on ``build/`` for every command that writes it (apply, build, export, rebase),
+and :func:`folder_lock` for a shared folder (the CPU runtime, the tiny models).
 
 Two such commands on one checkout at once would race on ``build/worktree.new`` and the swap into
 ``build/worktree``; the second one waits (saying whom it waits for) or, with ``--no-wait``, stops
@@ -55,3 +56,16 @@ def build_lock(layout: Layout, command: str, wait: bool = True) -> Iterator[None
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+@contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<folder>.lock`` next to ``folder`` (waits for the holder;
+    dropped by the kernel when the holder exits): one writer of a shared folder at a time."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{folder.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

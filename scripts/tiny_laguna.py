@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from scripts import tiny_laguna_structure as st
 from scripts.errors import ToolError
+from scripts.lock import folder_lock
 from scripts.tp_fit import model_problems
 
 if TYPE_CHECKING:
@@ -436,6 +437,30 @@ def generator_digest(seed: int = 0, variant: str = DEFAULT_VARIANT.name) -> str:
     for source in (Path(__file__), Path(st.__file__)):
         digest.update(source.read_bytes())
     return digest.hexdigest()
+
+
+def models_current(out_dir: Path, seed: int = 0, variant: str = DEFAULT_VARIANT.name) -> bool:
+    """Both models in ``out_dir``, made by this generator as it is now with ``seed`` and
+    ``variant`` (its stamp; none: stale)."""
+    out_dir = Path(out_dir)
+    if not ((out_dir / "target" / "config.json").is_file() and (out_dir / "draft" / "config.json").is_file()):
+        return False
+    try:
+        stamp = json.loads((out_dir / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(stamp, dict) and stamp.get("generator") == generator_digest(seed, variant)
+
+
+def ensure_models(out_dir: Path, seed: int = 0, variant: str = DEFAULT_VARIANT.name) -> tuple[Path, Path]:
+    """Target and drafter folders of ``variant`` in ``out_dir``: reused when current
+    (:func:`models_current`; the generator is deterministic), else generated. Under a lock next
+    to ``out_dir``: runs at once that need the same pair generate it once."""
+    out_dir = Path(out_dir)
+    with folder_lock(out_dir):
+        if not models_current(out_dir, seed, variant):
+            generate(out_dir, seed=seed, variant=variant)
+    return out_dir / "target", out_dir / "draft"
 
 
 def generate(out_dir: Path, seed: int = 0, variant: str = DEFAULT_VARIANT.name) -> TinyModels:

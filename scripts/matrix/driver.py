@@ -44,19 +44,17 @@ def _graph_expectation(
 def models_by_tp(args: argparse.Namespace, tps: set[int]) -> dict[int, tuple[str, str]]:
     """Target and drafter folders per TP size: ``--model-dir``/``--draft-dir`` at every size
     (``validate_run`` checked that they split), or with ``--tiny`` the first tiny variant built
-    for the size (:func:`scripts.tiny_laguna.variant_for_tp`), each variant generated once."""
+    for the size (:func:`scripts.tiny_laguna.variant_for_tp`), generated unless it is there
+    already (:func:`scripts.tiny_laguna.ensure_models`)."""
     if not args.tiny:
         return {tp: (args.model_dir, args.draft_dir) for tp in sorted(tps)}
-    from scripts.tiny_laguna import generate, variant_dir, variant_for_tp
+    from scripts.tiny_laguna import ensure_models, variant_dir, variant_for_tp
 
-    made: dict[str, tuple[str, str]] = {}
     out = {}
     for tp in sorted(tps):
         variant = variant_for_tp(tp)
-        if variant.name not in made:
-            models = generate(variant_dir(Path(args.tiny), variant), variant=variant.name)
-            made[variant.name] = (str(models.target), str(models.draft))
-        out[tp] = made[variant.name]
+        target, draft = ensure_models(variant_dir(Path(args.tiny), variant), variant=variant.name)
+        out[tp] = (str(target), str(draft))
     return out
 
 

@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scripts.layout import Layout
+
 REPO = Path(__file__).resolve().parents[2]
+TINY = Layout(REPO, build_dir=REPO / "build").tiny_models
+"""The tiny pair every matrix run of the e2e tests uses (what ``nox -s cpu_runtime`` makes, the
+folder ``recipes/cpu-tiny.yaml`` names): generated once, reused by every run after
+(:func:`scripts.tiny_laguna.ensure_models`; the TP 4 variant in its ``tp4/`` sub-folder)."""
 
 
 def run_matrix(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -20,7 +26,7 @@ def run_matrix(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[
             "scripts.matrix",
             "run",
             "--tiny",
-            str(tmp_path / "tiny"),
+            str(TINY),
             "--report",
             str(report),
             *args,

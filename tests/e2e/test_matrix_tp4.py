@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from matrix_runs import run_matrix
 
 from scripts.matrix.legs import STANDIN_ENV, TP4_LEGS, TP_REDUCE_ENV
 
-REPO = Path(__file__).resolve().parents[2]
 EXACT, RING = "dflash-graph0-meta1-tp4", "dflash-ring-tp4-diagnostic"
 
 
@@ -31,21 +30,11 @@ def tp4_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
     """The four TP 4 legs on 3 prompts (the matrix's minimum: long, long-then-next, plain) of 32, 8
     and 32 generated tokens (16 tokens show the same verdicts, but the bonus row of a verify step,
     used only when all 7 drafts are accepted, then produced output once)."""
-    tmp = tmp_path_factory.mktemp("tp4")
-    report = tmp / "matrix.json"
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "scripts.matrix", "run", "--tiny", str(tmp / "tiny"), "--report", str(report),
-            "--prompts", "3", "--max-tokens", "32", "--long-prompt-tokens", "0", "--max-model-len", "1024",
-            "--kv-cache-bytes", str(64 << 20), "--seed", "0", "--legs", ",".join(leg.name for leg in TP4_LEGS),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=1500,
+    return run_matrix(
+        tmp_path_factory.mktemp("tp4"), "--prompts", "3", "--max-tokens", "32", "--long-prompt-tokens", "0",
+        "--max-model-len", "1024", "--kv-cache-bytes", str(64 << 20), "--seed", "0",
+        "--legs", ",".join(leg.name for leg in TP4_LEGS),
     )  # fmt: skip
-    print(proc.stdout[-4000:])
-    return proc, json.loads(report.read_text()) if report.exists() else {}
 
 
 def _legs(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
