@@ -90,10 +90,12 @@ def ensure(tree: Path | None, models: Path | None) -> Path:
             with step(f"sync the patched tree {tree} into the runtime"):
                 _run([str(python), "-m", "scripts.cpu_runtime", "sync", "--tree", str(tree)], "cpu_runtime sync")
         if models is not None:
-            if tiny_laguna.models_current(models):
-                detail(f"tiny models already in {models}")
-            else:
-                with step(f"generate the tiny Laguna models in {models}"):
-                    _run([str(python), "-m", "scripts.tiny_laguna", "--out", str(models)], "tiny_laguna")
+            # the lock of tiny_laguna.ensure_models: a matrix run on the same folder waits for this
+            with folder_lock(models):
+                if tiny_laguna.models_current(models):
+                    detail(f"tiny models already in {models}")
+                else:
+                    with step(f"generate the tiny Laguna models in {models}"):
+                        _run([str(python), "-m", "scripts.tiny_laguna", "--out", str(models)], "tiny_laguna")
     info(f"CPU runtime ready: {python}")
     return python

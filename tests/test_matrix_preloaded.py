@@ -43,6 +43,11 @@ def test_auto_is_preloaded_on_cpu_only() -> None:
     assert leg_start("fresh", "cpu") == "fresh" and leg_start("preloaded", "cpu") == "preloaded"
 
 
+def test_preloaded_on_a_device_is_refused() -> None:
+    with pytest.raises(ValueError, match="for CPU runs; on xpu every leg starts fresh"):
+        leg_start("preloaded", "xpu")
+
+
 def test_fork_gets_the_leg_environment_path_log_and_exit_code(tmp_path: Path, probe: Path) -> None:
     log, out = tmp_path / "leg.log", tmp_path / "out.json"
     env = {"VXL_PROBE_TOGGLE": "1", "PYTHONPATH": str(probe)}

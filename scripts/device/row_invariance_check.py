@@ -199,10 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         from pathlib import Path
 
-        from scripts.tiny_laguna import generate
+        from scripts.tiny_laguna import ensure_models
 
-        pair = generate(Path(args.tiny))
-        target, draft = str(pair.target), str(pair.draft)
+        target, draft = (str(path) for path in ensure_models(Path(args.tiny)))
     else:
         target, draft = args.model_dir, args.draft_dir
     dtype = args.dtype or ("float32" if args.tiny else "bfloat16")

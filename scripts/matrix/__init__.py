@@ -33,8 +33,8 @@ Modules: :mod:`.legs` (legs, prompts, constants), :mod:`.engine` (one leg in its
 :mod:`.logprobs` (the logprob gate), :mod:`.graphs` (graph-leg accounting checks),
 :mod:`.evaluate` (verdicts per leg), :mod:`.report` (table and report file), :mod:`.driver` (runs
 the legs), :mod:`.runner` and :mod:`.preloaded` (the legs' processes), :mod:`.cli` (options and
-their checks). Every module imports without torch or vLLM;
-only :mod:`.engine` uses vLLM, inside its functions.
+their checks). Every module imports without torch or vLLM; only :mod:`.engine` uses vLLM, inside
+its functions.
 """
 
 from __future__ import annotations

@@ -63,10 +63,12 @@ def drive(args: argparse.Namespace) -> int:
     the options)."""
     device = device_kind()
     series = series_info()  # fail early, before any engine runs
-    if args.leg_start == "preloaded" and device != "cpu":
-        print(f"error: --leg-start preloaded is for CPU runs; on {device} every leg starts fresh", file=sys.stderr)
+    try:
+        start = leg_start(args.leg_start, device)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    if leg_start(args.leg_start, device) == "preloaded":
+    if start == "preloaded":
         warm_up()  # vLLM's imports overlap with the tiny models and the prompts
     names = [n.strip() for n in args.legs.split(",") if n.strip()]
     known = {leg.name: leg for leg in ALL_LEGS}

@@ -34,9 +34,12 @@ LEG_STARTS = ("auto", "preloaded", "fresh")
 
 
 def leg_start(choice: str, device: str) -> str:
-    """``preloaded`` or ``fresh`` for ``--leg-start`` on ``device`` (auto: preloaded on CPU only)."""
+    """``preloaded`` or ``fresh`` for ``--leg-start`` on ``device`` (auto: preloaded on CPU only);
+    ValueError for ``preloaded`` on a device."""
     if choice == "auto":
         return "preloaded" if device == "cpu" else "fresh"
+    if choice == "preloaded" and device != "cpu":
+        raise ValueError(f"--leg-start preloaded is for CPU runs; on {device} every leg starts fresh")
     return choice
 
 

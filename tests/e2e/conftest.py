@@ -30,7 +30,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from scripts.cpu_slots import leased_environ
-from scripts.tiny_laguna import TinyModels, generate
+from scripts.tiny_laguna import TinyModels, ensure_models, generate
 
 SEED = 0
 KV_CACHE_BYTES = 256 << 20
@@ -236,13 +236,12 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
 @pytest.fixture(scope="session")
 def recipe_models() -> Path:
     """The folder where ``recipes/cpu-tiny.yaml`` names the tiny models (``build/tiny-laguna`` under
-    the repository root, what ``nox -s cpu_runtime`` makes); generated there when absent."""
-    from scripts.layout import Layout
+    the repository root, what ``nox -s cpu_runtime`` makes, the matrix runs' pair); generated there
+    unless current (:func:`scripts.tiny_laguna.ensure_models`)."""
+    from matrix_runs import TINY
 
-    tiny = Layout(REPO_ROOT, build_dir=REPO_ROOT / "build").tiny_models
-    if not ((tiny / "target" / "config.json").is_file() and (tiny / "draft" / "config.json").is_file()):
-        generate(tiny, seed=SEED)
-    return tiny
+    ensure_models(TINY, seed=SEED)
+    return TINY
 
 
 @pytest.fixture(scope="session")
