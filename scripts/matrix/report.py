@@ -95,6 +95,15 @@ def versions() -> dict[str, str]:
     return out
 
 
+def runtime_info(device: str) -> dict[str, object] | None:
+    """On CPU: which parts of the runtime are the release's own and which stand in (one ``line``)."""
+    if device != "cpu":
+        return None
+    from scripts.cpu_stand_in import this_runtime
+
+    return this_runtime()
+
+
 def series_info() -> dict[str, Any]:
     from scripts.worktree import Layout, load_inputs
 
@@ -128,11 +137,13 @@ def finish(
         for i, (p, r) in enumerate(zip(prompts, teacher_rows))
         if r["prompt_tokens"] // block != (r["prompt_tokens"] + len(r["token_ids"]) - 1) // block
     ]
+    runtime = runtime_info(device)
     report = {
         "schema": SCHEMA,
         "created_unix": int(time.time()),
         "device": device,
         "versions": versions(),
+        "runtime": runtime,
         "series": series,
         "method": method,
         "width": WIDTH,
@@ -156,6 +167,8 @@ def finish(
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     print(table(results))
+    if runtime:
+        print(f"CPU runtime: {runtime['line']}")
     print(
         f"rollover prompts (output crosses a {block}-token KV block): {len(rollover)}/{len(prompts)}; "
         f"report: {report_path}"
