@@ -1,0 +1,154 @@
+"""Pristine vLLM on a stand-in CPU runtime serves the tiny Laguna: greedy tokens against transformers.
+
+Opt-in (not in ``nox -s tests cpu_tests``): run with the stand-in runtime's python, e.g.::
+
+    VXL_BUILD_DIR=/tmp/b python -m scripts.cpu_runtime ensure --pins PINS --no-sync --no-models
+    $(VXL_BUILD_DIR=/tmp/b python -m scripts.cpu_runtime where --pins PINS) \\
+        -m scripts.measure.stand_in_proof --models build/tiny-laguna --tokens 16
+
+Each case is one offline ``vllm.LLM`` engine in a fresh interpreter, under a CPU slot lease, with
+the workaround switches of ``scripts/measure/series_attention/xpu_laguna_cpu_workarounds.py`` it
+names; the transformers reference is a plain greedy decode (no cache) of the same checkpoint. The
+cases show each pristine failure without its workaround and the parity with both:
+
+* ``target``: no workaround -- tokens differ from transformers (bug B, zero routing bias);
+* ``target+B``: equal to transformers;
+* ``dflash+B``: DFlash without workaround A -- the engine fails (bug A, IndexError);
+* ``dflash+A+B``: equal to transformers (and so to ``target+B``).
+
+Prints one JSON line per case and a verdict; exit 1 when an expectation does not hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from scripts import REPO_ROOT
+
+PLUGIN_DIR = REPO_ROOT / "scripts" / "measure" / "series_attention"
+PROMPTS = ("The quick brown fox", "def fibonacci(n):", "Laguna is a model that")
+A, B = "XPU_LAGUNA_CPU_FIX_DFLASH_QKV", "XPU_LAGUNA_CPU_FIX_LAGUNA_BIAS"
+CASES: dict[str, tuple[bool, tuple[str, ...], str]] = {
+    # name: (dflash, switches, expectation)
+    "target": (False, (), "differs"),
+    "target+B": (False, (B,), "equal"),
+    "dflash+B": (True, (B,), "fails"),
+    "dflash+A+B": (True, (A, B), "equal"),
+}
+
+
+def engine_case(models: Path, tokens: int, dflash: bool, tp: int) -> dict[str, Any]:
+    """One engine in this process: greedy tokens per prompt and per-token decode time."""
+    from vllm import LLM, SamplingParams
+
+    spec = {"method": "dflash", "model": str(models / "draft"), "num_speculative_tokens": 7} if dflash else None
+    start = time.monotonic()
+    llm = LLM(
+        model=str(models / "target"),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=512,
+        kv_cache_memory_bytes=64 << 20,
+        seed=0,
+        speculative_config=spec,
+        tensor_parallel_size=tp,
+    )
+    ready = time.monotonic() - start
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    llm.generate(list(PROMPTS[:1]), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    gen_start = time.monotonic()
+    outputs = llm.generate(list(PROMPTS), params, use_tqdm=False)
+    gen_s = time.monotonic() - gen_start
+    rows = [{"prompt_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids)} for o in outputs]
+    return {
+        "startup_s": round(ready, 1),
+        "generate_s": round(gen_s, 2),
+        "ms_per_token": round(gen_s * 1000 / (tokens * len(PROMPTS)), 1),
+        "rows": rows,
+    }
+
+
+def hf_greedy(models: Path, prompt_ids: list[int], n: int) -> list[int]:
+    import torch
+    from transformers import LagunaForCausalLM
+
+    model = LagunaForCausalLM.from_pretrained(str(models / "target"), dtype=torch.float32).eval()
+    ids = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids]), use_cache=False).logits[0, -1].argmax()))
+    return ids[len(prompt_ids) :]
+
+
+def run_case(name: str, models: Path, tokens: int, tp: int, timeout_s: float) -> dict[str, Any]:
+    """The case in a fresh interpreter (its switches set before vLLM loads its plugins), on a CPU slot."""
+    from scripts.cpu_slots import cpu_lease
+
+    dflash, switches, _ = CASES[name]
+    env = {k: v for k, v in os.environ.items() if k not in (A, B)}
+    env.update({s: "1" for s in switches})
+    env["PYTHONPATH"] = os.pathsep.join([str(PLUGIN_DIR), str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    cmd = [sys.executable, "-m", "scripts.measure.stand_in_proof", "--models", str(models), "--tokens", str(tokens)]
+    cmd += ["--tp", str(tp), "--engine", "dflash" if dflash else "target"]
+    with cpu_lease(f"stand-in proof {name}") as lease:
+        env.update(lease.env(tp))
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"case": name, "ok": False, "error": f"timed out after {timeout_s:.0f}s"}
+    wall = round(time.monotonic() - start, 1)
+    last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not last:
+        errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln]
+        return {"case": name, "ok": False, "wall_s": wall, "error": (errors or ["?"])[-1][-300:]}
+    return {"case": name, "ok": True, "wall_s": wall, **json.loads(last[-1])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.measure.stand_in_proof", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--models", type=Path, required=True, help="folder with the tiny target/ and draft/")
+    parser.add_argument("--tokens", type=int, default=16, help="greedy tokens per prompt")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of every engine")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated cases to run")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per engine case")
+    parser.add_argument("--engine", choices=("target", "dflash"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.engine:
+        print(json.dumps(engine_case(args.models, args.tokens, args.engine == "dflash", args.tp)), flush=True)
+        return 0
+    results = [run_case(name, args.models, args.tokens, args.tp, args.timeout) for name in args.cases.split(",")]
+    ran = next((r for r in results if r.get("ok")), None)
+    refs = [hf_greedy(args.models, row["prompt_ids"], args.tokens) for row in ran["rows"]] if ran else []
+    failed = 0
+    for r in results:
+        expect = CASES[r["case"]][2]
+        if r.get("ok"):
+            firsts = [
+                next((i for i, (a, b) in enumerate(zip(ref, row["token_ids"])) if a != b), None)
+                for ref, row in zip(refs, r["rows"])
+            ]
+            r["first_difference_per_prompt"] = firsts
+            got = "equal" if all(f is None for f in firsts) else "differs"
+        else:
+            got = "fails"
+        r["expected"], r["got"] = expect, got
+        failed += got != expect
+        print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
+    print(
+        f"{len(results) - failed}/{len(results)} cases as expected ({args.tokens} tokens x {len(PROMPTS)} prompts, TP {args.tp})"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
