@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         failed += expect is not None and got != expect
         print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
     print(
-        f"{len(results) - failed}/{len(results)} cases as expected ({args.tokens} tokens x {len(PROMPTS)} prompts, TP {args.tp})"
+        f"{len(results) - failed}/{len(results)} cases as expected "
+        f"({args.tokens} tokens x {len(PROMPTS)} prompts, TP {args.tp})"
     )
     return 1 if failed else 0
 
