@@ -50,8 +50,63 @@ CASES: dict[str, tuple[bool, tuple[str, ...], str | None]] = {
 DEFAULT_CASES = "target,target+B,dflash+B,dflash+A+B"
 
 
-def engine_case(models: Path, tokens: int, dflash: bool, tp: int) -> dict[str, Any]:
-    """One engine in this process: greedy tokens per prompt and per-token decode time."""
+class TritonProfile:
+    """Launches and seconds per Triton kernel run by the interpreter (``InterpretedFunction.run``), and
+    engine steps: needs the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[str, list[float]] = {}
+        self.steps = 0
+        self.on = False
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+        except ImportError:  # no Triton: nothing to profile
+            return
+        original = InterpretedFunction.run
+        profile = self
+
+        def run(self, *args, grid, warmup, **kwargs):  # type: ignore[no-untyped-def]
+            if warmup or not profile.on:
+                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+            start = time.perf_counter()
+            try:
+                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+            finally:
+                entry = profile.kernels.setdefault(self.fn.__name__, [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - start
+
+        InterpretedFunction.run = run
+
+    def count_steps(self, engine: Any) -> None:
+        step = engine.step
+
+        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if self.on:
+                self.steps += 1
+            return step(*args, **kwargs)
+
+        engine.step = counted
+
+    def summary(self, generate_s: float) -> dict[str, Any]:
+        total = sum(s for _, s in self.kernels.values())
+        launches = sum(int(n) for n, _ in self.kernels.values())
+        return {
+            "engine_steps": self.steps,
+            "triton_launches": launches,
+            "launches_per_step": round(launches / max(self.steps, 1), 1),
+            "triton_s": round(total, 2),
+            "triton_share": round(total / generate_s, 2) if generate_s else None,
+            "kernels": {k: [int(n), round(s * 1000 / max(n, 1), 2)] for k, (n, s) in sorted(self.kernels.items())},
+        }
+
+
+def engine_case(models: Path, tokens: int, dflash: bool, tp: int, profile: bool = False) -> dict[str, Any]:
+    """One engine in this process: greedy tokens per prompt and per-token decode time (with
+    ``profile``: the engine core in this process and the Triton interpreter's launches timed)."""
+    if profile:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    prof = TritonProfile() if profile else None
     from vllm import LLM, SamplingParams
 
     spec = {"method": "dflash", "model": str(models / "draft"), "num_speculative_tokens": 7} if dflash else None
@@ -69,11 +124,17 @@ def engine_case(models: Path, tokens: int, dflash: bool, tp: int) -> dict[str, A
     ready = time.monotonic() - start
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     llm.generate(list(PROMPTS[:1]), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    if prof is not None:
+        prof.count_steps(llm.llm_engine)
+        prof.on = True
     gen_start = time.monotonic()
     outputs = llm.generate(list(PROMPTS), params, use_tqdm=False)
     gen_s = time.monotonic() - gen_start
+    if prof is not None:
+        prof.on = False
     rows = [{"prompt_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids)} for o in outputs]
     return {
+        **({"profile": prof.summary(gen_s)} if prof is not None else {}),
         "startup_s": round(ready, 1),
         "generate_s": round(gen_s, 2),
         "ms_per_token": round(gen_s * 1000 / (tokens * len(PROMPTS)), 1),
@@ -93,7 +154,7 @@ def hf_greedy(models: Path, prompt_ids: list[int], n: int) -> list[int]:
     return ids[len(prompt_ids) :]
 
 
-def run_case(name: str, models: Path, tokens: int, tp: int, timeout_s: float) -> dict[str, Any]:
+def run_case(name: str, models: Path, tokens: int, tp: int, timeout_s: float, profile: bool = False) -> dict[str, Any]:
     """The case in a fresh interpreter (its switches set before vLLM loads its plugins), on a CPU slot."""
     from scripts.cpu_slots import cpu_lease
 
@@ -102,7 +163,7 @@ def run_case(name: str, models: Path, tokens: int, tp: int, timeout_s: float) ->
     env.update({s: "1" for s in switches})
     env["PYTHONPATH"] = os.pathsep.join([str(PLUGIN_DIR), str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     cmd = [sys.executable, "-m", "scripts.measure.stand_in_proof", "--models", str(models), "--tokens", str(tokens)]
-    cmd += ["--tp", str(tp), "--engine", "dflash" if dflash else "target"]
+    cmd += ["--tp", str(tp), "--engine", "dflash" if dflash else "target", *(["--profile"] if profile else [])]
     with cpu_lease(f"stand-in proof {name}") as lease:
         env.update(lease.env(tp))
         start = time.monotonic()
@@ -113,8 +174,11 @@ def run_case(name: str, models: Path, tokens: int, tp: int, timeout_s: float) ->
     wall = round(time.monotonic() - start, 1)
     last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not last:
-        errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln]
-        return {"case": name, "ok": False, "wall_s": wall, "error": (errors or ["?"])[-1][-300:]}
+        # the root cause: the first "SomeError: ..." line of a traceback, else the last line naming an error
+        lines = proc.stderr.splitlines()
+        roots = [ln.strip() for ln in lines if re.match(r"^\s*(?:\w+\.)*\w*(?:Error|Exception): ", ln)]
+        errors = roots or [ln for ln in lines if "Error" in ln or "error" in ln] or ["?"]
+        return {"case": name, "ok": False, "wall_s": wall, "error": errors[0][-300:]}
     applied = sorted(set(re.findall(rf"{APPLIED_LINE}: (\w+)", proc.stderr)))
     return {"case": name, "ok": True, "wall_s": wall, "workarounds_applied": applied, **json.loads(last[-1])}
 
@@ -128,12 +192,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of every engine")
     parser.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated cases to run")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per engine case")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="engine core in-process; time the Triton interpreter's launches per kernel and count engine steps",
+    )
     parser.add_argument("--engine", choices=("target", "dflash"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.engine:
-        print(json.dumps(engine_case(args.models, args.tokens, args.engine == "dflash", args.tp)), flush=True)
+        print(
+            json.dumps(engine_case(args.models, args.tokens, args.engine == "dflash", args.tp, args.profile)),
+            flush=True,
+        )
         return 0
-    results = [run_case(name, args.models, args.tokens, args.tp, args.timeout) for name in args.cases.split(",")]
+    results = [
+        run_case(name, args.models, args.tokens, args.tp, args.timeout, args.profile) for name in args.cases.split(",")
+    ]
     ran = next((r for r in results if r.get("ok")), None)
     refs = [hf_greedy(args.models, row["prompt_ids"], args.tokens) for row in ran["rows"]] if ran else []
     failed = 0
