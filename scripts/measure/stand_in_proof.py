@@ -176,7 +176,12 @@ def run_case(name: str, models: Path, tokens: int, tp: int, timeout_s: float, pr
     if proc.returncode != 0 or not last:
         # the root cause: the first "SomeError: ..." line of a traceback, else the last line naming an error
         lines = proc.stderr.splitlines()
-        roots = [ln.strip() for ln in lines if re.match(r"^\s*(?:\w+\.)*\w*(?:Error|Exception): ", ln)]
+        roots = [
+            m.group(0)
+            for ln in lines
+            if (m := re.search(r"\b(?!EngineDead)\w*(?:Error|Exception): .*", ln))
+            and "EngineCore encountered" not in ln
+        ]
         errors = roots or [ln for ln in lines if "Error" in ln or "error" in ln] or ["?"]
         return {"case": name, "ok": False, "wall_s": wall, "error": errors[0][-300:]}
     applied = sorted(set(re.findall(rf"{APPLIED_LINE}: (\w+)", proc.stderr)))
