@@ -154,7 +154,9 @@ def hf_greedy(models: Path, prompt_ids: list[int], n: int) -> list[int]:
     return ids[len(prompt_ids) :]
 
 
-def run_case(name: str, models: Path, tokens: int, tp: int, timeout_s: float, profile: bool = False) -> dict[str, Any]:
+def run_case(
+    name: str, models: Path, tokens: int, tp: int, timeout_s: float, profile: bool = False, logs: Path | None = None
+) -> dict[str, Any]:
     """The case in a fresh interpreter (its switches set before vLLM loads its plugins), on a CPU slot."""
     from scripts.cpu_slots import cpu_lease
 
@@ -172,6 +174,9 @@ def run_case(name: str, models: Path, tokens: int, tp: int, timeout_s: float, pr
         except subprocess.TimeoutExpired:
             return {"case": name, "ok": False, "error": f"timed out after {timeout_s:.0f}s"}
     wall = round(time.monotonic() - start, 1)
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"{name}-tp{tp}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not last:
         # the root cause: the first "SomeError: ..." line of a traceback, else the last line naming an error
@@ -202,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="engine core in-process; time the Triton interpreter's launches per kernel and count engine steps",
     )
+    parser.add_argument("--logs", type=Path, default=None, help="folder for each engine's output (default: none kept)")
     parser.add_argument("--engine", choices=("target", "dflash"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.engine:
@@ -211,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     results = [
-        run_case(name, args.models, args.tokens, args.tp, args.timeout, args.profile) for name in args.cases.split(",")
+        run_case(name, args.models, args.tokens, args.tp, args.timeout, args.profile, args.logs)
+        for name in args.cases.split(",")
     ]
     ran = next((r for r in results if r.get("ok")), None)
     refs = [hf_greedy(args.models, row["prompt_ids"], args.tokens) for row in ran["rows"]] if ran else []
