@@ -180,7 +180,7 @@ def run_case(
     last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not last:
         # the root cause: the first "SomeError: ..." line of a traceback, else the last line naming an error
-        lines = proc.stderr.splitlines()
+        lines = (proc.stdout + proc.stderr).splitlines()  # vLLM logs (workers' tracebacks too) to stdout
         roots = [
             m.group(0)
             for ln in lines
