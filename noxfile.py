@@ -20,6 +20,7 @@ from scripts.layout import Layout  # noqa: E402  (stdlib only: the one definitio
 
 LAYOUT = Layout(REPO)
 
+nox.needs_version = ">=2025.02.09"  # nox.project.dependency_groups (pyproject.toml [dependency-groups])
 nox.options.sessions = ["apply", "build"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
