@@ -51,6 +51,9 @@ TIMED_OUT = 124
 Steps = Sequence[tuple[signal.Signals, float]]
 """Signals sent to a group before SIGKILL, each with how long to wait for the group to go."""
 
+TERM_THEN_KILL: Steps = ((signal.SIGTERM, GRACE_S),)
+"""The default stop: SIGTERM, :data:`GRACE_S` for the group to go, then SIGKILL."""
+
 _lock = threading.RLock()  # re-entrant: a signal handler on the main thread may take it again
 _groups: set[int] = set()
 _closing = threading.Event()
@@ -136,7 +139,7 @@ def _wait_gone(pgids: list[int], wait_s: float, reap: Callable[[], object] | Non
 def stop_groups(
     pgids: Iterable[int],
     *,
-    steps: Steps = steps_for(GRACE_S),
+    steps: Steps = TERM_THEN_KILL,
     kill_wait_s: float = KILL_WAIT_S,
     reap: Callable[[], object] | None = None,
 ) -> float:
@@ -166,7 +169,7 @@ def stop_groups(
 def stop_group(
     pgid: int,
     *,
-    steps: Steps = steps_for(GRACE_S),
+    steps: Steps = TERM_THEN_KILL,
     kill_wait_s: float = KILL_WAIT_S,
     reap: Callable[[], object] | None = None,
 ) -> float:

@@ -1,9 +1,10 @@
 """The matrix's preloaded leg start (scripts/matrix/preloaded.py): a fork of the forkserver gets
 the leg's environment, the PYTHONPATH entries a fresh interpreter would have on sys.path, its own
-log and its own exit code. The forks here come from a forkserver that imports nothing (``preload=()``),
-not vLLM (the default), so these tests need no vLLM and no 11 s import. (That the legs' numerics are those of a fresh interpreter is what the
-e2e matrix tests show: every leg there starts preloaded and is gated bitwise against its teacher,
-and the diagnostic legs, set up only through their environment, must differ.)"""
+log and its own exit code. The forks here come from a forkserver that imports nothing
+(``preload=()``), not vLLM (the default), so these tests need no vLLM and no 11 s import. (That the
+legs' numerics are those of a fresh interpreter is what the e2e matrix tests show: every leg there
+starts preloaded and is gated bitwise against its teacher, and the diagnostic legs, set up only
+through their environment, must differ.)"""
 
 from __future__ import annotations
 
