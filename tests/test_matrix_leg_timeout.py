@@ -128,3 +128,10 @@ def test_the_default_limit_scales_with_the_tokens() -> None:
     assert runner.leg_timeout(args) == runner.default_leg_timeout(4, 64, 0)
     args.leg_timeout = 5.0
     assert runner.leg_timeout(args) == 5.0
+
+
+def test_a_limit_that_is_not_positive_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from scripts.matrix.cli import main
+
+    assert main(["run", "--tiny", "/tmp/nowhere-tiny", "--legs", "teacher", "--leg-timeout", "0", "--check-only"]) == 2
+    assert "--leg-timeout 0: must be > 0 seconds" in capsys.readouterr().err
