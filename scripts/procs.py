@@ -87,6 +87,8 @@ def register(pgid: int) -> None:
     """Count ``pgid`` among this process's groups (:func:`stop_all` stops them); :class:`Stopping`
     once a signal asked this process to stop."""
     with _lock:
+        if pgid in _groups:
+            return
         if _closing.is_set():
             raise Stopping("stopping: no new child process")
         _groups.add(pgid)
@@ -198,8 +200,8 @@ def supervise(
     is raised again), the group is stopped; after a normal end, whatever the leader left behind
     in its group is stopped too. Returns (timed out, seconds from the stop to the group gone)
     only when no process of the group is left."""
-    register(pgid)
     try:
+        register(pgid)  # already running: refused (a signal is stopping us) means stopped here
         ended = wait(timeout_s)
     except BaseException:
         stop_group(pgid, steps=steps_for(grace_s), reap=reap)
