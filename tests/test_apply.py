@@ -3,6 +3,7 @@ offset, no drift), series and patch validation, overlay rules, and never clobber
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -445,12 +446,19 @@ def test_foreign_directory_is_not_clobbered(vxl_project) -> None:
     assert not (project.tree / "precious.txt").exists()
 
 
-def test_corrupt_state_file_is_treated_as_foreign(vxl_project) -> None:
+def test_corrupt_state_file_is_named_and_force_rebuilds(vxl_project) -> None:
     project = vxl_project
     _apply(project)
-    state_path(project.tree).write_text("{not json")
-    assert "not made by this tool" in tool_error(_apply, project)
-    assert read_state(project.tree) is None
+    path = state_path(project.tree)
+    path.write_text("{not json")
+    message = tool_error(_apply, project)
+    assert f"{path}: not JSON" in message and "pass --force to rebuild" in message
+    state = json.loads(json.dumps(_apply(project, force=True).__dict__))
+    state["head"] = 7
+    path.write_text(json.dumps(state))
+    assert f"{path}: head: expected a string, got integer 7" in tool_error(_apply, project)
+    _apply(project, force=True)
+    assert read_state(project.tree) is not None
 
 
 @pytest.mark.parametrize("failure", ["conflicting-patch", "overlay-shadowing", "malformed-patch"])
