@@ -188,4 +188,3 @@ def read_toml(path: Path, what: str = "file") -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ToolError(f"{path}: not UTF-8 text") from None
     return parse_toml(text, str(path))
-

@@ -345,7 +345,10 @@ def test_overlay_declaration_without_overlay_file_is_rejected(vxl_project) -> No
         ("[replaces\n", "not valid TOML"),
         ('[other]\n"a" = "b"\n', "overlay.toml: other: unknown field"),
         ('replaces = "vllm/utils.py"\n', "overlay.toml: replaces: expected an object, got string"),
-        ('[replaces]\n"vllm/utils.py" = 40\n', "overlay.toml: replaces.vllm/utils.py: expected a string, got integer 40"),
+        (
+            '[replaces]\n"vllm/utils.py" = 40\n',
+            "overlay.toml: replaces.vllm/utils.py: expected a string, got integer 40",
+        ),
         ('[replaces]\n"vllm/utils.py" = "abc"\n', "40-hex git blob id"),
         (f'[replaces]\n"../utils.py" = "{"1" * 40}"\n', "unsafe path"),
     ],

@@ -130,7 +130,9 @@ def test_non_string_value_is_an_error() -> None:
     assert "pins.toml: vllm.version: expected a string, got integer 9" in _error(
         GOOD.replace('version = "9.9.9"', "version = 9")
     )
-    assert "pins.toml: vllm.commit: must be a non-empty string" in _error(GOOD.replace('commit = "abc1234"', 'commit = ""'))
+    assert "pins.toml: vllm.commit: must be a non-empty string" in _error(
+        GOOD.replace('commit = "abc1234"', 'commit = ""')
+    )
     assert "pins.toml: models.draft.kind: expected a string, got boolean True" in _error(
         GOOD.replace('kind = "dflash"', "kind = true")
     )
