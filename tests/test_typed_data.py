@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from tool_run import run_module
 
 import synthetic
 from scripts.errors import ToolError
@@ -23,7 +24,6 @@ from scripts.pins import PINS_PATH, load_pins
 from scripts.rebase.state import load_state
 from scripts.typed_data import KEY, ShapeError, build, check
 from scripts.worktree import State, read_state, state_path, write_state
-from tool_run import run_module
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE = FIXTURES / "records" / "record-2026-07-25-persistent-metadata.json"

@@ -2,8 +2,8 @@
 
 The JSON shape is the one the first rebase tool wrote (schema ``vxl-rebase-state/1``), so a
 state file left by it is read as is; anything else (another schema, a missing or mistyped field,
-an unknown one) is refused with one line (:mod:`scripts.typed_data`). Fields a patch gets while it is replayed are absent
-from the JSON until they are set, exactly as before.
+an unknown one) is refused with one line (:mod:`scripts.typed_data`). Fields a patch gets while
+it is replayed are absent from the JSON until they are set, exactly as before.
 """
 
 from __future__ import annotations
