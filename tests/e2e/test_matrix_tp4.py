@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from matrix_runs import TP4_RUN_LEGS, run_matrix
 
-from scripts.matrix.legs import STANDIN_ENV, TP4_LEGS, TP_REDUCE_ENV
+from scripts.matrix.legs import STANDIN_ENV, TP_REDUCE_ENV
 
 EXACT, RING = "dflash-graph0-meta1-tp4", "dflash-ring-tp4-diagnostic"
 
