@@ -87,7 +87,9 @@ class FetchError(ToolError):
         self.attempts = attempts
 
 
-def _classify(exc: BaseException, timeout: float, sent_credentials: bool) -> tuple[str, int | None, bool]:
+def _classify(
+    exc: BaseException, timeout: float, sent_credentials: bool, client_cert: bool
+) -> tuple[str, int | None, bool]:
     """(cause in words, HTTP status, whether trying again may help) of one failed attempt."""
     if isinstance(exc, urllib.error.HTTPError):
         code = exc.code
@@ -116,7 +118,8 @@ def _classify(exc: BaseException, timeout: float, sent_credentials: bool) -> tup
             False,
         )
     if isinstance(reason, ssl.SSLError):
-        return f"TLS failure ({reason.reason or reason})", None, False
+        hint = "" if client_cert else ": if the server wants a client certificate, pip's `client-cert` gives it"
+        return f"TLS failure ({reason.reason or reason}){hint}", None, False
     if isinstance(reason, ConnectionRefusedError):
         return "connection refused", None, True
     if isinstance(reason, TimeoutError):
@@ -249,7 +252,7 @@ class IndexClient:
                     return read(response)
             except (OSError, http.client.HTTPException) as exc:  # URLError, HTTPError, ssl errors are OSErrors
                 sent = self.credentials(urllib.parse.urlsplit(clean).netloc) is not None
-                cause, status, transient = _classify(exc, self.timeout, sent)
+                cause, status, transient = _classify(exc, self.timeout, sent, bool(self.config.client_cert))
                 if not transient or attempt > self.retries:
                     raise FetchError(clean, cause + self._proxy_note(clean), status, attempt) from None
                 _sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
