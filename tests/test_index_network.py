@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import synthetic
-from scripts import index, index_http
+from scripts import index, index_http, pipconf
 from scripts.errors import ToolError
 
 NAME = f"vllm-{synthetic.VERSION}.tar.gz"
@@ -218,3 +218,37 @@ def test_requests_go_through_the_proxy(how: str, vxl_net, tmp_path, monkeypatch)
     monkeypatch.setenv("PIP_PROXY" if how == "pip's proxy" else "http_proxy", proxy.url.removesuffix("/simple/"))
     assert _fetched(tmp_path) == BODY
     assert proxy.requests[0] == target + "vllm/"
+
+
+# --------------------------------------------------------------------------- pip's configuration
+
+
+def test_pip_configuration_is_read_once_for_the_index_client_and_uv(vxl_net, monkeypatch) -> None:
+    monkeypatch.setenv("PIP_INDEX_URL", "file:///nowhere/simple")
+    monkeypatch.setenv("PIP_TRUSTED_HOST", "127.0.0.1")
+    runs: list[list[str]] = []
+    real = pipconf.subprocess.run
+
+    def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        runs.append(cmd)
+        return real(cmd, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(pipconf.subprocess, "run", run)
+    pipconf._listing.cache_clear()
+    assert index.client().config.trusted_hosts == ("127.0.0.1",)
+    assert pipconf.pip_config("install").index_url == "file:///nowhere/simple"
+    assert index.pip_index_urls() == ["file:///nowhere/simple"]
+    assert len(runs) == 1
+    monkeypatch.setenv("PIP_RETRIES", "7")  # another environment: read again
+    assert pipconf.pip_config("download").retries == 7 and len(runs) == 2
+
+
+def test_pips_default_index_comes_from_pip(vxl_net) -> None:
+    default = pipconf.pip_default_index_url()
+    assert default.startswith("https://") and pipconf.PipConfig().index_urls() == [default]
+
+
+def test_listed_values_are_read_as_pip_prints_them() -> None:
+    listed = "global.index-url='file:///a b'\n:env:.extra-index-url=\"file:///it's\"\nnot a line\n"
+    config = pipconf.resolve(listed, "download")
+    assert config.index_url == "file:///a b" and config.extra_index_urls == ("file:///it's",)
