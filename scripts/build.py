@@ -17,8 +17,9 @@ from scripts.provenance import RECORD_PATH, make_record, version_for
 from scripts.source import GIT_EXCLUDE
 from scripts.worktree import Layout, load_inputs, read_state, tree_problems
 
-# What `pip wheel --no-build-isolation` needs in the building environment is noxfile.BUILD_DEPS
-# (the build session installs it; nox cannot import this package's third-party dependencies).
+# What `pip wheel --no-build-isolation` needs in the building environment is the build group of the
+# repository's pyproject.toml (the build session installs it; nox cannot import this package's
+# third-party dependencies). The wheel is built from the work tree, with vLLM's own pyproject.toml.
 
 
 def build_env(version: str, epoch: int) -> dict[str, str]:

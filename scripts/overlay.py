@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.errors import ToolError
 from scripts.series import safe_relpath
+from scripts.typed_data import ShapeError, build, read_toml
 
 _BLOB = re.compile(r"^[0-9a-f]{40}$")
 
@@ -47,27 +47,25 @@ def list_overlay(overlay_dir: Path) -> list[OverlayFile]:
     return out
 
 
+@dataclass(frozen=True)
+class OverlayManifest:
+    """The layout of ``overlay.toml``."""
+
+    replaces: dict[str, str] = field(default_factory=dict)
+    """Upstream path -> git blob id of the upstream file the overlay file replaced."""
+
+
 def read_replaces(manifest: Path) -> dict[str, str]:
     """``[replaces]`` of overlay.toml: upstream path -> blob id it replaced."""
     if not manifest.exists():
         return {}
-    try:
-        data = tomllib.loads(manifest.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ToolError(f"{manifest.name}: not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - {"replaces"})
-    if unknown:
-        raise ToolError(f"{manifest.name}: unknown table(s) {', '.join(unknown)}")
-    replaces = data.get("replaces", {})
-    if not isinstance(replaces, dict):
-        raise ToolError(f"{manifest.name}: [replaces] must be a table of path = blob id")
-    out: dict[str, str] = {}
+    where = manifest.name
+    replaces = build(OverlayManifest, read_toml(manifest, "overlay manifest"), where).replaces
     for path, blob in replaces.items():
-        safe_relpath(path, manifest.name)
-        if not isinstance(blob, str) or not _BLOB.match(blob):
-            raise ToolError(f"{manifest.name}: [replaces] {path!r} needs a 40-hex git blob id, got {blob!r}")
-        out[path] = blob
-    return out
+        safe_relpath(path, where)
+        if not _BLOB.match(blob):
+            raise ShapeError(where, f"replaces.{path}", f"needs a 40-hex git blob id, got {blob!r}")
+    return replaces
 
 
 def check_against_tree(files: list[OverlayFile], replaces: dict[str, str], blob_of) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from scripts import REPO_ROOT
 from scripts.errors import ToolError
+from scripts.typed_data import ShapeError, build, parse_toml
 
 PINS_PATH = REPO_ROOT / "pins.toml"
 
@@ -80,26 +80,20 @@ class Pins:
         return out
 
 
-def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
-    value = data.get(key)
-    if not isinstance(value, dict):
-        raise ToolError(f"{where}: missing table [{key}]")
-    return value
+@dataclass(frozen=True)
+class _ModelsTable:
+    target: TargetModelPin
+    draft: DraftModelPin
 
 
-def _build(cls: type, table: dict[str, Any], where: str) -> Any:
-    names = [f.name for f in fields(cls)]
-    unknown = sorted(set(table) - set(names))
-    if unknown:
-        raise ToolError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(names)})")
-    optional = {f.name for f in fields(cls) if f.default is not MISSING}
-    missing = [n for n in names if n not in table and n not in optional]
-    if missing:
-        raise ToolError(f"{where}: missing key(s) {', '.join(missing)}")
-    for name in names:
-        if name in table and (not isinstance(table[name], str) or not table[name].strip()):
-            raise ToolError(f"{where}.{name}: must be a non-empty string")
-    return cls(**{n: table[n] for n in names if n in table})
+@dataclass(frozen=True)
+class PinsFile:
+    """The layout of ``pins.toml``."""
+
+    vllm: VllmPin
+    xpu_runtime: XpuRuntimePin
+    cpu_runtime: CpuRuntimePin
+    models: _ModelsTable
 
 
 def _check(ok: bool, message: str) -> None:
@@ -109,23 +103,15 @@ def _check(ok: bool, message: str) -> None:
 
 def parse_pins(text: str, path: Path = PINS_PATH) -> Pins:
     """Parse and validate pins from TOML text; every problem is one ToolError line."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ToolError(f"{path}: not valid TOML: {exc}") from None
-    top = {"vllm", "xpu_runtime", "cpu_runtime", "models"}
-    unknown = sorted(set(data) - top)
-    if unknown:
-        raise ToolError(f"{path}: unknown table(s) {', '.join(unknown)}")
-    models = _table(data, "models", str(path))
-    extra = sorted(set(models) - {"target", "draft"})
-    if extra:
-        raise ToolError(f"{path}: unknown table(s) models.{', models.'.join(extra)}")
-    vllm = _build(VllmPin, _table(data, "vllm", str(path)), "pins [vllm]")
-    xpu = _build(XpuRuntimePin, _table(data, "xpu_runtime", str(path)), "pins [xpu_runtime]")
-    cpu = _build(CpuRuntimePin, _table(data, "cpu_runtime", str(path)), "pins [cpu_runtime]")
-    target = _build(TargetModelPin, _table(models, "target", str(path)), "pins [models.target]")
-    draft = _build(DraftModelPin, _table(models, "draft", str(path)), "pins [models.draft]")
+    where = str(path)
+    layout = build(PinsFile, parse_toml(text, where), where)
+    vllm, xpu, cpu = layout.vllm, layout.xpu_runtime, layout.cpu_runtime
+    target, draft = layout.models.target, layout.models.draft
+    sections = {"vllm": vllm, "xpu_runtime": xpu, "cpu_runtime": cpu, "models.target": target, "models.draft": draft}
+    for table, section in sections.items():
+        for spec in fields(section):
+            if spec.default is MISSING and not getattr(section, spec.name).strip():
+                raise ShapeError(where, f"{table}.{spec.name}", "must be a non-empty string")
 
     _check(bool(_VERSION.match(vllm.version)), f"pins [vllm].version: malformed version {vllm.version!r}")
     _check(
@@ -168,4 +154,6 @@ def load_pins(path: Path = PINS_PATH) -> Pins:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ToolError(f"{path}: pins file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ToolError(f"{path}: cannot read pins file ({exc})") from None
     return parse_pins(text, path)

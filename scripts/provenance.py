@@ -36,6 +36,7 @@ def tool_revision(root: Path = REPO_ROOT) -> dict[str, Any]:
         "pins.toml",
         "overlay.toml",
         "noxfile.py",
+        "pyproject.toml",
         check=False,
     )
     return {"revision": revision or "unknown", "dirty": bool(revision and dirty.stdout.strip())}

@@ -7,8 +7,8 @@ update (:mod:`scripts.rebase.pins_update`).
 
 from __future__ import annotations
 
-import functools
 import importlib.util
+import math
 import os
 import shlex
 import subprocess
@@ -19,7 +19,9 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 from scripts.errors import ToolError
+from scripts.index_http import redact
 from scripts.log import detail, info
+from scripts.pipconf import PipConfig, pip_config
 
 
 def pip(*args: str) -> None:
@@ -62,62 +64,64 @@ def download_wheel(name: str, version: str, cache: Path) -> Path:
 
 # ---------------------------------------------------------------- install (uv where it can stand in)
 
-# pip configuration keys and the uv option that means the same (values split on whitespace, as pip does)
-_UV_OPTIONS = {
-    "index-url": "--index-url",
-    "extra-index-url": "--extra-index-url",
-    "find-links": "--find-links",
-    "constraint": "--constraint",
+# keys that change nothing about what is installed from where (config-file: already read)
+_COSMETIC = {
+    "disable-pip-version-check",
+    "no-python-version-warning",
+    "progress-bar",
+    "quiet",
+    "verbose",
+    "no-color",
+    "config-file",
 }
-_UV_ENV = {"cert": "SSL_CERT_FILE", "default-timeout": "UV_HTTP_TIMEOUT", "timeout": "UV_HTTP_TIMEOUT"}
-# keys that change nothing about what is installed from where
-_COSMETIC = {"disable-pip-version-check", "no-python-version-warning", "progress-bar", "quiet", "verbose", "no-color"}
 
 
-def pip_config(text: str) -> dict[str, str]:
-    """``pip config list`` output as {key: value}, the section (``global.``, ``install.``,
-    ``:env:.``) dropped; a later line wins, as in pip."""
-    config = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition("=")
-        if not sep:
-            continue
-        key = name.rsplit(".", 1)[-1].strip()
-        config[key] = value.strip().strip("'\"")
-    return config
-
-
-def uv_arguments(config: dict[str, str]) -> tuple[list[str], dict[str, str]] | None:
+def uv_arguments(config: PipConfig) -> tuple[list[str], dict[str, str]] | None:
     """The ``uv pip install`` options and environment that give what pip's ``config`` gives (every
     index considered, like pip: ``--index-strategy unsafe-best-match``; modules compiled, like
-    pip); None when a key has no known uv meaning (then pip installs)."""
+    pip); None when a key has no known uv meaning (then pip installs). Credentials in the index
+    URLs go along (uv reads the netrc file itself, as pip does)."""
     # --compile-bytecode: pip compiles every installed module; without it each import would compile
     # from source again wherever PYTHONDONTWRITEBYTECODE is set (this machine: 18.5 s against 8.3 s
     # for `import vllm.entrypoints.llm`)
     args, env = ["--index-strategy", "unsafe-best-match", "--compile-bytecode"], {}
-    for key, value in config.items():
-        if key in _UV_OPTIONS:
-            for item in value.split():
-                args += [_UV_OPTIONS[key], item]
-        elif key in _UV_ENV:
-            env[_UV_ENV[key]] = value
-        elif key not in _COSMETIC:
-            return None
+    if any(key not in _COSMETIC for key, _ in config.other):
+        return None
+    options = (
+        ("--index-url", [config.index_url] if config.index_url else []),
+        ("--extra-index-url", config.extra_index_urls),
+        ("--find-links", config.find_links),
+        ("--constraint", config.constraints),
+        ("--allow-insecure-host", config.trusted_hosts),
+    )
+    for option, values in options:
+        for value in values:
+            args += [option, value]
+    if config.cert:
+        env["SSL_CERT_DIR" if os.path.isdir(config.cert) else "SSL_CERT_FILE"] = config.cert
+    if config.client_cert:
+        env["SSL_CLIENT_CERT"] = config.client_cert
+    if config.proxy:
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+            env[name] = config.proxy
+    if config.timeout is not None:
+        env["UV_HTTP_TIMEOUT"] = str(math.ceil(config.timeout))
+    if config.retries is not None:
+        env["UV_HTTP_RETRIES"] = str(config.retries)
     return args, env
 
 
-@functools.cache
 def _uv_plan() -> tuple[list[str], dict[str, str]] | str:
     """The uv command prefix and environment for installing into this interpreter (pip's
-    configuration read once per process), or why pip installs instead."""
+    configuration as ``pip install`` sees it, read once: :func:`scripts.pipconf.pip_config`), or
+    why pip installs instead."""
     if importlib.util.find_spec("uv") is None:
         return "uv is not installed here"
-    listed = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
-    )
-    if listed.returncode != 0:
-        return "`pip config list` failed"
-    translated = uv_arguments(pip_config(listed.stdout))
+    try:
+        config = pip_config("install")
+    except ToolError as exc:
+        return str(exc)
+    translated = uv_arguments(config)
     if translated is None:
         return "pip's configuration has a key uv is not told about"
     options, env = translated
@@ -142,7 +146,7 @@ def install(*args: str) -> None:
         detail(f"installing with pip: {planned}")
     else:
         command, env = planned
-        detail("$ " + shlex.join(command))
+        detail("$ " + shlex.join(redact(part) for part in command))  # no password in the log
         proc = subprocess.run(command, env={**os.environ, **env}, check=False)
         if proc.returncode == 0:
             return

@@ -26,6 +26,7 @@ from scripts.pins import Pins, load_pins
 from scripts.series import Patch, load_series
 from scripts.source import GIT_EXCLUDE, UNTRACKED, cache_root, fetch_git, fetch_sdist, import_sdist
 from scripts.strict import check_patch
+from scripts.typed_data import build, read_json
 
 STATE_FILE = "vxl-state.json"
 OVERLAY_SUBJECT = "overlay: lay the series' new files"
@@ -81,13 +82,20 @@ def state_path(tree: Path) -> Path:
 
 
 def read_state(tree: Path) -> State | None:
+    """The tree's state, None when it has no state file; a malformed one is one
+    :class:`ToolError` line naming the file and the field (:mod:`scripts.typed_data`)."""
     path = state_path(tree)
     if not path.exists():
         return None
+    return build(State, read_json(path, "work-tree state"), str(path))
+
+
+def _complete(tree: Path) -> bool:
+    """Whether ``tree`` holds a readable state (written last, so the tree was built completely)."""
     try:
-        return State(**json.loads(path.read_text()))
-    except (ValueError, TypeError):
-        return None
+        return tree.is_dir() and read_state(tree) is not None
+    except ToolError:
+        return False
 
 
 def write_state(tree: Path, state: State) -> None:
@@ -311,10 +319,10 @@ def recover_interrupted_switch(layout: Layout) -> str | None:
     tree, staging, old = layout.worktree, layout.staging, layout.build / "worktree.old"
     message = None
     if not tree.exists():
-        if staging.is_dir() and read_state(staging) is not None:  # built completely (state is written last)
+        if _complete(staging):
             os.replace(staging, tree)
             message = f"recovered {tree}: a run was interrupted while switching in its completed rebuild; kept that"
-        elif old.is_dir() and read_state(old) is not None:
+        elif _complete(old):
             os.replace(old, tree)
             message = f"recovered {tree}: a run was interrupted while switching trees; put the previous tree back"
     if tree.exists() and old.exists():
@@ -335,7 +343,12 @@ def apply(layout: Layout | None = None, force: bool = False, source: str = "sdis
         f"{len(inputs.overlay)} overlay file(s)"
     )
     if tree.exists():
-        state = read_state(tree)
+        try:
+            state = read_state(tree)
+        except ToolError as exc:
+            if not force:
+                raise ToolError(f"{exc}; pass --force to rebuild {tree}") from None
+            state = None
         problem = tree_problems(tree, state)
         if problem and not force:
             raise ToolError(f"{problem}; {keep_work_advice(problem)}")

@@ -16,6 +16,7 @@ for path in (str(REPO), str(Path(__file__).resolve().parent)):
         sys.path.insert(0, path)
 
 import synthetic  # noqa: E402
+from scripts import index_http  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,6 +39,7 @@ def _isolated_project(
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_INDEX_URL", index.url)
     monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.setattr(index_http, "RETRY_BACKOFF_S", 0.0)  # transient failures retried without waiting
     monkeypatch.setenv("VXL_CACHE_DIR", str(tmp / "cache"))
     monkeypatch.setenv("VXL_BUILD_DIR", str(tmp / "build"))
     for key in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):

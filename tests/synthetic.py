@@ -7,6 +7,7 @@ format-patch`` output made with the flags ``scripts.export`` uses. Nothing is mo
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import html
 import http.server
@@ -16,10 +17,12 @@ import os
 import re
 import shutil
 import socketserver
+import ssl
 import subprocess
 import sys
 import tarfile
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -167,7 +170,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server API)
         index = self.server.index  # type: ignore[attr-defined]
         index.requests.append(self.path)
-        if self.path in ("/simple/vllm/", "/simple/vllm"):
+        # as a proxy: the request line names the whole URL; the answer is this index's own
+        path = urllib.parse.urlsplit(self.path).path if "://" in self.path else self.path
+        if index.fail_first:
+            self._send(index.fail_first.pop(0), b"try again later", "text/plain")
+            return
+        if index.auth is not None:
+            expected = "Basic " + base64.b64encode(":".join(index.auth).encode()).decode()
+            if self.headers.get("Authorization") != expected:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="index"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+        if path in ("/simple/vllm/", "/simple/vllm"):
             if index.page_status != 200:
                 self._send(index.page_status, b"index trouble", "text/plain")
                 return
@@ -193,8 +209,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             ).encode()
             self._send(200, body, "text/html")
             return
-        if self.path.startswith("/files/"):
-            item = index.files.get(self.path[len("/files/") :])
+        if path.startswith("/files/"):
+            item = index.files.get(path[len("/files/") :])
             if item is None:
                 self._send(404, b"not found", "text/plain")
                 return
@@ -232,6 +248,9 @@ class SimpleIndex:
         self.requests: list[str] = []
         self.json_api = False  # answer PEP 691 JSON when the client asks for it
         self.page_status = 200  # HTTP status of the project page
+        self.fail_first: list[int] = []  # statuses answered, in turn, before serving anything
+        self.auth: tuple[str, str] | None = None  # basic authentication required (user, password)
+        self.scheme = "http"
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.index = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
@@ -239,7 +258,18 @@ class SimpleIndex:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/simple/"
+        return f"{self.scheme}://{host}:{port}/simple/"
+
+    def use_tls(self, certfile: Path, client_ca: Path | None = None) -> None:
+        """Serve HTTPS with ``certfile`` (key and certificate in one PEM); with ``client_ca``, ask
+        for a client certificate it signed. Before :meth:`start`."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(certfile)
+        if client_ca is not None:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(client_ca)
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        self.scheme = "https"
 
     def serve(
         self, filename: str, body: bytes, listed_sha256: str | None = None, drop_after: int | None = None
@@ -248,6 +278,10 @@ class SimpleIndex:
 
     def downloads(self) -> list[str]:
         return [r for r in self.requests if r.startswith("/files/")]
+
+    @property
+    def started(self) -> bool:
+        return self._thread.is_alive()
 
     def start(self) -> SimpleIndex:
         self._thread.start()

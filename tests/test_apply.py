@@ -3,6 +3,7 @@ offset, no drift), series and patch validation, overlay rules, and never clobber
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -342,7 +343,12 @@ def test_overlay_declaration_without_overlay_file_is_rejected(vxl_project) -> No
     "text,expect",
     [
         ("[replaces\n", "not valid TOML"),
-        ('[other]\n"a" = "b"\n', "unknown table(s) other"),
+        ('[other]\n"a" = "b"\n', "overlay.toml: other: unknown field"),
+        ('replaces = "vllm/utils.py"\n', "overlay.toml: replaces: expected an object, got string"),
+        (
+            '[replaces]\n"vllm/utils.py" = 40\n',
+            "overlay.toml: replaces.vllm/utils.py: expected a string, got integer 40",
+        ),
         ('[replaces]\n"vllm/utils.py" = "abc"\n', "40-hex git blob id"),
         (f'[replaces]\n"../utils.py" = "{"1" * 40}"\n', "unsafe path"),
     ],
@@ -443,12 +449,19 @@ def test_foreign_directory_is_not_clobbered(vxl_project) -> None:
     assert not (project.tree / "precious.txt").exists()
 
 
-def test_corrupt_state_file_is_treated_as_foreign(vxl_project) -> None:
+def test_corrupt_state_file_is_named_and_force_rebuilds(vxl_project) -> None:
     project = vxl_project
     _apply(project)
-    state_path(project.tree).write_text("{not json")
-    assert "not made by this tool" in tool_error(_apply, project)
-    assert read_state(project.tree) is None
+    path = state_path(project.tree)
+    path.write_text("{not json")
+    message = tool_error(_apply, project)
+    assert f"{path}: not JSON" in message and "pass --force to rebuild" in message
+    state = json.loads(json.dumps(_apply(project, force=True).__dict__))
+    state["head"] = 7
+    path.write_text(json.dumps(state))
+    assert f"{path}: head: expected a string, got integer 7" in tool_error(_apply, project)
+    _apply(project, force=True)
+    assert read_state(project.tree) is not None
 
 
 @pytest.mark.parametrize("failure", ["conflicting-patch", "overlay-shadowing", "malformed-patch"])

@@ -175,7 +175,7 @@ APPLY_ERRORS: dict[str, tuple[Callable[[synthetic.SyntheticProject], None], tupl
             lambda p: synthetic.pins_text(p.sha).replace('commit = "abc1234"', 'commit = "abc1234"\ncolour = "red"')
         ),
         (),
-        "unknown key(s) colour",
+        "vllm.colour: unknown field",
     ),
     "pins-malformed-sha": (_write_pins(lambda p: synthetic.pins_text(p.sha.upper())), (), "sdist_sha256"),
     "pins-malformed-version": (
@@ -186,7 +186,7 @@ APPLY_ERRORS: dict[str, tuple[Callable[[synthetic.SyntheticProject], None], tupl
     "pins-missing-field": (
         _write_pins(lambda p: synthetic.pins_text(p.sha).replace('commit = "abc1234"\n', "")),
         (),
-        "missing key(s) commit",
+        "vllm.commit: missing required field",
     ),
     "pins-bad-toml": (_write_pins(lambda p: "[vllm\n"), (), "not valid TOML"),
     "offline-empty-cache": (lambda p: None, ("--offline",), f"{NAME} (sha256 "),

@@ -65,9 +65,9 @@ def test_the_repository_pins_name_the_issue_values() -> None:
 @pytest.mark.parametrize(
     "old,new,expect",
     [
-        ('commit = "abc1234"', 'commit = "abc1234"\nbranch = "main"', "unknown key(s) branch"),
-        ("[cpu_runtime]", '[extra]\nx = "1"\n\n[cpu_runtime]', "unknown table(s) extra"),
-        ("[models.draft]", '[models.other]\nrepo = "a/b"\n\n[models.draft]', "models.other"),
+        ('commit = "abc1234"', 'commit = "abc1234"\nbranch = "main"', "pins.toml: vllm.branch: unknown field"),
+        ("[cpu_runtime]", '[extra]\nx = "1"\n\n[cpu_runtime]', "pins.toml: extra: unknown field"),
+        ("[models.draft]", '[models.other]\nrepo = "a/b"\n\n[models.draft]', "pins.toml: models.other: unknown field"),
     ],
     ids=["unknown-key", "unknown-table", "unknown-model-table"],
 )
@@ -117,18 +117,25 @@ def test_malformed_runtime_and_model_pins_are_errors() -> None:
 def test_missing_field_is_an_error(line: str, key: str) -> None:
     assert line in GOOD
     message = _error(GOOD.replace(line, "", 1))
-    assert "missing key(s)" in message and key in message
+    assert f".{key}: missing required field" in message
 
 
 def test_missing_table_is_an_error() -> None:
     start = GOOD.index("[cpu_runtime]")
     end = GOOD.index("[models.target]")
-    assert "missing table [cpu_runtime]" in _error(GOOD[:start] + GOOD[end:])
+    assert "pins.toml: cpu_runtime: missing required field" in _error(GOOD[:start] + GOOD[end:])
 
 
 def test_non_string_value_is_an_error() -> None:
-    assert "must be a non-empty string" in _error(GOOD.replace('version = "9.9.9"', "version = 9"))
-    assert "must be a non-empty string" in _error(GOOD.replace('commit = "abc1234"', 'commit = ""'))
+    assert "pins.toml: vllm.version: expected a string, got integer 9" in _error(
+        GOOD.replace('version = "9.9.9"', "version = 9")
+    )
+    assert "pins.toml: vllm.commit: must be a non-empty string" in _error(
+        GOOD.replace('commit = "abc1234"', 'commit = ""')
+    )
+    assert "pins.toml: models.draft.kind: expected a string, got boolean True" in _error(
+        GOOD.replace('kind = "dflash"', "kind = true")
+    )
 
 
 @pytest.mark.parametrize(

@@ -55,14 +55,22 @@ def _mutated(change) -> dict:
 REFUSED = {
     "other-schema": (lambda d: d.update(schema="vxl-rebase-state/2"), "unknown state schema"),
     "no-schema": (lambda d: d.pop("schema"), "unknown state schema"),
-    "missing-field": (lambda d: d.pop("restore"), "missing field 'restore'"),
-    "missing-patch-field": (lambda d: d["patches"][0].pop("commit_old"), "missing field 'commit_old'"),
-    "unknown-field": (lambda d: d.update(extra=1), "unknown field 'extra'"),
-    "wrong-type": (lambda d: d.update(current="0"), ".current"),
-    "wrong-nested-type": (lambda d: d["from"].update(pristine=7), ".from.pristine"),
+    "missing-field": (lambda d: d.pop("restore"), "rebase-state.json: restore: missing required field"),
+    "missing-patch-field": (
+        lambda d: d["patches"][0].pop("commit_old"),
+        "rebase-state.json: patches[0].commit_old: missing required field",
+    ),
+    "unknown-field": (lambda d: d.update(extra=1), "rebase-state.json: extra: unknown field (allowed: schema, stage, "),
+    "wrong-type": (lambda d: d.update(current="0"), "rebase-state.json: current: expected an integer, got string '0'"),
+    "wrong-nested-type": (
+        lambda d: d["from"].update(pristine=7),
+        "rebase-state.json: from.pristine: expected a string, got integer 7",
+    ),
+    "bool-for-int": (lambda d: d.update(current=True), "current: expected an integer, got boolean True"),
+    "wrong-list-item": (lambda d: d["patches"][0]["files"].append(3), "patches[0].files[1]: expected a string"),
     "bad-stage": (lambda d: d.update(stage="done"), "unknown stage"),
     "current-out-of-range": (lambda d: d.update(current=5), "out of range"),
-    "not-an-object": (lambda d: d["patches"].__setitem__(0, "x"), "expected an object"),
+    "not-an-object": (lambda d: d["patches"].__setitem__(0, "x"), "patches[0]: expected an object, got string 'x'"),
 }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from scripts import wheels
+from scripts.pipconf import resolve
 
 # what `pip config list` prints on a machine like CI's (names of local folders, no index host)
 LISTED = """:env:.cert='/etc/ssl/certs/ca-certificates.crt'
@@ -22,8 +23,8 @@ global.find-links='/opt/wheels'
 
 
 def test_pip_configuration_becomes_uv_options() -> None:
-    config = wheels.pip_config(LISTED)
-    assert config["extra-index-url"] == "file:///opt/pypi/simple file:///opt/pypi-more/simple"
+    config = resolve(LISTED, "install")
+    assert config.extra_index_urls == ("file:///opt/pypi/simple", "file:///opt/pypi-more/simple")
     args, env = wheels.uv_arguments(config) or ([], {})
     assert args[2] == "--compile-bytecode"  # as pip does: without it each import compiles again
     rest = args[:2] + args[3:]
@@ -40,9 +41,46 @@ def test_pip_configuration_becomes_uv_options() -> None:
     assert env == {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt", "UV_HTTP_TIMEOUT": "180"}
 
 
-@pytest.mark.parametrize("line", ["global.trusted-host='mirror.internal'", "install.no-index='1'", "global.proxy='x'"])
+@pytest.mark.parametrize("line", ["install.no-index='1'", "global.pre='1'"])
 def test_a_key_uv_is_not_told_about_means_pip(line: str) -> None:
-    assert wheels.uv_arguments(wheels.pip_config(LISTED + line + "\n")) is None
+    assert wheels.uv_arguments(resolve(LISTED + line + "\n", "install")) is None
+
+
+def test_network_keys_carry_over_to_uv() -> None:
+    listed = (
+        "global.trusted-host='mirror.internal other:8443'\n"
+        "global.proxy='http://proxy.internal:3128'\n"
+        "global.client-cert='/etc/pip/client.pem'\n"
+        "global.retries='7'\n"
+        "global.timeout='2.5'\n"
+        ":env:.config-file='/dev/null'\n"
+    )
+    args, env = wheels.uv_arguments(resolve(listed, "install")) or ([], {})
+    assert [v for k, v in zip(args, args[1:]) if k == "--allow-insecure-host"] == ["mirror.internal", "other:8443"]
+    assert env["SSL_CLIENT_CERT"] == "/etc/pip/client.pem"
+    assert env["HTTPS_PROXY"] == env["HTTP_PROXY"] == "http://proxy.internal:3128"
+    assert (env["UV_HTTP_RETRIES"], env["UV_HTTP_TIMEOUT"]) == ("7", "3")
+
+
+def test_uv_reads_pips_install_section_and_the_environment_wins() -> None:
+    listed = (
+        ":env:.index-url='file:///from/env'\n"
+        "download.retries='9'\n"
+        "global.index-url='file:///from/global'\n"
+        "global.retries='1'\n"
+        "install.retries='4'\n"
+    )
+    config = resolve(listed, "install")
+    assert (config.index_url, config.retries) == ("file:///from/env", 4)
+    assert resolve(listed, "download").retries == 9
+    assert resolve(listed, "wheel").retries == 1
+
+
+def test_logged_uv_command_has_no_password(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    _record(monkeypatch, (["uv-cmd", "--index-url", "http://user:s3cret@127.0.0.1:9/simple/"], {}))
+    wheels.install("torch==2.13.0")
+    err = capfd.readouterr().err
+    assert "s3cret" not in err and "http://127.0.0.1:9/simple/" in err
 
 
 def _record(monkeypatch: pytest.MonkeyPatch, planned: Any, uv_exit: int = 0) -> list[tuple[str, ...]]:

@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scripts import procs
 from scripts.matrix.legs import GRAPH_ENV, META_ENV
 
 __all__ = ["Leg", "LegResult", "plan_legs", "validate", "main"]
@@ -364,15 +364,9 @@ def _run_child(args: argparse.Namespace, leg: Leg, root: Path, device: str) -> L
     env = dict(os.environ, **leg.env(args.width, device))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            _child_argv(args, leg),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=args.leg_timeout,
-        )
-    except subprocess.TimeoutExpired:
+    # its own process group: on the time limit the leg's engine processes go with it
+    proc = procs.run(_child_argv(args, leg), env=env, capture=True, timeout_s=args.leg_timeout)
+    if proc.timed_out:
         res.error = f"timed out after {args.leg_timeout} s"
         return res
     res.wall_s = time.perf_counter() - t0
@@ -586,7 +580,8 @@ def _main(argv: list[str] | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(argv)
+        with procs.stopping_on_signals():  # a SIGTERM to the check stops its leg's group too
+            return _main(argv)
     except CheckError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return NO_DEVICE_EXIT if "not run" in str(exc) else 2

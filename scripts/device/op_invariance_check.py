@@ -412,6 +412,7 @@ def _free_port() -> int:
 def _all_reduce_worker(
     rank: int, world: int, port: int, device: str, rows: int, width: int, trials: int, out: str
 ) -> None:
+    os.setsid()  # a group of its own: the parent stops the rank with whatever it started
     import torch
     import torch.distributed as dist
 
@@ -456,6 +457,18 @@ def _all_reduce_worker(
     dist.destroy_process_group()
 
 
+def _stop_ranks(processes: list[Any]) -> None:
+    """Each rank is a process group of its own (``os.setsid()`` first thing): stop them as groups
+    (:mod:`scripts.procs`), and a rank stopped before its ``setsid`` directly."""
+    from scripts import procs
+
+    procs.stop_groups([p.pid for p in processes], steps=procs.steps_for(5.0))
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+        p.join(5)
+
+
 def check_all_reduce(ctx: Ctx, ranks: int, timeout: float) -> list[Row]:
     t = ctx.torch
     shape = f"[{ctx.rows},{ctx.s.hidden}] bf16 x {ranks} ranks"
@@ -472,17 +485,17 @@ def check_all_reduce(ctx: Ctx, ranks: int, timeout: float) -> list[Row]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         args = (ranks, _free_port(), ctx.device, ctx.rows, ctx.s.hidden, ctx.trials, out)
-        procs = mp.start_processes(_all_reduce_worker, args=args, nprocs=ranks, join=False, start_method="spawn")
+        workers = mp.start_processes(_all_reduce_worker, args=args, nprocs=ranks, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
-            while not procs.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+            while not workers.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
                 if time.monotonic() > deadline:
-                    for p in procs.processes:
-                        p.terminate()
                     return [not_run("all_reduce", shape, sw, f"timed out after {timeout:.0f} s") for sw in switches]
         except Exception as e:  # noqa: BLE001 - a rank's failure
             reason = f"rank failed: {str(e).strip().splitlines()[-1][:120]}"
             return [not_run("all_reduce", shape, sw, reason) for sw in switches]
+        finally:  # timed out, failed or interrupted: every rank's group goes (no-op when they ended)
+            _stop_ranks(workers.processes)
         result = json.loads(Path(out).read_text(encoding="utf-8"))
     rows = []
     for sw in switches:

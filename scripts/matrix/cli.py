@@ -14,6 +14,11 @@ from scripts.matrix.driver import drive
 from scripts.matrix.engine import FAULTS, run_leg
 from scripts.matrix.legs import ALL_LEGS, LEGS, LONG_PROMPT_TOKENS, TP4_LEGS
 from scripts.matrix.preloaded import LEG_STARTS
+from scripts.matrix.runner import LEG_TIMEOUT_BASE_S, LEG_TIMEOUT_PER_TOKEN_S, default_leg_timeout
+from scripts.procs import stopping_on_signals
+
+DEFAULT_PROMPTS = 13
+DEFAULT_MAX_TOKENS = 128
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         "--draft-dir", help="local DFlash drafter (required with --model-dir; default: none, --tiny brings its own)"
     )
     run.add_argument("--method", default="dflash", choices=("dflash", "ngram"), help="speculative method")
-    run.add_argument("--prompts", type=int, default=13, help="fresh prompts per leg")
-    run.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt")
+    run.add_argument("--prompts", type=int, default=DEFAULT_PROMPTS, help="fresh prompts per leg")
+    run.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="output tokens per prompt")
     run.add_argument(
         "--legs",
         default=",".join(leg.name for leg in LEGS),
@@ -89,6 +94,15 @@ def main(argv: list[str] | None = None) -> int:
         "once (saves ~11 s per leg), fresh = its own `python -m scripts.matrix leg`; auto: "
         "preloaded on CPU, fresh on a device (scripts/matrix/preloaded.py)",
     )
+    run.add_argument(
+        "--leg-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"time limit per leg; a leg past it is stopped with every process it started and "
+        f"reported as an error (default: {LEG_TIMEOUT_BASE_S:.0f} s + {LEG_TIMEOUT_PER_TOKEN_S:g} s "
+        f"per token a leg generates, {_default_timeout():.0f} s with the default prompts and tokens)",
+    )
     run.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh per run)")
     run.add_argument("--report", default=str(Layout().build / "matrix-report.json"), help="JSON report path")
     run.add_argument(
@@ -132,7 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_only:
         print("matrix: options OK", file=sys.stderr)
         return 0
-    return drive(args)
+    with stopping_on_signals():  # the legs are waited for in worker threads
+        return drive(args)
+
+
+def _default_timeout() -> float:
+    return default_leg_timeout(DEFAULT_PROMPTS, DEFAULT_MAX_TOKENS, LONG_PROMPT_TOKENS)
 
 
 def _model_problem(option: str, directory: str | None) -> str | None:
@@ -202,6 +221,8 @@ def validate_run(args: argparse.Namespace) -> str | None:
         return f"--jobs {args.jobs}: must be >= 0 (0: one leg per CPU slot)"
     if args.tp < 1:
         return f"--tp {args.tp}: must be >= 1"
+    if args.leg_timeout is not None and not args.leg_timeout > 0:
+        return f"--leg-timeout {args.leg_timeout:g}: must be > 0 seconds"
     problem = _tp_problem(args, sorted({known[n].tp_size(args.tp) for n in names}))
     if problem:
         return problem

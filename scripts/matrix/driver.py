@@ -104,8 +104,10 @@ def drive(args: argparse.Namespace) -> int:
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
             "cpu_flash_attn": device == "cpu",
-            # past TP 1 the graph hook of the leg's environment installs it in every process
-            "emulate_graphs": device == "cpu" and leg.tp_size(args.tp) == 1,
+            # in the leg process itself (its in-process engine core checks the config), at every TP:
+            # a preloaded leg is a fork that never ran the graph hook's sitecustomize at start-up;
+            # past TP 1 the hook of the leg's environment installs it in the spawned ranks
+            "emulate_graphs": device == "cpu",
             "fault": args.inject_fault,
             "mutation": leg.mutation,
             "prompts": [asdict(p) for p in prompts],

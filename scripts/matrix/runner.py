@@ -8,6 +8,11 @@ share a core) and binds its ranks to the slot's cores (a TP 2 leg's two ranks sh
 leg's output goes to a log file next to the report (its tail is printed when the leg fails).
 On a device the legs run one after another and share the terminal, as vLLM's device engines
 want the whole machine.
+
+Every leg has a time limit (``--leg-timeout``; by default scaled to the tokens a leg generates).
+A leg is a process group of its own, stopped as a whole group at its limit (:mod:`scripts.procs`:
+the engine's core and worker processes with it), and its CPU slot is released only once no
+process of that group is left, so the next leg never shares its cores with a hung one.
 """
 
 from __future__ import annotations
@@ -18,16 +23,53 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scripts import procs
 from scripts.cpu_slots import cpu_lease_if, slot_count
 from scripts.matrix.legs import NOT_RUN_NO_GRAPHS, Leg
-from scripts.matrix.preloaded import leg_start, run_preloaded
+from scripts.matrix.preloaded import LEG_ENTRY, PRELOAD, leg_start, run_preloaded
 
 LOG_TAIL_LINES = 40
+LEG_TIMEOUT_BASE_S = 600.0
+"""Per leg, before any token: importing vLLM, loading the models, warm-up and (on a device)
+graph capture; a tiny-model CPU leg needs 10-40 s of it, a real model on a device minutes."""
+LEG_TIMEOUT_PER_TOKEN_S = 1.0
+"""Per token a leg generates: CPU legs of the tiny pair took 0.1-0.25 s per token (27-64 s for
+256 tokens, docs/cpu-runs.md) and slow down about 3x with two engines on two cores."""
+
+
+def default_leg_timeout(prompts: int, max_tokens: int, long_prompt_tokens: int) -> float:
+    """Seconds a leg may take: :data:`LEG_TIMEOUT_BASE_S` plus :data:`LEG_TIMEOUT_PER_TOKEN_S`
+    for each token it generates (every prompt's ``max_tokens``; the long-context prompt's
+    ``max(8, max_tokens // 4)``)."""
+    tokens = prompts * max_tokens + (max(8, max_tokens // 4) if long_prompt_tokens > 0 else 0)
+    return LEG_TIMEOUT_BASE_S + LEG_TIMEOUT_PER_TOKEN_S * tokens
+
+
+def leg_timeout(args: argparse.Namespace) -> float:
+    """``--leg-timeout``, or :func:`default_leg_timeout` for this run's prompts and tokens."""
+    if args.leg_timeout is not None:
+        return float(args.leg_timeout)
+    return default_leg_timeout(args.prompts, args.max_tokens, args.long_prompt_tokens)
+
+
+@dataclass(frozen=True)
+class LegProcess:
+    """What a leg's process runs: ``python -m MODULE leg CONFIG OUTPUT`` (fresh) or ``ENTRY`` in
+    a fork of a forkserver that imported ``preload`` (preloaded). The defaults are the matrix's
+    own leg; tests put a stand-in leg here that needs no vLLM."""
+
+    module: str = "scripts.matrix"
+    entry: str = LEG_ENTRY
+    preload: tuple[str, ...] = PRELOAD
+    grace_s: float = procs.GRACE_S
+
+
+MATRIX_LEG = LegProcess()
 
 
 def leg_environment(leg: Leg, default_tp: int, device: str, base: dict[str, str]) -> dict[str, str]:
@@ -65,17 +107,28 @@ def _tail(path: Path) -> str:
     return "\n".join(f"    | {line}" for line in lines)
 
 
-def _run_fresh(cfg: Path, out: Path, env: dict[str, str], log: Path | None) -> int:
-    """The leg as ``python -m scripts.matrix leg`` in a fresh interpreter; its exit code."""
-    command = [sys.executable, "-m", "scripts.matrix", "leg", str(cfg), str(out)]
+def _run_fresh(
+    cfg: Path, out: Path, env: dict[str, str], log: Path | None, timeout_s: float, how: LegProcess
+) -> procs.Finished:
+    """The leg as ``python -m scripts.matrix leg`` in a fresh interpreter, its own process group."""
+    command = [sys.executable, "-m", how.module, "leg", str(cfg), str(out)]
     if log is None:
-        return subprocess.run(command, env=env, check=False).returncode
+        return procs.run(command, env=env, timeout_s=timeout_s, grace_s=how.grace_s)
     with log.open("wb") as sink:
-        return subprocess.run(command, env=env, stdout=sink, stderr=subprocess.STDOUT, check=False).returncode
+        return procs.run(
+            command, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout_s=timeout_s, grace_s=how.grace_s
+        )
 
 
 def _run_one(
-    number: int, total: int, leg: Leg, config: dict[str, Any], args: argparse.Namespace, device: str, log: Path | None
+    number: int,
+    total: int,
+    leg: Leg,
+    config: dict[str, Any],
+    args: argparse.Namespace,
+    device: str,
+    log: Path | None,
+    how: LegProcess,
 ) -> dict[str, Any]:
     tp = int(config["tp"])
     with (
@@ -95,15 +148,22 @@ def _run_one(
         )
         if log is not None:
             _say(f"    {leg.name}: output in {log}")
-        t0 = time.monotonic()
         start = leg_start(args.leg_start, device)
+        limit = leg_timeout(args)
         if start == "preloaded":
-            returncode = run_preloaded(["leg", str(cfg), str(out)], env, log)
+            argv = ["leg", str(cfg), str(out)]
+            done = run_preloaded(argv, env, log, how.entry, timeout_s=limit, preload=how.preload, grace_s=how.grace_s)
         else:
-            returncode = _run_fresh(cfg, out, env, log)
-        _say(f"    {leg.name} took {time.monotonic() - t0:.1f}s (exit {returncode})")
+            done = _run_fresh(cfg, out, env, log, limit, how)
+        returncode = done.returncode
+        if done.timed_out:
+            _say(f"    {leg.name}: timed out after {limit:.0f}s; its process group stopped in {done.stop_s:.1f}s")
+        else:
+            _say(f"    {leg.name} took {done.seconds:.1f}s (exit {returncode})")
         if returncode != 0 and log is not None:
             _say(f"    {leg.name}: last lines of {log}:\n{_tail(log)}")
+        if done.timed_out:
+            return {"status": f"error: leg timed out after {limit:.0f} s"}
         if returncode != 0 or not out.exists():
             return {"status": f"error: leg process exited {returncode}"}
         result: dict[str, Any] = json.loads(out.read_text())
@@ -114,9 +174,16 @@ def _run_one(
 
 
 def run_legs(
-    legs: tuple[Leg, ...], configs: dict[str, dict[str, Any]], args: argparse.Namespace, device: str, report: Path
+    legs: tuple[Leg, ...],
+    configs: dict[str, dict[str, Any]],
+    args: argparse.Namespace,
+    device: str,
+    report: Path,
+    how: LegProcess = MATRIX_LEG,
 ) -> dict[str, dict[str, Any]]:
-    """Every leg of ``configs`` (the others are reported as not run); their outputs by name."""
+    """Every leg of ``configs`` (the others are reported as not run); their outputs by name. When
+    the wait is interrupted, the legs not started yet are dropped (the running ones are stopped
+    by :func:`scripts.procs.stopping_on_signals`, or by their own wait)."""
     outputs: dict[str, dict[str, Any]] = {}
     for number, leg in enumerate(legs, 1):
         if leg.name not in configs:
@@ -127,7 +194,8 @@ def run_legs(
     if jobs > 1:
         logs.mkdir(parents=True, exist_ok=True)
         _say(f"==> {len(configs)} legs, up to {jobs} at once; per-leg output in {logs}")
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
         futures = {
             leg.name: pool.submit(
                 _run_one,
@@ -138,10 +206,13 @@ def run_legs(
                 args,
                 device,
                 logs / f"{leg.name}.log" if jobs > 1 else None,
+                how,
             )
             for number, leg in enumerate(legs, 1)
             if leg.name in configs
         }
         for name, future in futures.items():
             outputs[name] = future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return {leg.name: outputs[leg.name] for leg in legs}

@@ -22,6 +22,7 @@ from scripts.measure.schema import (
     dump_rows,
     load_rows,
 )
+from scripts.typed_data import ShapeError, read_json
 
 # The run directory's artifacts, by name (the record's "artifacts" and "sha256" keys)
 RECORD_FILE = "record.json"
@@ -54,7 +55,9 @@ def load_run(root: Path, artifacts: dict[str, str]) -> tuple[dict[str, list[Row]
     manifest_rel = artifacts.get(MANIFEST)
     if manifest_rel is None:
         raise ToolError("record lists no manifest artifact")
-    manifest = json.loads((root / manifest_rel).read_text(encoding="utf-8"))
+    manifest = read_json(root / manifest_rel, "run manifest")
+    if not isinstance(manifest, dict) or "config" not in manifest:
+        raise ShapeError(str(root / manifest_rel), "config", "missing required field")
     legs = {}
     for leg in LEG_ORDER:
         rel = artifacts.get(rows_artifact(leg))
@@ -94,7 +97,7 @@ def finish_run(
     artifacts[MANIFEST] = "run.json"
     dump_json(manifest, out / "run.json")
     legs, teacher, _ = load_run(out, artifacts)
-    config = AnalysisConfig.from_json(manifest["config"])
+    config = AnalysisConfig.from_json(manifest["config"], str(out / "run.json"), "config")
     analysis = analyze(legs, teacher, config, gates)
     for name, document in analysis_documents(analysis).items():
         rel = f"{name.replace('_', '-')}.json"

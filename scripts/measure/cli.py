@@ -84,9 +84,11 @@ def crossover(argv: Sequence[str]) -> int:
     """``crossover --treatment ENV=VALUE ... --model DIR``: run A1, B1, B2, A2 (+ teacher),
     analyze, write the record, the raw artifacts and the plot."""
     from scripts.measure.crossover import main as crossover_main
+    from scripts.procs import stopping_on_signals
 
     try:
-        return crossover_main(list(argv))
+        with stopping_on_signals():  # a SIGTERM to the crossover stops its server's group too
+            return crossover_main(list(argv))
     except ToolError as exc:
         print(f"crossover: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from scripts.errors import ToolError
+from scripts.typed_data import ShapeError, build, read_toml
 
 GATES_PATH = Path(__file__).resolve().parent / "gates.toml"
 
@@ -29,23 +28,22 @@ class Gates:
         return asdict(self)
 
     @staticmethod
-    def from_json(data: dict[str, Any], where: str = "gates") -> Gates:
-        try:
-            gates = Gates(**data)
-        except TypeError as exc:
-            raise ToolError(f"{where}: {exc}") from None
-        gates.check(where)
+    def from_json(data: Any, where: str = "gates", path: str = "") -> Gates:
+        """Gates from an object (a record's ``gates``): every field present and typed."""
+        gates = build(Gates, data, where, path)
+        gates.check(where, path)
         return gates
 
-    def check(self, where: str) -> None:
+    def check(self, where: str, path: str = "") -> None:
+        prefix = f"{path}." if path else ""
         if not 0.0 <= self.min_row_win_fraction <= 1.0:
-            raise ToolError(f"{where}: min_row_win_fraction must be in [0, 1]")
+            raise ShapeError(where, prefix + "min_row_win_fraction", "must be in [0, 1]")
         if self.practical_floor_pct < 0:
-            raise ToolError(f"{where}: practical_floor_pct must be >= 0")
+            raise ShapeError(where, prefix + "practical_floor_pct", "must be >= 0")
         if self.min_engine_step_ms < 0:
-            raise ToolError(f"{where}: min_engine_step_ms must be >= 0")
+            raise ShapeError(where, prefix + "min_engine_step_ms", "must be >= 0")
         if self.legacy_num_speculative_tokens < 1:
-            raise ToolError(f"{where}: legacy num_speculative_tokens must be >= 1")
+            raise ShapeError(where, prefix + "legacy_num_speculative_tokens", "must be >= 1")
 
     def pair_passes(
         self, wins: int, rows: int, headline_delta_pct: float | None, median_paired_delta_pct: float
@@ -60,45 +58,55 @@ class Gates:
         return round(prior_tok_s * (1 + self.practical_floor_pct / 100), self.floor_decimals)
 
 
-_LAYOUT = {
-    "pair": ("min_row_win_fraction", "min_headline_delta_pct", "min_median_paired_delta_pct"),
-    "record": ("practical_floor_pct", "floor_decimals"),
-    "quality": ("require_complete", "min_engine_step_ms"),
-    "legacy": ("num_speculative_tokens",),
-}
+@dataclass(frozen=True)
+class _PairTable:
+    min_row_win_fraction: float
+    min_headline_delta_pct: float
+    min_median_paired_delta_pct: float
+
+
+@dataclass(frozen=True)
+class _RecordTable:
+    practical_floor_pct: float
+    floor_decimals: int
+
+
+@dataclass(frozen=True)
+class _QualityTable:
+    require_complete: bool
+    min_engine_step_ms: float
+
+
+@dataclass(frozen=True)
+class _LegacyTable:
+    num_speculative_tokens: int
+
+
+@dataclass(frozen=True)
+class GatesFile:
+    """The layout of ``gates.toml``: one table per concern."""
+
+    pair: _PairTable
+    record: _RecordTable
+    quality: _QualityTable
+    legacy: _LegacyTable
 
 
 def load_gates(path: Path = GATES_PATH) -> Gates:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ToolError(f"cannot read gates file {path}: {exc}") from None
+    where = str(path)
+    tables = build(GatesFile, read_toml(path, "gates file"), where)
     values: dict[str, Any] = {}
-    for table, keys in _LAYOUT.items():
-        section = data.pop(table, None)
-        if not isinstance(section, dict):
-            raise ToolError(f"{path}: missing table [{table}]")
-        for key in keys:
-            if key not in section:
-                raise ToolError(f"{path}: missing [{table}] {key}")
-            name = "legacy_num_speculative_tokens" if table == "legacy" else key
-            values[name] = section.pop(key)
-        if section:
-            raise ToolError(f"{path}: unknown key(s) in [{table}]: {', '.join(sorted(section))}")
-    if data:
-        raise ToolError(f"{path}: unknown table(s): {', '.join(sorted(data))}")
-    expected = {
-        "min_row_win_fraction": (int, float),
-        "min_headline_delta_pct": (int, float),
-        "min_median_paired_delta_pct": (int, float),
-        "practical_floor_pct": (int, float),
-        "floor_decimals": (int,),
-        "require_complete": (bool,),
-        "min_engine_step_ms": (int, float),
-        "legacy_num_speculative_tokens": (int,),
-    }
-    for name, types in expected.items():
-        value = values[name]
-        if isinstance(value, bool) != (types == (bool,)) or not isinstance(value, types):
-            raise ToolError(f"{path}: {name} has the wrong type ({type(value).__name__})")
-    return Gates.from_json({k: float(v) if float in expected[k] else v for k, v in values.items()}, str(path))
+    for name, table in asdict(tables).items():
+        values.update({_FILE_KEYS.get(f"{name}.{key}", key): value for key, value in table.items()})
+    gates = Gates(**values)
+    try:
+        gates.check(where)
+    except ShapeError as exc:  # name the key as the file spells it
+        spelled = {field_name: key for key, field_name in _FILE_KEYS.items()}
+        spelled.update({key: f"{name}.{key}" for name, table in asdict(tables).items() for key in table})
+        raise ShapeError(where, spelled[exc.path], exc.problem) from None
+    return gates
+
+
+_FILE_KEYS = {"legacy.num_speculative_tokens": "legacy_num_speculative_tokens"}
+"""Keys of ``gates.toml`` whose :class:`Gates` field has another name."""

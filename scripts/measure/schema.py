@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.errors import ToolError
+from scripts.typed_data import build
 
 SCHEMA_VERSION = 2
 """Version of the record layout written by this package. The reference records (no
@@ -162,8 +163,7 @@ class AnalysisConfig:
         return asdict(self)
 
     @staticmethod
-    def from_json(data: dict[str, Any]) -> AnalysisConfig:
-        try:
-            return AnalysisConfig(**data)
-        except TypeError as exc:
-            raise ToolError(f"analysis config: {exc}") from None
+    def from_json(data: Any, where: str = "analysis config", path: str = "") -> AnalysisConfig:
+        """The config as stored in a run manifest (``run.json`` ``config``) or a record: every
+        field typed, unknown ones refused."""
+        return build(AnalysisConfig, data, where, path)

@@ -1,5 +1,6 @@
 """One ``vllm serve`` subprocess on loopback: start with an explicit environment, wait until it
-answers, stop it (its own process group only)."""
+answers, stop it with its engine-core and worker processes (its own process group, through
+:mod:`scripts.procs`; nothing else of the caller's)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from scripts import procs
 from scripts.errors import ToolError
 from scripts.measure import client
 
 HOST = "127.0.0.1"
+STOP_STEPS: procs.Steps = ((signal.SIGINT, 60.0), (signal.SIGTERM, 20.0))
+"""Before SIGKILL: the signals a server gets, each with how long its group may take to go."""
 BASE_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR")
 """What a server's otherwise clean environment keeps of the caller's."""
 
@@ -65,15 +69,7 @@ class Server:
     def __enter__(self) -> Server:
         log = self.log_path.open("wb")
         try:
-            self.process = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                cwd=self.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            self.process = procs.start(self.argv, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT)
         finally:
             log.close()
         return self
@@ -108,28 +104,9 @@ class Server:
         raise ToolError(f"vllm serve not ready after {timeout_s:.0f}s (log {self.log_path})")
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+        """Stop the server's whole group: SIGINT first (vLLM's graceful shutdown), then SIGTERM,
+        then SIGKILL, each time until no process of the group is left (engine-core workers live
+        in the same group; none may outlive the leg)."""
+        if self.process is None:
             return
-        group = self.process.pid  # start_new_session: the group id is our child's pid
-        for sig, wait_s in ((signal.SIGINT, 60), (signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(group, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.process.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        # engine-core workers live in the same session; make sure none outlives the leg
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(group, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.5)
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        procs.stop_group(self.process.pid, steps=STOP_STEPS, kill_wait_s=20, reap=self.process.poll)

@@ -17,48 +17,21 @@ written rounded to 12 decimals; an alteration of 1e-12 relative or more is repor
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import date as Date
 from pathlib import Path
 from typing import Any
 
-from scripts.errors import ToolError
 from scripts.measure.artifacts import RECIPE_ARTIFACT, RECIPE_ENV_ARTIFACT
-from scripts.measure.checks import Checker, Missing, Report, close, is_number, numeric_leaves
+from scripts.measure.checks import Checker, Failure, Missing, Report, close, is_number, numeric_leaves
 from scripts.measure.gates import Gates, load_gates
 from scripts.measure.metrics import pct_change
 from scripts.measure.record import FIXED_DRAFT_METHODS, SUMMARY_SUFFIX
+from scripts.measure.record_shape import check_record
 from scripts.measure.rederive import raw_checks
 from scripts.measure.schema import LEG_ORDER, PAIRS, SCHEMA_VERSION, pair_name, parse_fraction
+from scripts.typed_data import ShapeError, read_json
 
-V1_KEYS = (
-    "schema",
-    "date",
-    "status",
-    "source",
-    "run_root",
-    "metric",
-    "starts",
-    "record",
-    "pairs",
-    "quality",
-    "graph",
-    "audits",
-    "sha256",
-    "localmaxxing",
-)
-V2_KEYS = V1_KEYS + (
-    "schema_version",
-    "metric_conventional",
-    "starts_conventional",
-    "treatment",
-    "speculative",
-    "legs",
-    "config",
-    "gates",
-    "artifacts",
-)
 QUALITY_COUNTS = (
     "teacher_exact",
     "cross_leg_exact",
@@ -130,11 +103,6 @@ class InternalChecks(Checker):
             self.fail("schema_version", f"unknown schema version {self.version!r}")
             return False
         self.report.checked.add("schema_version")
-        for key in V1_KEYS if self.version == 1 else V2_KEYS:
-            if key not in self.record:
-                self.fail(key, "missing")
-        if self.report.failures:
-            return False
         try:
             self.keys = _leg_keys(self)
             match = _METRIC.match(str(self.get("metric")))
@@ -598,21 +566,17 @@ def prior_checks(record: dict[str, Any], prior: dict[str, Any], report: Report) 
 
 
 def load_record(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ToolError(f"cannot read record {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ToolError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(data, dict):
-        raise ToolError(f"{path}: a record is a JSON object")
+    """A record file, its shape checked (:mod:`scripts.measure.record_shape`): one line naming
+    the first field of the wrong type, missing or unknown."""
+    data = read_json(path, "record")
+    check_record(data, str(path))
     return data
 
 
 def record_gates(record: dict[str, Any], default: Gates) -> Gates:
-    """The thresholds a record was judged with (its own for version 2, else the defaults)."""
+    """The thresholds a record was judged with (its own when it carries them, else the defaults)."""
     stored = record.get("gates")
-    return Gates.from_json(stored, "record gates") if isinstance(stored, dict) else default
+    return Gates.from_json(stored, "record", "gates") if stored is not None else default
 
 
 def verify(
@@ -622,8 +586,13 @@ def verify(
     artifacts_root: Path | None = None,
     prior: dict[str, Any] | None = None,
 ) -> Report:
-    gates = record_gates(record, gates or load_gates())
     report = Report(mode="internal", numeric=list(numeric_leaves(record)))
+    try:
+        check_record(record, "record")
+        gates = record_gates(record, gates or load_gates())
+    except ShapeError as exc:
+        report.failures.append(Failure((exc.path or "record",), exc.problem))
+        return report
     internal_checks(record, gates, report)
     if prior is not None:
         prior_checks(record, prior, report)

@@ -2,8 +2,8 @@
 
 The JSON shape is the one the first rebase tool wrote (schema ``vxl-rebase-state/1``), so a
 state file left by it is read as is; anything else (another schema, a missing or mistyped field,
-an unknown one) is refused with one line. Fields a patch gets while it is replayed are absent
-from the JSON until they are set, exactly as before.
+an unknown one) is refused with one line (:mod:`scripts.typed_data`). Fields a patch gets while
+it is replayed are absent from the JSON until they are set, exactly as before.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import types
-import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
 from scripts.errors import ToolError
+from scripts.typed_data import KEY, ShapeError, build
 
 STATE_SCHEMA = "vxl-rebase-state/1"
 STAGE_REPLAY = "replay"
@@ -34,57 +33,6 @@ def write_json(path: Path, data: Json) -> None:
     os.replace(tmp, path)
 
 
-def _matches(value: Any, hint: Any) -> bool:
-    """Shallow type check of a JSON value against a field's annotation."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, arg) for arg in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is Any:
-        return True
-    base = origin or hint
-    if base is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, base)
-
-
-def _fields_from(cls: type, data: Any, where: str, rename: dict[str, str] | None = None) -> dict[str, Any]:
-    """Constructor arguments of dataclass ``cls`` from a JSON object, every field checked."""
-    if not isinstance(data, dict):
-        raise ToolError(f"{where}: expected an object, found {type(data).__name__}")
-    rename = rename or {}
-    hints = typing.get_type_hints(cls)
-    known = {rename.get(f.name, f.name): f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ToolError(f"{where}: unknown field {unknown[0]!r}")
-    out: dict[str, Any] = {}
-    for key, spec in known.items():
-        required = spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
-        if key not in data:
-            if required:
-                raise ToolError(f"{where}: missing field {key!r}")
-            continue
-        value = data[key]
-        hint = hints[spec.name]
-        if dataclasses.is_dataclass(hint):
-            value = hint.from_json(value, f"{where}.{key}")  # type: ignore[attr-defined]
-        elif (
-            typing.get_origin(hint) is list
-            and typing.get_args(hint)
-            and dataclasses.is_dataclass(typing.get_args(hint)[0])
-        ):
-            item_cls = typing.get_args(hint)[0]
-            if not isinstance(value, list):
-                raise ToolError(f"{where}.{key}: expected a list")
-            value = [item_cls.from_json(v, f"{where}.{key}[{i}]") for i, v in enumerate(value)]
-        elif not _matches(value, hint):
-            raise ToolError(f"{where}.{key}: {json.dumps(value)[:40]} is not a {hint}")
-        out[spec.name] = value
-    return out
-
-
 @dataclass
 class _Record:
     """A dataclass of the state file: saved field by field, read back with every field checked."""
@@ -93,8 +41,8 @@ class _Record:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: Any, where: str) -> Self:
-        return cls(**_fields_from(cls, data, where))
+    def from_json(cls, data: Any, where: str, path: str = "") -> Self:
+        return build(cls, data, where, path)
 
 
 @dataclass
@@ -178,7 +126,7 @@ class RebaseState:
     source: str  # sdist or git
     pins_path: str
     git_mirror: str | None
-    from_: Base  # "from" in the JSON
+    from_: Base = field(metadata={KEY: "from"})
     onto: Base
     restore: Restore
     patches: list[PatchEntry]
@@ -188,7 +136,6 @@ class RebaseState:
     overlay: list[Json] | None = None
     skipped: list[str] | None = None  # dry run: patches left out after a conflict
     extra_commits_compile: Json | None = None
-    _RENAME: typing.ClassVar[dict[str, str]] = {"from_": "from"}
 
     @property
     def entry(self) -> PatchEntry:
@@ -204,7 +151,7 @@ class RebaseState:
                 value = value.to_json()
             elif spec.name == "patches":
                 value = [p.to_json() for p in value]
-            out[self._RENAME.get(spec.name, spec.name)] = value
+            out[spec.metadata.get(KEY, spec.name)] = value
         return out
 
     @staticmethod
@@ -215,11 +162,11 @@ class RebaseState:
                 f"{STATE_SCHEMA}); finish or abort that rebase with the tool that started it, "
                 "or delete the file"
             )
-        state = RebaseState(**_fields_from(RebaseState, data, where, RebaseState._RENAME))
+        state = build(RebaseState, data, where)
         if state.stage not in (STAGE_REPLAY, STAGE_CHECKS):
-            raise ToolError(f"{where}: unknown stage {state.stage!r}")
+            raise ShapeError(where, "stage", f"unknown stage {state.stage!r}")
         if not 0 <= state.current <= len(state.patches):
-            raise ToolError(f"{where}: current patch {state.current} out of range")
+            raise ShapeError(where, "current", f"current patch {state.current} out of range")
         return state
 
 
@@ -232,7 +179,7 @@ def load_state(path: Path) -> RebaseState:
         raise ToolError("no rebase in progress (nothing to continue or abort)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, OSError):
+    except (ValueError, OSError):  # UnicodeDecodeError is a ValueError
         raise ToolError(f"{path}: unreadable rebase state") from None
     return RebaseState.from_json(data, str(path))
 

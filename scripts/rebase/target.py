@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import tarfile
 import tempfile
@@ -55,15 +54,9 @@ def release_sha256(version: str, offline: bool) -> str:
     return item.sha256
 
 
-_URLS: dict[tuple[str | None, str | None, str | None], list[str]] = {}
-
-
 def index_urls() -> list[str]:
-    """pip's configured index URLs, asked once per configuration (``pip config`` is slow to start)."""
-    key = (os.environ.get("PIP_CONFIG_FILE"), os.environ.get("PIP_INDEX_URL"), os.environ.get("PIP_EXTRA_INDEX_URL"))
-    if key not in _URLS:
-        _URLS[key] = pip_index_urls()
-    return _URLS[key]
+    """pip's configured index URLs (``pip config`` is asked once per environment: scripts.pipconf)."""
+    return pip_index_urls()
 
 
 def version_of_commit(mirror: Path, commit: str) -> str:

