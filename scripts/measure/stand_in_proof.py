@@ -14,7 +14,12 @@ cases show each pristine failure without its workaround and the parity with both
 * ``target``: no workaround -- tokens differ from transformers (bug B, zero routing bias);
 * ``target+B``: equal to transformers;
 * ``dflash+B``: DFlash without workaround A -- the engine fails (bug A, IndexError);
-* ``dflash+A+B``: equal to transformers (and so to ``target+B``).
+* ``dflash+A+B``: equal to transformers (and so to ``target+B``);
+* ``served:target+B``, ``served:dflash+A+B``: the same engines behind the OpenAI server
+  (``vllm.entrypoints.openai.api_server`` on loopback, :mod:`scripts.measure.server`), one streamed
+  greedy completion per prompt (the prompt sent as token ids), equal to transformers.
+
+Every engine runs one sequence at a time (``max_num_seqs=1``: the prompts one after another).
 
 Prints one JSON line per case and a verdict; exit 1 when an expectation does not hold.
 """
@@ -47,7 +52,27 @@ CASES: dict[str, tuple[bool, tuple[str, ...], str | None]] = {
     "plain": (False, (), None),
     "plain-dflash": (True, (), None),
 }
-DEFAULT_CASES = "target,target+B,dflash+B,dflash+A+B"
+SERVED = "served:"
+"""Prefix of a case served through the OpenAI server instead of run offline (same switches, same
+expectation)."""
+DEFAULT_CASES = "target,target+B,dflash+B,dflash+A+B,served:target+B,served:dflash+A+B"
+MAX_MODEL_LEN = 512
+KV_CACHE_BYTES = 64 << 20
+MAX_NUM_SEQS = 1
+SERVE_READY_S = 600.0
+
+
+def case_spec(name: str) -> tuple[bool, tuple[str, ...], str | None, bool]:
+    """``(dflash, switches, expectation, served)`` of a case name (``served:`` + an offline case)."""
+    served = name.startswith(SERVED)
+    base = name[len(SERVED) :] if served else name
+    if base not in CASES:
+        raise SystemExit(f"unknown case {name!r}; known: {', '.join(CASES)} (each also as {SERVED}NAME)")
+    return (*CASES[base], served)
+
+
+def speculative_config(models: Path, dflash: bool) -> dict[str, Any] | None:
+    return {"method": "dflash", "model": str(models / "draft"), "num_speculative_tokens": 7} if dflash else None
 
 
 class TritonProfile:
@@ -109,16 +134,16 @@ def engine_case(models: Path, tokens: int, dflash: bool, tp: int, profile: bool 
     prof = TritonProfile() if profile else None
     from vllm import LLM, SamplingParams
 
-    spec = {"method": "dflash", "model": str(models / "draft"), "num_speculative_tokens": 7} if dflash else None
     start = time.monotonic()
     llm = LLM(
         model=str(models / "target"),
         dtype="float32",
         enforce_eager=True,
-        max_model_len=512,
-        kv_cache_memory_bytes=64 << 20,
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_memory_bytes=KV_CACHE_BYTES,
+        max_num_seqs=MAX_NUM_SEQS,
         seed=0,
-        speculative_config=spec,
+        speculative_config=speculative_config(models, dflash),
         tensor_parallel_size=tp,
     )
     ready = time.monotonic() - start
@@ -142,11 +167,25 @@ def engine_case(models: Path, tokens: int, dflash: bool, tp: int, profile: bool 
     }
 
 
+_HF_MODELS: dict[Path, Any] = {}
+
+
+def prompt_token_ids(models: Path) -> list[list[int]]:
+    """:data:`PROMPTS` as the target's tokenizer encodes them (special tokens added, as vLLM does)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(models / "target"))
+    return [list(tokenizer(p)["input_ids"]) for p in PROMPTS]
+
+
 def hf_greedy(models: Path, prompt_ids: list[int], n: int) -> list[int]:
+    """Transformers' plain greedy decode (no cache) of ``n`` tokens after ``prompt_ids``."""
     import torch
     from transformers import LagunaForCausalLM
 
-    model = LagunaForCausalLM.from_pretrained(str(models / "target"), dtype=torch.float32).eval()
+    if models not in _HF_MODELS:
+        _HF_MODELS[models] = LagunaForCausalLM.from_pretrained(str(models / "target"), dtype=torch.float32).eval()
+    model = _HF_MODELS[models]
     ids = list(prompt_ids)
     with torch.no_grad():
         for _ in range(n):
@@ -154,16 +193,110 @@ def hf_greedy(models: Path, prompt_ids: list[int], n: int) -> list[int]:
     return ids[len(prompt_ids) :]
 
 
-def run_case(
-    name: str, models: Path, tokens: int, tp: int, timeout_s: float, profile: bool = False, logs: Path | None = None
-) -> dict[str, Any]:
-    """The case in a fresh interpreter (its switches set before vLLM loads its plugins), on a CPU slot."""
-    from scripts.cpu_slots import cpu_lease
+def _root_cause(text: str) -> str:
+    """The first "SomeError: ..." line of a traceback, else the first line naming an error."""
+    lines = text.splitlines()  # vLLM logs (workers' tracebacks too) to stdout
+    roots = [
+        m.group(0)
+        for ln in lines
+        if (m := re.search(r"\b(?!EngineDead)\w*(?:Error|Exception): .*", ln)) and "EngineCore encountered" not in ln
+    ]
+    errors = roots or [ln for ln in lines if "Error" in ln or "error" in ln] or ["?"]
+    return errors[0][-300:]
 
-    dflash, switches, _ = CASES[name]
+
+def case_env(switches: tuple[str, ...]) -> dict[str, str]:
+    """This environment without either switch, with ``switches`` on and the plugin folder first on
+    ``PYTHONPATH`` (vLLM finds the workarounds' general plugin there)."""
     env = {k: v for k, v in os.environ.items() if k not in (A, B)}
     env.update({s: "1" for s in switches})
     env["PYTHONPATH"] = os.pathsep.join([str(PLUGIN_DIR), str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def serve_args(models: Path, dflash: bool, tp: int) -> list[str]:
+    """The offline engine's settings as ``vllm serve`` options."""
+    args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN)]
+    args += ["--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--max-num-seqs", str(MAX_NUM_SEQS)]
+    args += ["--tensor-parallel-size", str(tp)]
+    spec = speculative_config(models, dflash)
+    return args + (["--speculative-config", json.dumps(spec)] if spec else [])
+
+
+def served_case(
+    name: str, models: Path, tokens: int, tp: int, timeout_s: float, logs: Path | None = None
+) -> dict[str, Any]:
+    """The case's engine behind the OpenAI server on loopback, on a CPU slot: one streamed greedy
+    completion per prompt, one after another (prompts sent as token ids)."""
+    import tempfile
+
+    from scripts.cpu_slots import cpu_lease
+    from scripts.measure import client
+    from scripts.measure.server import HOST, Server, free_port, serve_argv
+
+    dflash, switches, _, _ = case_spec(name)
+    prompts = prompt_token_ids(models)
+    port = free_port()
+    argv = serve_argv(sys.executable, str(models / "target"), port, serve_args(models, dflash, tp))
+    folder = logs or Path(tempfile.mkdtemp(prefix="stand-in-serve-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    log_path = folder / f"{name.replace(':', '-')}-tp{tp}.log"
+    rows: list[dict[str, Any]] = []
+    with cpu_lease(f"stand-in proof {name}") as lease:
+        start = time.monotonic()
+        with Server(argv, {**case_env(switches), **lease.env(tp)}, log_path, port, cwd=REPO_ROOT) as server:
+            try:
+                ready = server.wait_ready(timeout_s)
+            except Exception as exc:  # noqa: BLE001 -- the server died or never answered: the case fails
+                server.stop()
+                text = log_path.read_text(encoding="utf-8", errors="replace")
+                return {
+                    "case": name,
+                    "ok": False,
+                    "wall_s": round(time.monotonic() - start, 1),
+                    "error": _root_cause(text) if "Error" in text else str(exc)[-300:],
+                }
+            gen_start = time.monotonic()
+            for ids in prompts:
+                body = {"model": "model", "prompt": ids, "max_tokens": tokens, "temperature": 0.0, "stream": True}
+                body.update(ignore_eos=True, return_token_ids=True)
+                result = client.stream_completion(HOST, port, body, timeout_s)
+                if result.error:
+                    return {
+                        "case": name,
+                        "ok": False,
+                        "wall_s": round(time.monotonic() - start, 1),
+                        "error": result.error,
+                    }
+                rows.append({"prompt_ids": ids, "token_ids": result.token_ids})
+            gen_s = time.monotonic() - gen_start
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    if logs is None:
+        log_path.unlink(missing_ok=True)
+        folder.rmdir()
+    return {
+        "case": name,
+        "ok": True,
+        "wall_s": round(time.monotonic() - start, 1),
+        "workarounds_applied": sorted(set(re.findall(rf"{APPLIED_LINE}: (\w+)", text))),
+        "startup_s": round(ready, 1),
+        "generate_s": round(gen_s, 2),
+        "ms_per_token": round(gen_s * 1000 / (tokens * len(prompts)), 1),
+        "rows": rows,
+    }
+
+
+def run_case(
+    name: str, models: Path, tokens: int, tp: int, timeout_s: float, profile: bool = False, logs: Path | None = None
+) -> dict[str, Any]:
+    """The case in a fresh interpreter (its switches set before vLLM loads its plugins), on a CPU slot;
+    a ``served:`` case through the OpenAI server (:func:`served_case`)."""
+    from scripts.cpu_slots import cpu_lease
+
+    dflash, switches, _, served = case_spec(name)
+    if served:
+        return served_case(name, models, tokens, tp, timeout_s, logs)
+    env = case_env(switches)
     cmd = [sys.executable, "-m", "scripts.measure.stand_in_proof", "--models", str(models), "--tokens", str(tokens)]
     cmd += ["--tp", str(tp), "--engine", "dflash" if dflash else "target", *(["--profile"] if profile else [])]
     with cpu_lease(f"stand-in proof {name}") as lease:
@@ -179,18 +312,41 @@ def run_case(
         (logs / f"{name}-tp{tp}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not last:
-        # the root cause: the first "SomeError: ..." line of a traceback, else the last line naming an error
-        lines = (proc.stdout + proc.stderr).splitlines()  # vLLM logs (workers' tracebacks too) to stdout
-        roots = [
-            m.group(0)
-            for ln in lines
-            if (m := re.search(r"\b(?!EngineDead)\w*(?:Error|Exception): .*", ln))
-            and "EngineCore encountered" not in ln
-        ]
-        errors = roots or [ln for ln in lines if "Error" in ln or "error" in ln] or ["?"]
-        return {"case": name, "ok": False, "wall_s": wall, "error": errors[0][-300:]}
+        return {"case": name, "ok": False, "wall_s": wall, "error": _root_cause(proc.stdout + proc.stderr)}
     applied = sorted(set(re.findall(rf"{APPLIED_LINE}: (\w+)", proc.stderr)))
     return {"case": name, "ok": True, "wall_s": wall, "workarounds_applied": applied, **json.loads(last[-1])}
+
+
+def first_difference(ref: list[int], got: list[int]) -> int | None:
+    """Index of the first token that differs (a shorter or longer output differs where it ends)."""
+    found = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+    if found is None and len(ref) != len(got):
+        return min(len(ref), len(got))
+    return found
+
+
+def judge(results: list[dict[str, Any]], models: Path, tokens: int) -> int:
+    """Compare each ran case's tokens with transformers' greedy tokens of the same prompt ids; set
+    ``first_difference_per_prompt``, ``expected`` and ``got`` on each result; the count of cases
+    not as expected."""
+    refs: dict[tuple[int, ...], list[int]] = {}
+    failed = 0
+    for r in results:
+        expect = case_spec(r["case"])[2]
+        if r.get("ok"):
+            firsts = []
+            for row in r["rows"]:
+                key = tuple(row["prompt_ids"])
+                if key not in refs:
+                    refs[key] = hf_greedy(models, list(key), tokens)
+                firsts.append(first_difference(refs[key], row["token_ids"]))
+            r["first_difference_per_prompt"] = firsts
+            got = "equal" if firsts and all(f is None for f in firsts) else "differs"
+        else:
+            got = "fails"
+        r["expected"], r["got"] = expect, got
+        failed += expect is not None and got != expect
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,22 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         run_case(name, args.models, args.tokens, args.tp, args.timeout, args.profile, args.logs)
         for name in args.cases.split(",")
     ]
-    ran = next((r for r in results if r.get("ok")), None)
-    refs = [hf_greedy(args.models, row["prompt_ids"], args.tokens) for row in ran["rows"]] if ran else []
-    failed = 0
+    failed = judge(results, args.models, args.tokens)
     for r in results:
-        expect = CASES[r["case"]][2]
-        if r.get("ok"):
-            firsts = [
-                next((i for i, (a, b) in enumerate(zip(ref, row["token_ids"])) if a != b), None)
-                for ref, row in zip(refs, r["rows"])
-            ]
-            r["first_difference_per_prompt"] = firsts
-            got = "equal" if all(f is None for f in firsts) else "differs"
-        else:
-            got = "fails"
-        r["expected"], r["got"] = expect, got
-        failed += expect is not None and got != expect
         print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
     print(
         f"{len(results) - failed}/{len(results)} cases as expected "
