@@ -10,6 +10,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from scripts.build_deps import ensure_build_requirements
 from scripts.errors import ToolError
 from scripts.git import git
 from scripts.log import detail, info, step
@@ -17,9 +18,10 @@ from scripts.provenance import RECORD_PATH, make_record, version_for
 from scripts.source import GIT_EXCLUDE
 from scripts.worktree import Layout, load_inputs, read_state, tree_problems
 
-# What `pip wheel --no-build-isolation` needs in the building environment is the build group of the
-# repository's pyproject.toml (the build session installs it; nox cannot import this package's
-# third-party dependencies). The wheel is built from the work tree, with vLLM's own pyproject.toml.
+# What `pip wheel --no-build-isolation` needs in the building environment is the patched tree's own
+# pyproject.toml [build-system].requires: build() installs it into this interpreter through pip's
+# configuration (scripts/build_deps.py, with its one reviewed list of overrides) and pip checks it
+# again (--check-build-dependencies), so no stale torch, setuptools or cmake builds the wheel.
 
 
 def build_env(version: str, epoch: int) -> dict[str, str]:
@@ -41,7 +43,8 @@ def build_env(version: str, epoch: int) -> dict[str, str]:
 
 def pip_wheel_command(out: Path, *options: str) -> list[str]:
     """``pip wheel`` of the tree in the working directory into ``out`` as the series is built: no
-    dependencies, no build isolation, no cache, the limited API of cp38; ``options`` go before ``-w``."""
+    dependencies, no build isolation but pip's check of the tree's [build-system].requires, no cache,
+    the limited API of cp38; ``options`` go before ``-w``."""
     return [
         sys.executable,
         "-m",
@@ -49,6 +52,7 @@ def pip_wheel_command(out: Path, *options: str) -> list[str]:
         "wheel",
         "--no-deps",
         "--no-build-isolation",
+        "--check-build-dependencies",
         "--no-cache-dir",
         *options,
         "-w",
@@ -84,9 +88,10 @@ def build(layout: Layout | None = None, dist: Path | None = None) -> Path:
             tree / "vllm" / "_version.py"
         ).exists() else None
         (src / ".git" / "info" / "exclude").write_text(GIT_EXCLUDE)
+        ensure_build_requirements(src / "pyproject.toml")
         record = make_record(inputs, worktree_head=state.head)
         (src / RECORD_PATH).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        git(src, "add", "--force", RECORD_PATH)
+        git(src, "add", "--force", RECORD_PATH, "pyproject.toml")  # pyproject.toml: changed by an override only
         epoch = int(git(tree, "log", "-1", "--format=%ct", "HEAD"))
         env_date = {"GIT_AUTHOR_DATE": f"@{epoch} +0000", "GIT_COMMITTER_DATE": f"@{epoch} +0000"}
         git(src, "commit", "-q", "--no-verify", "-m", f"provenance: series {inputs.label}", env=env_date)

@@ -118,6 +118,12 @@ def _build(args: argparse.Namespace) -> None:
     build()
 
 
+def _build_deps(args: argparse.Namespace) -> None:
+    from scripts.build_deps import install_build_requirements
+
+    install_build_requirements(pinned=args.pinned)
+
+
 def _verify(args: argparse.Namespace) -> None:
     from scripts.provenance import verify
 
@@ -184,6 +190,16 @@ def parser() -> argparse.ArgumentParser:
     cmd.add_argument("--offline", action="store_true", help="use only the download cache")
     cmd.add_argument("--static-only", action="store_true", help="skip the scratch application")
     add("build", _build, "Build dist/vllm-<version>+xpu.<label>-*.whl from the work tree with provenance.")
+    cmd = add(
+        "build-deps",
+        _build_deps,
+        "Install the work tree's pyproject.toml [build-system].requires into this interpreter (build does it too).",
+    )
+    cmd.add_argument(
+        "--pinned",
+        action="store_true",
+        help="read them from the pinned sdist (no work tree needed; refused when the series changes pyproject.toml)",
+    )
     cmd = add("verify", _verify, "Check a wheel file, or the installed vllm ('installed'), against this repository.")
     cmd.add_argument("target", help="path to a wheel, or 'installed'")
     cmd.add_argument(

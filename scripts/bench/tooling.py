@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scripts.build import build, build_env, pip_wheel_command
+from scripts.build_deps import ensure_build_requirements
 from scripts.errors import ToolError
 from scripts.log import info
 from scripts.source import cached_sdist, fetch_sdist
@@ -67,6 +68,7 @@ def _baseline_prepare(layout: Layout, dest: Path) -> None:
 def _baseline_wheel(layout: Layout, tree: Path, out: Path) -> None:
     inputs = load_inputs(layout)
     env = build_env(f"{inputs.pins.vllm.version}+xpu.{inputs.label}", 946684800)
+    ensure_build_requirements(tree / "pyproject.toml")  # the scratch copy: an override may rewrite it
     _checked(
         pip_wheel_command(out, "-q"),
         "baseline pip wheel (needs the build deps of `nox -s bench`: cmake >= 3.26 on PATH, torch, ...)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from scripts.errors import ToolError
 from scripts.git import run_git
@@ -12,47 +13,103 @@ from scripts.index import list_files
 from scripts.pins import Pins
 from scripts.rebase.state import Json
 from scripts.rebase.target import index_urls
+from scripts.requirements_file import Line, RequirementsFile, read_requirements
 from scripts.wheels import download_wheel, wheel_requires_dist
 
+# The XPU machine the wheel is for: requirement markers are evaluated for it, not for this machine.
+XPU_TARGET = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix"}
+# torch's XPU wheels: PyTorch's index for the XPU wheel family (download.pytorch.org/whl/xpu, also
+# .../whl/nightly/xpu, .../whl/test/xpu); told apart from other extra indexes by that path, not by line order
+TORCH_XPU_INDEX_PATH = re.compile(r"/whl/(?:nightly/|test/)?xpu/?$")
+KERNELS = "vllm-xpu-kernels"
+XPU_REQUIREMENTS = "requirements/xpu.txt"
 
-def parse_xpu_requirements(text: str) -> Json:
-    """torch, its extra index URL and vllm_xpu_kernels (version and URL) from requirements/xpu.txt."""
+
+def _applicable(parsed: RequirementsFile, name: str) -> Line | None:
+    """The one requirement line of ``name`` that applies on the XPU machine (markers evaluated for
+    Linux x86_64), None when there is none; refused when several apply."""
+    from packaging.markers import default_environment
+
+    env = {**default_environment(), **XPU_TARGET, "extra": ""}
+    lines = [ln for ln in parsed.named(name) if ln.requirement.marker is None or ln.requirement.marker.evaluate(env)]
+    if len(lines) > 1:
+        numbers = ", ".join(str(ln.number) for ln in lines)
+        raise ToolError(f"{parsed.path}: {len(lines)} requirements of {name} apply on Linux x86_64 (lines {numbers})")
+    return lines[0] if lines else None
+
+
+def _exact_version(parsed: RequirementsFile, line: Line) -> str:
+    """The release ``line`` pins (``torch==2.15.0+xpu`` -> ``2.15.0``); refused unless exactly one."""
+    from packaging.version import InvalidVersion, Version
+
+    pins = [spec.version for spec in line.requirement.specifier if spec.operator in ("==", "===")]
+    try:
+        if len(pins) == 1 and "*" not in pins[0]:
+            return Version(pins[0]).public
+    except InvalidVersion:
+        pass
+    raise ToolError(f"{parsed.path}:{line.number}: {line.text!r} pins no single release for pins.toml")
+
+
+def _kernels_from_url(parsed: RequirementsFile, line: Line) -> Json:
+    """``vllm_xpu_kernels @ https://.../vllm_xpu_kernels-0.1.11.1-cp38-abi3-....whl``: the wheel URL
+    and the version its file name carries."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    url = line.requirement.url or ""
+    try:
+        version = parse_wheel_filename(url.rsplit("/", 1)[-1])[1]
+    except InvalidWheelFilename:
+        raise ToolError(f"{parsed.path}:{line.number}: {line.text!r} names no wheel file with a version") from None
+    return {"vllm_xpu_kernels": version.public, "vllm_xpu_kernels_url": url}
+
+
+def _torch_index(parsed: RequirementsFile) -> str:
+    """The extra index that serves torch's XPU wheels: the one whose path names that wheel family."""
+    indexes = list(dict.fromkeys(parsed.indexes))
+    found = [url for url in indexes if TORCH_XPU_INDEX_PATH.search(urlsplit(url).path)]
+    if len(found) != 1:
+        raise ToolError(
+            f"{parsed.path}: cannot tell which index serves torch: {len(found)} of {indexes or 'no indexes'} "
+            "end in the torch XPU wheel path /whl/xpu; set [xpu_runtime] by hand"
+        )
+    return found[0]
+
+
+def _kernels_index(parsed: RequirementsFile, torch_index: str | None) -> str:
+    """The extra index that serves vllm_xpu_kernels by version: of the indexes that are not torch's,
+    the one that names the project (vllm-project.github.io/vllm-xpu-kernels/whl), else the only one."""
+    others = [url for url in dict.fromkeys(parsed.indexes) if url != torch_index]
+    named = [url for url in others if KERNELS in re.sub(r"[-_.]+", "-", url.lower())]
+    chosen = named if len(named) == 1 else others if len(others) == 1 else []
+    if not chosen:
+        raise ToolError(
+            f"{parsed.path}: cannot tell which index serves vllm_xpu_kernels: none or several of "
+            f"{others or 'no indexes'} besides torch's, and not exactly one names {KERNELS}; set [xpu_runtime] by hand"
+        )
+    # pins.toml tells an index from a wheel URL by the trailing slash; pip reads both forms alike
+    return chosen[0].rstrip("/") + "/"
+
+
+def parse_xpu_requirements(text: str, path: str = "requirements/xpu.txt") -> Json:
+    """torch (release and the index serving its XPU wheels) and vllm_xpu_kernels (release and its
+    wheel URL or index) from upstream's requirements/xpu.txt, read as pip reads it
+    (:mod:`scripts.requirements_file`). A project the file does not name is left out (the caller
+    keeps the pinned value); one it names but cannot be read into pins.toml is refused in one line."""
+    parsed = read_requirements(text, path)
     found: Json = {}
-    last_index: str | None = None  # torch's index: by convention the line just before torch==
-    indexes: list[str] = []
-    kernels_by_version = False
-    for raw in text.splitlines():
-        line = raw.split(" #", 1)[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        match = re.match(r"^--extra-index-url(?:=|\s+)(\S+)$", line)
-        if match:
-            last_index = match.group(1)
-            indexes.append(last_index)
-            continue
-        match = re.match(r"^torch\s*==\s*([0-9][0-9.]*)(?:\+\w+)?\s*(?:;.*)?$", line)
-        if match:
-            found["torch"] = match.group(1)
-            if last_index:
-                found["torch_index_url"] = last_index
-            continue
-        match = re.match(r"^vllm[_-]xpu[_-]kernels\s*@\s*(\S+)", line)
-        if match:
-            url = match.group(1)
-            found["vllm_xpu_kernels_url"] = url
-            ver = re.search(r"vllm_xpu_kernels-([0-9][0-9.]*[0-9])-", url.rsplit("/", 1)[-1])
-            if ver:
-                found["vllm_xpu_kernels"] = ver.group(1)
-            continue
-        match = re.match(r"^vllm[_-]xpu[_-]kernels\s*==\s*([0-9][0-9.]*[0-9])", line)
-        if match:
-            found["vllm_xpu_kernels"] = match.group(1)
-            kernels_by_version = True
-    if kernels_by_version and "vllm_xpu_kernels_url" not in found:
-        # pinned by version, served by an extra index: the one that is not torch's (when that is unambiguous)
-        others = [u for u in indexes if u != found.get("torch_index_url")]
-        if len(others) == 1:
-            found["vllm_xpu_kernels_url"] = others[0].rstrip("/") + "/"
+    torch = _applicable(parsed, "torch")
+    if torch is not None:
+        if torch.requirement.url:
+            raise ToolError(f"{path}:{torch.number}: torch as a URL requirement cannot be pinned by release and index")
+        found["torch"] = _exact_version(parsed, torch)
+        found["torch_index_url"] = _torch_index(parsed)
+    kernels = _applicable(parsed, KERNELS)
+    if kernels is not None and kernels.requirement.url:
+        found.update(_kernels_from_url(parsed, kernels))
+    elif kernels is not None:
+        found["vllm_xpu_kernels"] = _exact_version(parsed, kernels)
+        found["vllm_xpu_kernels_url"] = _kernels_index(parsed, found.get("torch_index_url"))
     return found
 
 
@@ -81,8 +138,8 @@ def rewrite_pins(text: str, updates: dict[str, dict[str, str]]) -> str:
 
 
 def pins_update(tree: Path, new_base: str, new_pins: Pins) -> Json:
-    proc = run_git(tree, "show", f"{new_base}:requirements/xpu.txt", check=False)
-    xpu = parse_xpu_requirements(proc.stdout) if proc.returncode == 0 else {}
+    proc = run_git(tree, "show", f"{new_base}:{XPU_REQUIREMENTS}", check=False)
+    xpu = parse_xpu_requirements(proc.stdout, XPU_REQUIREMENTS) if proc.returncode == 0 else {}
     current = new_pins.xpu_runtime
     xpu_update = {}
     notes = []
