@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from proof_log import RESULTS
 
 from scripts.cpu_stand_in import STAND_IN, this_runtime
 from scripts.layout import Layout
@@ -52,7 +53,9 @@ def proof(case: str, models: Path, tp: int = 1) -> dict[str, Any]:
 
     result = run_case(case, models, TOKENS, tp, TIMEOUT_S)
     judge([result], models, TOKENS)
-    return {k: v for k, v in result.items() if k != "rows"}
+    kept = {k: v for k, v in result.items() if k != "rows"}
+    RESULTS.append({"case": f"{case} (TP {tp})" if tp > 1 else case, **{k: v for k, v in kept.items() if k != "case"}})
+    return kept
 
 
 def test_runtime_is_pristine() -> None:
