@@ -158,7 +158,8 @@ def engine_case(
     )
     ready = time.monotonic() - start
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    llm.generate(list(PROMPTS[:1]), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    if profile:  # a warm-up before the timed launches; none otherwise (ms_per_token then includes the first step)
+        llm.generate(list(PROMPTS[:1]), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     if prof is not None:
         prof.count_steps(llm.llm_engine)
         prof.on = True
