@@ -1,6 +1,8 @@
 """Pristine vLLM on a stand-in CPU runtime serves the tiny Laguna: greedy tokens against transformers.
 
-Opt-in (not in ``nox -s tests cpu_tests``): run with the stand-in runtime's python, e.g.::
+Not in ``nox -s tests cpu_tests``; ``nox -s stand_in`` (CI) runs its cases through
+``tests/stand_in`` for the pins of ``.ci/pins-vllm-0.34.0.toml``. By hand, with the stand-in
+runtime's python, e.g.::
 
     VXL_BUILD_DIR=/tmp/b python -m scripts.cpu_runtime ensure --pins PINS --no-sync --no-models
     $(VXL_BUILD_DIR=/tmp/b python -m scripts.cpu_runtime where --pins PINS) \\
