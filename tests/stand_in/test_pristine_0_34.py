@@ -6,8 +6,8 @@ is skipped. ``nox -s tests`` does not collect this folder (``--ignore=tests/stan
 ``nox -s cpu_tests`` runs ``tests/e2e`` only.
 
 Each case is one engine of :mod:`scripts.measure.stand_in_proof` (a fresh interpreter with the
-engine core in it at TP 1, or a ``vllm serve`` on loopback, under a CPU slot lease, one sequence at
-a time, 16 greedy tokens for each of 3 prompts) with the workaround
+engine core in it at TP 1, or a ``vllm serve`` on loopback, under a CPU slot lease, the 3 prompts
+batched with ``max_num_seqs=3``, 16 greedy tokens each) with the workaround
 switches it names (``scripts/measure/series_attention/xpu_laguna_cpu_workarounds.py``):
 
 * offline and through the OpenAI server, the target with the bias fix (B) and DFlash with both
