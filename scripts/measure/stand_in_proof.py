@@ -1,6 +1,8 @@
 """Pristine vLLM on a stand-in CPU runtime serves the tiny Laguna: greedy tokens against transformers.
 
-Opt-in (not in ``nox -s tests cpu_tests``): run with the stand-in runtime's python, e.g.::
+Not in ``nox -s tests cpu_tests``; ``nox -s stand_in`` (CI) runs its cases through
+``tests/stand_in`` for the pins of ``.ci/pins-vllm-0.34.0.toml``. By hand, with the stand-in
+runtime's python, e.g.::
 
     VXL_BUILD_DIR=/tmp/b python -m scripts.cpu_runtime ensure --pins PINS --no-sync --no-models
     $(VXL_BUILD_DIR=/tmp/b python -m scripts.cpu_runtime where --pins PINS) \\
@@ -19,7 +21,7 @@ cases show each pristine failure without its workaround and the parity with both
   (``vllm.entrypoints.openai.api_server`` on loopback, :mod:`scripts.measure.server`), one streamed
   greedy completion per prompt (the prompt sent as token ids), equal to transformers.
 
-Every engine runs one sequence at a time (``max_num_seqs=1``: the prompts one after another).
+Every engine runs at most :data:`MAX_NUM_SEQS` sequences at once (the prompt count).
 
 Prints one JSON line per case and a verdict; exit 1 when an expectation does not hold.
 """
@@ -58,7 +60,10 @@ expectation)."""
 DEFAULT_CASES = "target,target+B,dflash+B,dflash+A+B,served:target+B,served:dflash+A+B"
 MAX_MODEL_LEN = 512
 KV_CACHE_BYTES = 64 << 20
-MAX_NUM_SEQS = 1
+MAX_NUM_SEQS = len(PROMPTS)
+"""Sequences an engine runs at once: the prompt count. The prompts share every step, as with vLLM's
+default, but the kernels' grids are sized for 3 requests, not vLLM's default maximum (measured in
+docs/cpu-runs.md: one at a time shrinks the grids further but triples the steps)."""
 SERVE_READY_S = 600.0
 
 
@@ -126,10 +131,20 @@ class TritonProfile:
         }
 
 
-def engine_case(models: Path, tokens: int, dflash: bool, tp: int, profile: bool = False) -> dict[str, Any]:
+def engine_case(
+    models: Path,
+    tokens: int,
+    dflash: bool,
+    tp: int,
+    profile: bool = False,
+    max_num_seqs: int | None = MAX_NUM_SEQS,
+    in_process: bool = False,
+) -> dict[str, Any]:
     """One engine in this process: greedy tokens per prompt and per-token decode time (with
-    ``profile``: the engine core in this process and the Triton interpreter's launches timed)."""
-    if profile:
+    ``profile``: the engine core in this process and the Triton interpreter's launches timed; with
+    ``in_process``: the engine core in this process, no launch timed; ``max_num_seqs`` None: vLLM's
+    default)."""
+    if profile or in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     prof = TritonProfile() if profile else None
     from vllm import LLM, SamplingParams
@@ -141,14 +156,15 @@ def engine_case(models: Path, tokens: int, dflash: bool, tp: int, profile: bool 
         enforce_eager=True,
         max_model_len=MAX_MODEL_LEN,
         kv_cache_memory_bytes=KV_CACHE_BYTES,
-        max_num_seqs=MAX_NUM_SEQS,
+        max_num_seqs=max_num_seqs,
         seed=0,
         speculative_config=speculative_config(models, dflash),
         tensor_parallel_size=tp,
     )
     ready = time.monotonic() - start
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    llm.generate(list(PROMPTS[:1]), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    if profile:  # a warm-up before the timed launches; none otherwise (ms_per_token then includes the first step)
+        llm.generate(list(PROMPTS[:1]), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     if prof is not None:
         prof.count_steps(llm.llm_engine)
         prof.on = True
@@ -214,17 +230,24 @@ def case_env(switches: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
-def serve_args(models: Path, dflash: bool, tp: int) -> list[str]:
+def serve_args(models: Path, dflash: bool, tp: int, max_num_seqs: int | None = MAX_NUM_SEQS) -> list[str]:
     """The offline engine's settings as ``vllm serve`` options."""
     args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN)]
-    args += ["--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--max-num-seqs", str(MAX_NUM_SEQS)]
+    args += ["--kv-cache-memory-bytes", str(KV_CACHE_BYTES)]
+    args += ["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else []
     args += ["--tensor-parallel-size", str(tp)]
     spec = speculative_config(models, dflash)
     return args + (["--speculative-config", json.dumps(spec)] if spec else [])
 
 
 def served_case(
-    name: str, models: Path, tokens: int, tp: int, timeout_s: float, logs: Path | None = None
+    name: str,
+    models: Path,
+    tokens: int,
+    tp: int,
+    timeout_s: float,
+    logs: Path | None = None,
+    max_num_seqs: int | None = MAX_NUM_SEQS,
 ) -> dict[str, Any]:
     """The case's engine behind the OpenAI server on loopback, on a CPU slot: one streamed greedy
     completion per prompt, one after another (prompts sent as token ids)."""
@@ -237,13 +260,14 @@ def served_case(
     dflash, switches, _, _ = case_spec(name)
     prompts = prompt_token_ids(models)
     port = free_port()
-    argv = serve_argv(sys.executable, str(models / "target"), port, serve_args(models, dflash, tp))
+    argv = serve_argv(sys.executable, str(models / "target"), port, serve_args(models, dflash, tp, max_num_seqs))
     folder = logs or Path(tempfile.mkdtemp(prefix="stand-in-serve-"))
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / f"{name.replace(':', '-')}-tp{tp}.log"
     rows: list[dict[str, Any]] = []
     with cpu_lease(f"stand-in proof {name}") as lease:
         start = time.monotonic()
+        waited = round(lease.waited_s, 1)
         with Server(argv, {**case_env(switches), **lease.env(tp)}, log_path, port, cwd=REPO_ROOT) as server:
             try:
                 ready = server.wait_ready(timeout_s)
@@ -278,6 +302,7 @@ def served_case(
         "case": name,
         "ok": True,
         "wall_s": round(time.monotonic() - start, 1),
+        "slot_wait_s": waited,
         "workarounds_applied": sorted(set(re.findall(rf"{APPLIED_LINE}: (\w+)", text))),
         "startup_s": round(ready, 1),
         "generate_s": round(gen_s, 2),
@@ -287,20 +312,31 @@ def served_case(
 
 
 def run_case(
-    name: str, models: Path, tokens: int, tp: int, timeout_s: float, profile: bool = False, logs: Path | None = None
+    name: str,
+    models: Path,
+    tokens: int,
+    tp: int,
+    timeout_s: float,
+    profile: bool = False,
+    logs: Path | None = None,
+    max_num_seqs: int | None = MAX_NUM_SEQS,
+    in_process: bool = False,
 ) -> dict[str, Any]:
     """The case in a fresh interpreter (its switches set before vLLM loads its plugins), on a CPU slot;
-    a ``served:`` case through the OpenAI server (:func:`served_case`)."""
+    a ``served:`` case through the OpenAI server (:func:`served_case`). ``in_process``: the offline
+    engine's core in that interpreter (no engine-core process)."""
     from scripts.cpu_slots import cpu_lease
 
     dflash, switches, _, served = case_spec(name)
     if served:
-        return served_case(name, models, tokens, tp, timeout_s, logs)
+        return served_case(name, models, tokens, tp, timeout_s, logs, max_num_seqs)
     env = case_env(switches)
     cmd = [sys.executable, "-m", "scripts.measure.stand_in_proof", "--models", str(models), "--tokens", str(tokens)]
     cmd += ["--tp", str(tp), "--engine", "dflash" if dflash else "target", *(["--profile"] if profile else [])]
+    cmd += ["--max-num-seqs", str(max_num_seqs or 0), *(["--in-process"] if in_process else [])]
     with cpu_lease(f"stand-in proof {name}") as lease:
         env.update(lease.env(tp))
+        waited = round(lease.waited_s, 1)
         start = time.monotonic()
         try:
             proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s)
@@ -314,7 +350,14 @@ def run_case(
     if proc.returncode != 0 or not last:
         return {"case": name, "ok": False, "wall_s": wall, "error": _root_cause(proc.stdout + proc.stderr)}
     applied = sorted(set(re.findall(rf"{APPLIED_LINE}: (\w+)", proc.stderr)))
-    return {"case": name, "ok": True, "wall_s": wall, "workarounds_applied": applied, **json.loads(last[-1])}
+    return {
+        "case": name,
+        "ok": True,
+        "wall_s": wall,
+        "slot_wait_s": waited,
+        "workarounds_applied": applied,
+        **json.loads(last[-1]),
+    }
 
 
 def first_difference(ref: list[int], got: list[int]) -> int | None:
@@ -363,17 +406,48 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="engine core in-process; time the Triton interpreter's launches per kernel and count engine steps",
     )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=MAX_NUM_SEQS,
+        help="sequences an engine runs at once (0: vLLM's default; default: %(default)s, the prompt count)",
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="offline cases: the engine core in the case's interpreter (no engine-core process)",
+    )
     parser.add_argument("--logs", type=Path, default=None, help="folder for each engine's output (default: none kept)")
     parser.add_argument("--engine", choices=("target", "dflash"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.engine:
         print(
-            json.dumps(engine_case(args.models, args.tokens, args.engine == "dflash", args.tp, args.profile)),
+            json.dumps(
+                engine_case(
+                    args.models,
+                    args.tokens,
+                    args.engine == "dflash",
+                    args.tp,
+                    args.profile,
+                    args.max_num_seqs or None,
+                    args.in_process,
+                )
+            ),
             flush=True,
         )
         return 0
     results = [
-        run_case(name, args.models, args.tokens, args.tp, args.timeout, args.profile, args.logs)
+        run_case(
+            name,
+            args.models,
+            args.tokens,
+            args.tp,
+            args.timeout,
+            args.profile,
+            args.logs,
+            args.max_num_seqs or None,
+            args.in_process,
+        )
         for name in args.cases.split(",")
     ]
     failed = judge(results, args.models, args.tokens)

@@ -111,12 +111,25 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         (_shared_dir(session.config) / f"measured-{worker}.json").write_text(json.dumps(MEASURED))
 
 
+def runtime_line() -> str:
+    """What this CPU runtime is, which parts are the release's own and which stand in (the line
+    the matrix report and crossover records carry: :func:`scripts.cpu_stand_in.this_runtime`)."""
+    from scripts.cpu_stand_in import this_runtime
+
+    return str(this_runtime()["line"])
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"CPU runtime: {runtime_line()}"
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     measured = dict(MEASURED)
     for path in sorted(_shared_dir(terminalreporter.config).glob("measured-*.json")):
         measured.update(json.loads(path.read_text()))
     if measured:
         terminalreporter.section("laguna e2e measurements")
+        terminalreporter.write_line(f"CPU runtime: {runtime_line()}")
         for key, value in measured.items():
             terminalreporter.write_line(f"{key}: {value}")
 
