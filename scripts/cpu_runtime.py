@@ -31,7 +31,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-import re
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,6 +43,7 @@ from scripts.errors import ToolError, exit_status
 from scripts.git import blob_bytes, git
 from scripts.layout import Layout
 from scripts.log import detail, info, step
+from scripts.tree_release import tree_root_commit
 from scripts.wheels import download_wheel, wheel_requires_dist
 from scripts.wheels import install as _install
 
@@ -144,36 +144,6 @@ def plan_sync(changes: Iterable[Change], previously_synced: Iterable[str] = ()) 
     touched = set(copy) | set(delete)
     restore = sorted(p for p in set(previously_synced) - touched if p not in NEVER_SYNCED)
     return SyncPlan(tuple(sorted(copy)), tuple(sorted(delete)), tuple(restore))
-
-
-def tree_root_commit(tree: Path) -> str:
-    roots = git(tree, "rev-list", "--max-parents=0", "HEAD").split()
-    if len(roots) != 1:
-        raise ToolError(f"{tree}: expected one root (pristine) commit, found {len(roots)}")
-    return roots[0]
-
-
-PRISTINE_SUBJECT = re.compile(r"^upstream vLLM (\S+) \((\w+)\) pristine$")
-"""The subject of a work tree's first commit (:func:`scripts.worktree.pristine_message`)."""
-
-
-def tree_release(tree: Path) -> str | None:
-    """The vLLM release the work tree's pristine (first) commit imports, read from its subject;
-    None when that commit is not a pristine import of this tooling."""
-    subject = git(tree, "log", "-1", "--format=%s", tree_root_commit(tree))
-    found = PRISTINE_SUBJECT.match(subject.strip())
-    return found.group(1) if found else None
-
-
-def check_tree_release(tree: Path, release: str) -> None:
-    """Refuse, in one line, a work tree whose pristine commit is not vLLM ``release``."""
-    got = tree_release(tree)
-    if got != release:
-        what = f"vLLM {got}" if got else "no pristine vLLM import"
-        raise ToolError(
-            f"--tree {tree}: its pristine commit is {what}, the runtime is vLLM {release}'s; a tree "
-            f"syncs only into the runtime of its own release (apply the series onto {release}, or --no-sync)"
-        )
 
 
 def tree_changes(tree: Path, root: str, head: str) -> list[Change]:

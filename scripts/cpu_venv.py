@@ -75,12 +75,12 @@ def _run(cmd: list[str], what: str) -> None:
 
 def _check_stand_in_tree(tree: Path, pins_path: Path | None) -> None:
     """A stand-in runtime is one release's own Python tree: a work tree of another release is refused
-    (:func:`scripts.cpu_runtime.check_tree_release`), before anything is built. The whole runtime is
+    (:func:`scripts.tree_release.check_tree_release`), before anything is built. The whole runtime is
     left as it was."""
-    from scripts.cpu_runtime import check_tree_release
     from scripts.cpu_stand_in import STAND_IN, runtime_mode
     from scripts.layout import Layout
     from scripts.pins import load_pins
+    from scripts.tree_release import check_tree_release
 
     pins = load_pins(pins_path or Layout().pins)
     if runtime_mode(pins) == STAND_IN:

