@@ -137,6 +137,10 @@ class ScaleLayer(torch.nn.Module):
         self._q_scale = torch.tensor(1.0)
         self._k_scale = torch.tensor(k_scale)
         self._v_scale = torch.tensor(v_scale)
+        # vLLM 0.34.0's FlashAttentionImpl also reads the host copies
+        self._q_scale_float = 1.0
+        self._k_scale_float = k_scale
+        self._v_scale_float = v_scale
 
 
 def make_kv_cache(

@@ -11,6 +11,8 @@ capture module is the real one.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from breakable_graph_standins import PlatformStandIn, RecordingGraph
@@ -220,31 +222,60 @@ def test_device_graph_choice() -> None:
 
 def test_runner_wrapper_choice_follows_the_toggle(monkeypatch) -> None:
     import vllm.envs as envs
-    from vllm.compilation.breakable_cudagraph import (
-        BreakableCUDAGraphWrapper,
-        is_breakable_cudagraph_enabled,
-    )
+    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
     from vllm.compilation.xpu_breakable_graph.wrapper import (
         XpuBreakableGraphWrapper,
         breakable_graph_wrapper_cls,
     )
 
-    monkeypatch.setattr(envs, "VLLM_USE_BREAKABLE_CUDAGRAPH", False, raising=False)
     monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", False, raising=False)
     assert breakable_graph_wrapper_cls() is BreakableCUDAGraphWrapper
-    assert not is_breakable_cudagraph_enabled()
     monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", True, raising=False)
     assert breakable_graph_wrapper_cls() is XpuBreakableGraphWrapper
-    assert is_breakable_cudagraph_enabled()  # arms the upstream decorator too
 
 
-def _config_stand_in(use_v2: bool):
+@pytest.mark.parametrize("toggle", [False, True])
+def test_v2_manager_builds_the_series_wrapper(monkeypatch, toggle) -> None:
+    """Patch 0006: Model Runner V2's CudaGraphManager builds its breakable
+    runner from the series' wrapper while the toggle is on, upstream's
+    otherwise (the negative control: the choice is the patch's)."""
+    from types import SimpleNamespace
+
+    import vllm.envs as envs
+    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+    from vllm.compilation.xpu_breakable_graph.backends import (
+        set_device_graph_backend_override,
+    )
+    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
+    from vllm.compilation.xpu_breakable_graph_emulation import recording_backend
+    from vllm.config import CompilationConfig
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+
+    monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", toggle, raising=False)
+    monkeypatch.setattr(type(current_platform), "_global_graph_pool", "pool")
+    set_device_graph_backend_override(recording_backend())
+    try:
+        vllm_config = SimpleNamespace(
+            compilation_config=CompilationConfig(cudagraph_capture_sizes=[8]),
+            parallel_config=SimpleNamespace(tensor_parallel_size=1),
+            model_config=None,
+        )
+        manager = SimpleNamespace(breakable_cg_runner=None, vllm_config=vllm_config)
+        CudaGraphManager.init_breakable_cg_runner(manager, torch.nn.Identity())
+    finally:
+        set_device_graph_backend_override(None)
+    runner = manager.breakable_cg_runner
+    assert isinstance(runner, BreakableCUDAGraphWrapper)
+    assert isinstance(runner, XpuBreakableGraphWrapper) is toggle
+
+
+def _config_stand_in():
     from types import SimpleNamespace
 
     from vllm.config import CompilationConfig
 
     return SimpleNamespace(
-        use_v2_model_runner=use_v2,
         compilation_config=CompilationConfig(),
         model_config=None,
         parallel_config=SimpleNamespace(pipeline_parallel_size=1),
@@ -253,88 +284,18 @@ def _config_stand_in(use_v2: bool):
     )
 
 
-def test_v2_model_runner_is_refused_with_how_to_pick_v1() -> None:
+def test_the_configuration_forces_no_runner_and_arms_v2s_path(monkeypatch) -> None:
+    """vLLM 0.34.0 has only Model Runner V2: the configuration step accepts
+    it and turns on V2's breakable path through upstream's own switch
+    (VLLM_USE_BREAKABLE_CUDAGRAPH, which VllmConfig resolves into
+    compilation_config.use_breakable_cudagraph)."""
     from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
 
-    with pytest.raises(BreakableGraphConfigError) as err:
-        configure_breakable_graph(_config_stand_in(True), _PlatformStandIn("cuda"))
-    assert "VLLM_USE_V2_MODEL_RUNNER=0" in str(err.value)
-    assert "\n" not in str(err.value)
-    ok = _config_stand_in(False)
-    configure_breakable_graph(ok, _PlatformStandIn("cuda"))  # V1: accepted
-    assert ok.compilation_config.cudagraph_capture_sizes == [8]
-
-
-def _runner_choice_stand_in():
-    """What ``VllmConfig.use_v2_model_runner`` reads, with upstream's own
-    ``_get_v2_model_runner_unsupported_features`` (series patch included)."""
-    from types import SimpleNamespace
-
-    from vllm.config import VllmConfig
-
-    cfg = SimpleNamespace(
-        attention_config=SimpleNamespace(hisparse_config=None),
-        parallel_config=SimpleNamespace(
-            distributed_executor_backend="mp",
-            pipeline_parallel_size=1,
-            use_ubatching=False,
-        ),
-        speculative_config=SimpleNamespace(
-            method="dflash", parallel_drafting=True, use_heterogeneous_vocab=False
-        ),
-    )
-    cfg._get_v2_model_runner_unsupported_features = (
-        lambda: VllmConfig._get_v2_model_runner_unsupported_features(cfg)
-    )
-    return cfg
-
-
-@pytest.mark.parametrize(
-    "toggle",
-    [
-        "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH",
-        "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA",
-    ],
-)
-def test_series_forces_the_v1_runner(monkeypatch, toggle) -> None:
-    """VLLM 0.32.0 picks V2 for Laguna + DFlash wherever Triton imports (XPU
-    ships triton-xpu). With a series toggle on, upstream's own rule picks V1
-    and says why in one line; with every toggle off V2 is chosen (negative
-    control: the forcing is the series', not upstream's)."""
-    import vllm.config.vllm as config_module
-    from vllm.config import VllmConfig
-
-    monkeypatch.setattr(config_module, "HAS_TRITON", True)  # as on XPU
-    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
-    use_v2 = VllmConfig.use_v2_model_runner.fget
-    for name in (
-        "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH",
-        "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA",
-    ):
-        monkeypatch.setenv(name, "0")
-    assert use_v2(_runner_choice_stand_in()) is True  # upstream's default
-    monkeypatch.setenv(toggle, "1")
-    cfg = _runner_choice_stand_in()
-    assert use_v2(cfg) is False
-    # the reason upstream logs once ("Model Runner V2 does not yet support ...")
-    assert any(
-        "XPU Laguna series" in f
-        for f in cfg._get_v2_model_runner_unsupported_features()
-    )
-
-
-def test_explicit_v2_reaches_the_refusal(monkeypatch) -> None:
-    """An explicit VLLM_USE_V2_MODEL_RUNNER=1 wins upstream; the graph
-    configuration then refuses it in one line that says how to pick V1."""
-    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
-    from vllm.config import VllmConfig
-
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", "1")
-    picked = VllmConfig.use_v2_model_runner.fget(_runner_choice_stand_in())
-    assert picked is True
-    with pytest.raises(BreakableGraphConfigError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
-        configure_breakable_graph(_config_stand_in(picked), _PlatformStandIn("xpu"))
+    monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
+    cfg = _config_stand_in()
+    configure_breakable_graph(cfg, _PlatformStandIn("cuda"))
+    assert cfg.compilation_config.cudagraph_capture_sizes == [8]
+    assert os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "1"
 
 
 def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
@@ -345,10 +306,10 @@ def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
     from vllm.compilation.xpu_breakable_graph_emulation import recording_backend
 
     with pytest.raises(BreakableGraphConfigError, match="XPU or CUDA"):
-        configure_breakable_graph(_config_stand_in(False), _PlatformStandIn("cpu"))
+        configure_breakable_graph(_config_stand_in(), _PlatformStandIn("cpu"))
     set_device_graph_backend_override(recording_backend())
     try:
-        configure_breakable_graph(_config_stand_in(False), _PlatformStandIn("cpu"))
+        configure_breakable_graph(_config_stand_in(), _PlatformStandIn("cpu"))
         assert "RecordingGraph" in device_graph_backend().graph_class_name
     finally:
         set_device_graph_backend_override(None)

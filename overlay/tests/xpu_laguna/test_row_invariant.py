@@ -69,18 +69,22 @@ def test_large_inputs_are_sliced_and_still_invariant():
 
 
 def test_router_sigmoid_is_row_invariant():
-    """The CPU MoE router (sigmoid scoring with a correction bias)."""
+    """The CPU MoE router (sigmoid scoring with a correction bias: vLLM
+    0.34.0's CPURouter runs upstream's _grouped_topk with one group)."""
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(8, 8, generator=gen) * 3
     bias = torch.randn(8, generator=gen) * 0.1
 
     def route(x):
-        return cpu_router._sigmoid_topk(
+        return cpu_router._grouped_topk(
             x,
-            top_k=2,
+            topk=2,
             renormalize=True,
-            e_score_correction_bias=bias,
+            num_expert_group=1,
+            topk_group=1,
+            scoring_func="sigmoid",
             routed_scaling_factor=1.0,
+            e_score_correction_bias=bias,
         )
 
     weights, ids = route(logits)

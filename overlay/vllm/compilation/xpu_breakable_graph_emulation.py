@@ -214,14 +214,21 @@ def install_cpu_emulation() -> None:
     For an in-process CPU engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
     called before the engine is built, with
     ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1``. It makes :func:`device_graph_backend`
-    return the recording backend, keeps the breakable-graph capture size
-    that the CPU platform would clear, and wraps the CPU model runner's
-    target and drafter exactly as the V1 GPU runner does on a device (the
-    CPU runner loads its model through its own ``load_model``).
+    return the recording backend, keeps the breakable-graph configuration
+    that the CPU platform would clear (mode PIECEWISE, the capture size,
+    ``use_breakable_cudagraph``), gives the CPU platform a stand-in graph
+    pool handle, and has the CPU worker capture after its warm-up through
+    Model Runner V2's own ``CudaGraphManager.capture`` (the CPU worker never
+    captures: V2's ``capture_model`` measures device memory and opens a
+    device stream, which a CPU has not, so the stand-in calls the manager
+    with the runner's buffers as ``capture_model`` does, and a capture
+    context with no stream). The manager then builds the series' wrapper
+    (``init_breakable_cg_runner``, patch 0006) and dispatches PIECEWISE
+    steps to it exactly as on a device.
     """
-    from vllm.compilation.xpu_breakable_graph import backends, config, wrapper
+    from vllm.compilation.xpu_breakable_graph import backends, config
     from vllm.platforms.cpu import CpuPlatform
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    from vllm.v1.worker.cpu_worker import CPUWorker
 
     backends.set_device_graph_backend_override(recording_backend())
     if not hasattr(torch.ops._C, "weak_ref_tensor"):
@@ -229,20 +236,57 @@ def install_cpu_emulation() -> None:
     if getattr(CpuPlatform, "_xpu_laguna_emulated", False):
         return
     original_check = CpuPlatform.check_and_update_config.__func__
-    original_load = CPUModelRunner.load_model
+    original_warm_up = CPUWorker.compile_or_warm_up_model
 
     def check_and_update_config(cls, vllm_config):
         original_check(cls, vllm_config)
         # The CPU platform clears the capture sizes and graph mode.
         config.apply_breakable_graph_settings(vllm_config)
+        vllm_config.compilation_config.use_breakable_cudagraph = True
 
-    def load_model(self, *args: Any, **kwargs: Any) -> None:
-        original_load(self, *args, **kwargs)
-        wrapper.wrap_runner_models(self)
+    def compile_or_warm_up_model(self: Any) -> Any:
+        times = original_warm_up(self)
+        _capture_on_cpu(self.model_runner)
+        return times
 
     CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
-    CPUModelRunner.load_model = load_model
+    CpuPlatform._global_graph_pool = GRAPH_CLASS_NAME
+    CPUWorker.compile_or_warm_up_model = compile_or_warm_up_model
     CpuPlatform._xpu_laguna_emulated = True
+
+
+@contextlib.contextmanager
+def _no_stream_capture(device: Any, stream: Any = None) -> Iterator[Any]:
+    from vllm.distributed.parallel_state import GraphCaptureContext
+
+    yield GraphCaptureContext(stream=stream)
+
+
+def _capture_on_cpu(runner: Any) -> None:
+    """V2's ``capture_model`` for the decoder, without its device memory
+    accounting and device stream."""
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    manager = runner.cudagraph_manager
+    if manager is None or not manager.needs_capture():
+        return
+    original = cudagraph_utils.graph_capture
+    cudagraph_utils.graph_capture = _no_stream_capture
+    try:
+        with torch.inference_mode():
+            manager.capture(
+                runner.model,
+                runner.model_state,
+                runner.input_buffers,
+                runner.intermediate_tensors,
+                runner.block_tables,
+                runner.attn_groups,
+                runner.kv_cache_config,
+                pcp_manager=runner.pcp_manager,
+                use_aux_hidden_state_outputs=runner.use_aux_hidden_state_outputs,
+            )
+    finally:
+        cudagraph_utils.graph_capture = original
 
 
 def _alias(tensor: Any) -> Any:

@@ -104,7 +104,6 @@ from vllm.compilation.xpu_breakable_graph.wrapper import (
     XpuBreakableGraphWrapper,
     breakable_graph_wrapper_cls,
     graph_accounting,
-    wrap_runner_models,
 )
 
 __all__ = [
@@ -144,6 +143,5 @@ __all__ = [
     "static_input_identities",
     "static_input_pointers",
     "static_input_probe",
-    "wrap_runner_models",
     "xpu_laguna_series_active",
 ]

@@ -37,9 +37,8 @@ def debug_checks_enabled() -> bool:
 
 def xpu_laguna_series_active() -> bool:
     """Whether a toggle of the XPU Laguna series is in effect: breakable
-    graphs, prebuilt exact metadata, or the exact verify on XPU. The series
-    is proven on the V1 model runner only, so VllmConfig lists it among the
-    features the V2 runner does not support (series patch)."""
+    graphs, prebuilt exact metadata, or the exact verify on XPU (the
+    configuration contract acts only then)."""
     if envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH or (
         envs.VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA
     ):
@@ -69,11 +68,6 @@ def configure_breakable_graph(
     def fail(msg: str) -> None:
         raise BreakableGraphConfigError(f"{prefix}: {msg}")
 
-    if vllm_config.use_v2_model_runner:
-        fail(
-            "the V2 model runner is not supported (it captures with upstream's "
-            "wrapper); set VLLM_USE_V2_MODEL_RUNNER=0 to use the V1 runner"
-        )
     override = device_graph_backend_override()
     if override is not None:
         logger.warning_once(

@@ -2,8 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The breakable-graph wrapper: one audited capture per batch descriptor,
 the static-input guard before every replay, accounting of captures and
-replays, and the model runner's hooks (wrap its models, read their
-accounting, pick the wrapper class)."""
+replays, and the model runner's hooks (read its accounting, pick the
+wrapper class)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ import contextlib
 import dataclasses
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from vllm.compilation.breakable_cudagraph import (
     BreakableCUDAGraphWrapper,
     _BreakableEntry,
 )
-from vllm.compilation.monitor import validate_cudagraph_capturing_enabled
 from vllm.compilation.xpu_breakable_graph.backends import (
     DeviceGraphBackend,
     device_graph_backend,
@@ -54,7 +53,7 @@ from vllm.model_executor.offloader.base import get_offloader
 from vllm.utils.torch_utils import weak_ref_tensors
 
 if TYPE_CHECKING:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 logger = init_logger(__name__)
 
@@ -90,12 +89,16 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         expected: ExpectedTopology | None = _AUTO,
         max_segments: int | None = None,
         debug: bool | None = None,
-        label: str = "model",
+        label: str = "target",
         runtime_mode: CUDAGraphMode | None = None,
+        key_fn: Callable[..., Hashable] | None = None,
     ) -> None:
         self.runnable = runnable
         self.vllm_config = vllm_config
         self.runtime_mode = runtime_mode
+        # As upstream: Python control flow that changes what runs (e.g. MTP
+        # module selection) keys its own captures.
+        self.key_fn = key_fn
         self.compilation_config = vllm_config.compilation_config
         self.backend = backend if backend is not None else device_graph_backend()
         self.graph_pool = self.backend.pool()
@@ -110,7 +113,7 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         self.collective_buffers = _collective_buffers(
             runnable, vllm_config, self.expected
         )
-        self.entries: dict[Any, _BreakableEntry] = {}
+        self.entries: dict[Hashable, _BreakableEntry] = {}
         self.audit: list[str] = []
         self.replays = 0
         BreakableCUDAGraphWrapper._all_instances.add(self)
@@ -130,13 +133,16 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
             self.runtime_mode is not None and mode != self.runtime_mode
         ):
             return self.runnable(*args, **kwargs)
-        entry = self.entries.get(forward_context.batch_descriptor)
+        descriptor = forward_context.batch_descriptor
+        key: Hashable = descriptor
+        if self.key_fn is not None:
+            key = (descriptor, self.key_fn(*args, **kwargs))
+        entry = self.entries.get(key)
         if entry is None or entry.capture is None:
-            descriptor = forward_context.batch_descriptor
             assert descriptor is not None
             if entry is None:
                 entry = _XpuEntry(batch_descriptor=descriptor)
-                self.entries[descriptor] = entry
+                self.entries[key] = entry
             return self._capture(entry, args, kwargs)
         # Replay (inlined: this is the per-step host path).
         if self.is_debugging_mode:
@@ -160,7 +166,6 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         self, entry: _BreakableEntry, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         assert isinstance(entry, _XpuEntry)
-        validate_cudagraph_capturing_enabled()
         self.backend.pre_capture()
         get_offloader().sync_prev_onload()
 
@@ -322,40 +327,15 @@ def _collective_buffers(
     )
 
 
-def wrap_runner_models(runner: GPUModelRunner) -> None:
-    """Wrap the runner's model and its drafter's model (when it has one) in
-    the breakable-graph wrapper: the V1 runner's breakable path on a
-    device, and the CPU emulation."""
-    # Scoped to PIECEWISE dispatch as upstream: FULL graphs (if any) are
-    # left to upstream's CUDAGraphWrapper.
-    mode = CUDAGraphMode.PIECEWISE
-    ours = breakable_graph_wrapper_cls() is XpuBreakableGraphWrapper
-
-    def wrap(model: Any, label: str) -> BreakableCUDAGraphWrapper:
-        if ours:
-            return XpuBreakableGraphWrapper(
-                model, runner.vllm_config, label=label, runtime_mode=mode
-            )
-        return BreakableCUDAGraphWrapper(model, runner.vllm_config, mode)
-
-    runner.model = wrap(runner.model, "target")
-    drafter = getattr(runner, "drafter", None)
-    if drafter is not None and hasattr(drafter, "model"):
-        drafter.model = wrap(drafter.model, "drafter")
-
-
 def graph_accounting(runner: GPUModelRunner) -> dict[str, Any]:
-    """Accounting of the runner's breakable-graph wrappers (target and
-    drafter); empty when none is installed."""
-    out: dict[str, Any] = {}
-    for label, holder in (
-        ("target", runner),
-        ("drafter", getattr(runner, "drafter", None)),
-    ):
-        model = getattr(holder, "model", None) if holder is not None else None
-        if isinstance(model, XpuBreakableGraphWrapper):
-            out[label] = model.accounting()
-    return out
+    """Accounting of the runner's breakable-graph wrapper (the target's: V2's
+    DFlash speculator captures FULL graphs or none); empty when none is
+    installed."""
+    manager = getattr(runner, "cudagraph_manager", None)
+    wrapper = getattr(manager, "breakable_cg_runner", None)
+    if isinstance(wrapper, XpuBreakableGraphWrapper):
+        return {"target": wrapper.accounting()}
+    return {}
 
 
 def breakable_graph_wrapper_cls() -> type[BreakableCUDAGraphWrapper]:
