@@ -50,6 +50,10 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
     counts = route_and_count(config.get("cpu_flash_attn", False))
     if leg.graph and config.get("emulate_graphs"):
         _install_graph_emulation()
+        # As an eager leg (enforce_eager turns it off): no JIT warm-up of the scheduler-driven
+        # Triton kernels, which only moves their first compile out of the first request, and
+        # whose grammar-bitmask kernel Triton's interpreter (the stand-in runtime) cannot run.
+        kwargs["kernel_config"] = {"enable_jit_warmup": False}
     llm = LLM(**kwargs)
     if leg.graph and config.get("fault"):
         _inject_stale_input(llm, guarded=config["fault"] == "stale-input")
