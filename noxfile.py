@@ -196,17 +196,13 @@ def _tiny_default(args: list[str]) -> list[str]:
     return ["--tiny", str(LAYOUT.tiny_models), *args]
 
 
-STAND_IN_PINS = ".ci/pins-vllm-0.34.0.toml"
-"""The next release's pins (pristine vLLM 0.34.0 on a stand-in CPU runtime) until the port moves pins.toml."""
-
-
 @nox.session(name="stand_in", reuse_venv=True, default=False)
 def stand_in(session: nox.Session) -> None:
-    """Pristine vLLM 0.34.0 on its stand-in CPU runtime (.ci/pins-vllm-0.34.0.toml): tiny Laguna offline, served, DFlash, TP 2 vs transformers."""
+    """Pristine vLLM (pins.toml, no series) on its stand-in CPU runtime: tiny Laguna offline, served, DFlash, TP 2 vs transformers; the pristine bugs the series fixes."""
     session.install(*deps("tool"))
-    # its own folder under build/cpu-runtime (a folder per release), reused; never synced: pristine upstream
-    session.run("python", "-m", "scripts.cpu_runtime", "ensure", "--pins", STAND_IN_PINS, "--no-sync")
-    python = session.run("python", "-m", "scripts.cpu_runtime", "where", "--pins", STAND_IN_PINS, silent=True).strip()
+    # a folder of its own next to the series' runtime (build/cpu-runtime/...-pristine), reused; never synced
+    session.run("python", "-m", "scripts.cpu_runtime", "ensure", "--pristine")
+    python = session.run("python", "-m", "scripts.cpu_runtime", "where", "--pristine", silent=True).strip()
     session.run(
         python, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "--timeout=1200", "tests/stand_in",
         *session.posargs, external=True,

@@ -243,14 +243,14 @@ def _write(package: Path, path: str, data: bytes) -> None:
 # ---------------------------------------------------------------- CLI
 
 
-def describe(pins_path: Path | None = None) -> dict[str, object]:
+def describe(pins_path: Path | None = None, pristine: bool = False) -> dict[str, object]:
     """``where --json``: the runtime of ``pins_path`` (default pins.toml), what is own and what stands in."""
     from scripts.cpu_stand_in import describe_runtime
     from scripts.cpu_venv import runtime_dir
     from scripts.layout import Layout
     from scripts.pins import load_pins
 
-    return describe_runtime(runtime_dir(pins_path=pins_path), load_pins(pins_path or Layout().pins))
+    return describe_runtime(runtime_dir(pins_path=pins_path, pristine=pristine), load_pins(pins_path or Layout().pins))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -276,11 +276,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="where the tiny Laguna target/ and draft/ are generated, kept when present (default: build/tiny-laguna)",
     )
     p_ensure.add_argument("--no-sync", action="store_true", help="do not sync a tree")
+    pristine_help = "the pristine runtime: upstream as released, in a folder of its own, never synced (nox -s stand_in)"
+    p_ensure.add_argument("--pristine", action="store_true", help=pristine_help + "; implies --no-sync")
     pins_help = "pins file whose [vllm] and [cpu_runtime] choose the runtime (default: the repository's pins.toml)"
     p_ensure.add_argument("--pins", type=Path, default=None, help=pins_help)
     p_ensure.add_argument("--no-models", action="store_true", help="do not generate the tiny models")
     p_where = sub.add_parser("where", help="print the runtime's python (may not exist yet)")
     p_where.add_argument("--pins", type=Path, default=None, help=pins_help)
+    p_where.add_argument("--pristine", action="store_true", help=pristine_help)
     p_where.add_argument(
         "--json",
         action="store_true",
@@ -310,14 +313,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> None:
         if args.command == "ensure":
             ensure(
-                None if args.no_sync else args.tree.resolve(),
+                None if args.no_sync or args.pristine else args.tree.resolve(),
                 None if args.no_models else (args.models or models_dir()).resolve(),
                 pins_path=args.pins.resolve() if args.pins else None,
+                pristine=args.pristine,
             )
         elif args.command == "where" and args.json:
-            print(json.dumps(describe(args.pins), indent=2))
+            print(json.dumps(describe(args.pins, args.pristine), indent=2))
         elif args.command == "where":
-            print(runtime_python(pins_path=args.pins))
+            print(runtime_python(pins_path=args.pins, pristine=args.pristine))
         elif args.command == "install":
             install(cache=args.cache, pins_path=args.pins)
         else:

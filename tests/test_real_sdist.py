@@ -89,11 +89,11 @@ def test_real_sdist_is_cached_with_the_pinned_sha_and_commit() -> None:
     assert (
         sha256_file(path)
         == pins.vllm.sdist_sha256
-        == "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"
+        == "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113"
     )
     with tarfile.open(path, "r:gz") as tar:
         text = tar.extractfile(f"vllm-{pins.vllm.version}/vllm/_version.py").read().decode()  # type: ignore[union-attr]
-    assert re.search(r"__commit_id__ = commit_id = 'g5df63a720", text), text
+    assert re.search(r"__commit_id__ = commit_id = 'g62d4bc3c7", text), text
 
 
 def test_xpu_runtime_pins_match_the_sdist_requirements() -> None:
@@ -101,21 +101,27 @@ def test_xpu_runtime_pins_match_the_sdist_requirements() -> None:
     pins = load_pins()
     with tarfile.open(fetch_sdist(pins.vllm), "r:gz") as tar:
         text = tar.extractfile(f"vllm-{pins.vllm.version}/requirements/xpu.txt").read().decode()  # type: ignore[union-attr]
+    from scripts.rebase.pins_update import parse_xpu_requirements
+
     compact = text.replace(" ", "")
     assert f"torch=={pins.xpu_runtime.torch}" in compact, text
     assert pins.xpu_runtime.vllm_xpu_kernels in text, text
+    # what the README's install instructions read from pins.toml is what the sdist pins, every key
+    read = parse_xpu_requirements(text)
+    assert read == {k: getattr(pins.xpu_runtime, k) for k in read}, read
+    assert set(read) >= {"torch", "torch_index_url", "vllm_xpu_kernels", "vllm_xpu_kernels_url", "triton"}
 
 
 def test_real_apply_makes_the_documented_commits(vxl_real: Built) -> None:
     tree = vxl_real.layout.worktree
     inputs = load_inputs(vxl_real.layout)
     subjects = synthetic.git(tree, "log", "--reverse", "--format=%s").splitlines()
-    assert subjects[0] == "upstream vLLM 0.32.0 (5df63a720) pristine"
+    assert subjects[0] == "upstream vLLM 0.34.0 (62d4bc3c7) pristine"
     assert subjects[1:-1] == [p.subject for p in inputs.patches]
     assert subjects[-1] == "overlay: lay the series' new files"
     assert len(inputs.patches) >= 1 and len(inputs.overlay) >= 1
     assert "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA" in (tree / "vllm" / "envs.py").read_text()
-    assert "g5df63a720" in (tree / "vllm" / "_version.py").read_text()
+    assert "g62d4bc3c7" in (tree / "vllm" / "_version.py").read_text()
     assert synthetic.git(tree, "status", "--porcelain", "--untracked-files=all") == ""
 
 
@@ -143,17 +149,17 @@ def test_real_wheel_name_and_contents(vxl_real: Built) -> None:
     with zipfile.ZipFile(vxl_real.wheel) as zf:
         names = set(zf.namelist())
         record = json.loads(zf.read(RECORD_PATH))
-        metadata = zf.read(f"vllm-0.32.0+xpu.{inputs.label}.dist-info/METADATA").decode()
+        metadata = zf.read(f"vllm-0.34.0+xpu.{inputs.label}.dist-info/METADATA").decode()
         for item in inputs.overlay:
             if item.relpath.startswith("vllm/"):
                 assert hashlib.sha256(zf.read(item.relpath)).hexdigest() == item.sha256
-    assert f"Version: 0.32.0+xpu.{inputs.label}\n" in metadata
-    # the XPU build of vLLM 0.32.0 compiles nothing: setup.py adds its two small CMake extensions
+    assert f"Version: 0.34.0+xpu.{inputs.label}\n" in metadata
+    # the XPU build of vLLM 0.34.0 compiles nothing: setup.py adds its two small CMake extensions
     # (spinloop, fs_io_C) only `if not _is_xpu()`; the kernels come from vllm_xpu_kernels
     extensions = sorted(n for n in names if n.endswith(".so"))
     assert extensions == [], extensions
     # the provenance record: pins, every patch with its sha256, overlay hashes, tool revision
-    assert record["version"] == f"0.32.0+xpu.{inputs.label}"
+    assert record["version"] == f"0.34.0+xpu.{inputs.label}"
     assert record["pins"]["vllm"]["sdist_sha256"] == inputs.pins.vllm.sdist_sha256
     assert [(p["name"], p["sha256"]) for p in record["patches"]] == [
         (p.name, hashlib.sha256(p.path.read_bytes()).hexdigest()) for p in inputs.patches

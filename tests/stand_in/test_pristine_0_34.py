@@ -1,8 +1,8 @@
 """Pristine vLLM 0.34.0 on its stand-in CPU runtime serves the tiny Laguna: greedy tokens equal to transformers.
 
-Run by ``nox -s stand_in`` INSIDE the stand-in runtime's python (built from
-``.ci/pins-vllm-0.34.0.toml``, never synced with the series' tree); anywhere else every test here
-is skipped. ``nox -s tests`` does not collect this folder (``--ignore=tests/stand_in``), and
+Run by ``nox -s stand_in`` INSIDE the pristine stand-in runtime's python (pins.toml's release,
+``cpu_runtime ensure --pristine``: a folder of its own, never synced with the series' tree); anywhere
+else every test here is skipped. ``nox -s tests`` does not collect this folder (``--ignore=tests/stand_in``), and
 ``nox -s cpu_tests`` runs ``tests/e2e`` only.
 
 Each case is one engine of :mod:`scripts.measure.stand_in_proof` (a fresh interpreter with the
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.skipif(
 def models() -> Path:
     folder = Layout().tiny_models
     if not (folder / "target" / "config.json").is_file() or not (folder / "draft" / "config.json").is_file():
-        pytest.fail(f"no tiny Laguna pair in {folder} (`python -m scripts.cpu_runtime ensure --pins ...` makes it)")
+        pytest.fail(f"no tiny Laguna pair in {folder} (`python -m scripts.cpu_runtime ensure --pristine` makes it)")
     return folder
 
 
