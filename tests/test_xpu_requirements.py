@@ -33,6 +33,8 @@ def test_real_0_32_0_xpu_requirements_give_the_pinned_runtime() -> None:
         "torch_index_url": TORCH_INDEX,
         "vllm_xpu_kernels": "0.1.15.4",
         "vllm_xpu_kernels_url": "https://wheels.vllm.ai/xpu/",
+        "triton": "3.8.0+xpu",
+        "triton_index_url": "https://wheels.vllm.ai/xpu/",
     }
 
 

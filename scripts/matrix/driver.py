@@ -35,6 +35,8 @@ def _graph_expectation(
         tp: GraphExpectation(
             target=decoder_topology(_num_layers(target), tp),
             drafter=decoder_topology(_num_layers(draft), tp),
+            # V2's DFlash drafter runs eagerly under PIECEWISE (docs/rebase/0.32.0-to-0.34.0.md)
+            drafter_wrapped=False,
             min_replays=args.min_graph_replays,
         )
         for tp, (target, draft) in models.items()

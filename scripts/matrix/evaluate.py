@@ -111,9 +111,14 @@ def collectives_per_step(
     if leg.graph and graphs:
         out: dict[str, Any] = {"source": "graph accounting (collective breaks per capture)"}
         for label in ("target", "drafter"):
+            if label not in graphs:
+                continue  # an eager drafter (V2's DFlash under PIECEWISE): counted below
             caps = graphs.get(label, {}).get("captures", [])
             counts = sorted({c.get("breaks_by_kind", {}).get("collective", 0) for c in caps})
             out[label] = counts[0] if len(counts) == 1 else counts
+        if "drafter" not in out and leg.speculative and expectation is not None:
+            out["drafter"] = expectation.drafter.collective
+            out["source"] += "; eager drafter: derived 2L + 1" if tp > 1 else "; eager drafter"
         return out
     if expectation is None:
         return {}

@@ -32,6 +32,9 @@ class GraphExpectation:
     target: Topology
     drafter: Topology
     min_replays: int
+    # False: the drafter is not under a breakable-graph wrapper (Model Runner V2's DFlash speculator
+    # captures FULL decode graphs or none, never PIECEWISE: eager under the series' graph mode)
+    drafter_wrapped: bool = False
 
 
 def graph_leg_is_emulated(graphs: dict[str, Any]) -> bool:
@@ -39,11 +42,18 @@ def graph_leg_is_emulated(graphs: dict[str, Any]) -> bool:
 
 
 def check_graph_accounting(graphs: dict[str, Any], expected: GraphExpectation | None) -> list[str]:
-    """Mismatches between the wrappers' own accounting and the expected topology: both target
-    and drafter wrapped, every captured shape with the expected graphs and breaks by kind, and at
-    least ``min_replays`` replays of each."""
+    """Mismatches between the wrappers' own accounting and the expected topology: the target (and
+    the drafter, when a drafter topology is expected) wrapped, every captured shape with the
+    expected graphs and breaks by kind, and at least ``min_replays`` replays of each; a wrapped
+    drafter where none is expected is a mismatch too."""
     notes: list[str] = []
-    for label in ("target", "drafter"):
+    labels = ["target"]
+    if expected is not None and not expected.drafter_wrapped:
+        if graphs.get("drafter"):
+            notes.append("graphs: the drafter is under a breakable-graph wrapper, expected eager (V2's DFlash policy)")
+    else:
+        labels.append("drafter")
+    for label in labels:
         acc = graphs.get(label)
         if not acc:
             notes.append(f"graphs: no breakable-graph wrapper accounting for the {label}")

@@ -91,16 +91,22 @@ def _kernels_index(parsed: RequirementsFile, torch_index: str | None) -> str:
     return chosen[0].rstrip("/") + "/"
 
 
-def _triton_index(parsed: RequirementsFile, taken: set[str]) -> str:
-    """The extra index that serves the XPU Triton build: the one index the file names besides
-    torch's and the kernels'."""
-    others = [url for url in dict.fromkeys(parsed.indexes) if url.rstrip("/") + "/" not in taken]
+def _triton_index(parsed: RequirementsFile, torch_index: str | None, kernels_index: str | None) -> str:
+    """The extra index that serves the XPU Triton build: the one index besides torch's (0.32.0: the
+    one that also serves the kernels), or of several the one that is not the kernels' own (0.34.0)."""
+
+    def norm(url: str | None) -> str:
+        return (url or "").rstrip("/") + "/"
+
+    others = [url for url in dict.fromkeys(parsed.indexes) if norm(url) != norm(torch_index)]
+    if len(others) > 1:
+        others = [url for url in others if norm(url) != norm(kernels_index)]
     if len(others) != 1:
         raise ToolError(
             f"{parsed.path}: cannot tell which index serves triton: {others or 'no indexes'} besides torch's "
             "and the kernels'; set [xpu_runtime] by hand"
         )
-    return others[0].rstrip("/") + "/"
+    return norm(others[0])
 
 
 def parse_xpu_requirements(text: str, path: str = "requirements/xpu.txt") -> Json:
@@ -128,8 +134,9 @@ def parse_xpu_requirements(text: str, path: str = "requirements/xpu.txt") -> Jso
         if triton.requirement.url or len(specs) != 1 or "*" in specs[0]:
             raise ToolError(f"{path}:{triton.number}: {triton.text!r} pins no single triton build for pins.toml")
         found["triton"] = specs[0]  # with its local label (3.9.0+xpu): the index serves that build
-        taken = {str(found.get(k, "")).rstrip("/") + "/" for k in ("torch_index_url", "vllm_xpu_kernels_url")}
-        found["triton_index_url"] = _triton_index(parsed, taken)
+        found["triton_index_url"] = _triton_index(
+            parsed, found.get("torch_index_url"), found.get("vllm_xpu_kernels_url")
+        )
     return found
 
 

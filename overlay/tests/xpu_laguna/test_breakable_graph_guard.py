@@ -188,7 +188,19 @@ def test_structure_changes_are_refused() -> None:
     with pytest.raises(StaticInputMismatchError):
         call({**kwargs, "extra": torch.zeros(N)}, slots)
     with pytest.raises(StaticInputMismatchError):
-        call({k: v for k, v in kwargs.items() if k != "embeds"}, slots)
+        call({k: v for k, v in kwargs.items() if k != "positions"}, slots)
+    with pytest.raises(StaticInputMismatchError):
+        call({**kwargs, "embeds": torch.zeros(N)}, slots)
+
+
+def test_a_keyword_passed_as_none_equals_one_not_passed() -> None:
+    """Model Runner V2 captures without ``inputs_embeds`` and passes
+    ``inputs_embeds=None`` on real steps: the same call, replayed."""
+    runner, wrapper, call, kwargs, slots = _stepped()
+    without = {k: v for k, v in kwargs.items() if k != "embeds"}
+    assert torch.equal(call(without, slots), runner.expected(kwargs, slots))
+    more = {**kwargs, "intermediate_tensors": None}
+    assert torch.equal(call(more, slots), runner.expected(kwargs, slots))
 
 
 def test_probe_agrees_with_the_general_form() -> None:

@@ -23,9 +23,9 @@ from typing import Any
 MARK_ENV = "XPU_LAGUNA_EMULATED_GRAPHS"
 # The first of these to be imported installs the emulation: the config's checks import the
 # breakable-graph package (any of its modules imports the package first) in the processes that
-# build or check a config (API server, engine core), the CPU worker imports its runner before it
+# build or check a config (API server, engine core), the CPU worker process imports its worker module before it
 # loads the model (it gets its config pickled).
-HOOKED_MODULES = frozenset({"vllm.compilation.xpu_breakable_graph", "vllm.v1.worker.cpu_model_runner"})
+HOOKED_MODULES = frozenset({"vllm.compilation.xpu_breakable_graph", "vllm.v1.worker.cpu_worker"})
 _installed = False
 
 

@@ -104,6 +104,18 @@ def configure_breakable_graph(
             f"max_cudagraph_capture_size must be the verify width {width}, not "
             f"{cc.max_cudagraph_capture_size}"
         )
+    if cc.prefill_cudagraph_capture_token_sizes not in (None, [width]):
+        fail(
+            f"captures exactly the verify width [{width}], not "
+            f"prefill_cudagraph_capture_token_sizes "
+            f"{cc.prefill_cudagraph_capture_token_sizes}"
+        )
+    if cc.decode_cudagraph_capture_request_sizes not in (None, []):
+        fail(
+            "captures PIECEWISE graphs only, not FULL decode graphs of "
+            f"decode_cudagraph_capture_request_sizes "
+            f"{cc.decode_cudagraph_capture_request_sizes}"
+        )
     pc = vllm_config.parallel_config
     if pc.pipeline_parallel_size > 1:
         fail("does not support pipeline parallelism")
@@ -138,10 +150,16 @@ def configure_breakable_graph(
 
 
 def apply_breakable_graph_settings(vllm_config: VllmConfig) -> None:
-    """Compilation mode NONE, PIECEWISE, one capture size: the verify width."""
+    """Compilation mode NONE, PIECEWISE, one capture size: the verify width. Model
+    Runner V2 captures PIECEWISE graphs by token count from
+    ``prefill_cudagraph_capture_token_sizes`` (``cudagraph_capture_sizes`` is
+    deprecated there), and no FULL decode graphs."""
     width = int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH)
     cc = vllm_config.compilation_config
     cc.mode = CompilationMode.NONE
     cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
     cc.cudagraph_capture_sizes = [width]
     cc.max_cudagraph_capture_size = width
+    cc.prefill_cudagraph_capture_token_sizes = [width]
+    cc.max_prefill_cudagraph_capture_tokens = width
+    cc.decode_cudagraph_capture_request_sizes = []

@@ -136,9 +136,10 @@ def static_input_probe(
     """The replay guard's probe, built at capture: ``probe(args, kwargs,
     slot_mapping)`` returns a tuple that equals the capture's as long as the
     tensor arguments and the slot mapping of each KV-cache group are at the
-    captured addresses and the call has the captured structure (number of
-    keywords and of slot-mapping layers, the non-tensor keywords still
-    None); else another tuple (``_MOVED`` when the structure differs).
+    captured addresses and the call has the captured structure (the
+    keywords that carry a value, the number of slot-mapping layers, the
+    non-tensor keywords still None or absent); else another tuple
+    (``_MOVED`` when the structure differs).
 
     For the model runner's calling convention (keyword arguments only, the
     non-tensor ones None, a slot-mapping dict) the probe is straight-line
@@ -163,11 +164,14 @@ def static_input_probe(
     namespace.update((f"s{i}", k) for i, k in enumerate(slot_names))
     reads = [f"kwargs[k{i}].data_ptr(), " for i in range(len(tensors))]
     reads += [f"slot_mapping[s{i}].data_ptr(), " for i in range(len(slot_names))]
-    nones = "".join(f" or kwargs[n{i}] is not None" for i in range(len(others)))
+    # a keyword passed as None equals one not passed (Model Runner V2 passes
+    # inputs_embeds=None on real steps, not at capture)
+    nones = "".join(f" or kwargs.get(n{i}) is not None" for i in range(len(others)))
     source = (
         "def probe(args, kwargs, slot_mapping):\n"
         "    try:\n"
-        f"        if args or len(kwargs) != {len(kwargs)} or "
+        "        if args or sum(v is not None for v in kwargs.values()) != "
+        f"{len(tensors)} or "
         f"len(slot_mapping) != {len(slot_mapping)}{nones}:\n"
         "            return _MOVED\n"
         f"        return ({''.join(reads)})\n"
