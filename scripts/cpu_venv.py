@@ -90,9 +90,7 @@ def _check_stand_in_tree(tree: Path, pins_path: Path | None) -> None:
         check_tree_release(tree, pins.vllm.version)
 
 
-def ensure(
-    tree: Path | None, models: Path | None, pins_path: Path | None = None, pristine: bool = False
-) -> Path:
+def ensure(tree: Path | None, models: Path | None, pins_path: Path | None = None, pristine: bool = False) -> Path:
     """Create or reuse the runtime (of ``pins_path``, default the repository's pins.toml), sync
     ``tree`` into it, generate the tiny models in ``models``; return its python. A ``pristine``
     runtime (upstream as released, its own folder) takes no tree."""

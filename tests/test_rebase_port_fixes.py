@@ -16,9 +16,9 @@ from test_rebase import NEW, new_files, prepare, release, report_of, run_stopped
 
 import synthetic
 from scripts.errors import ToolError
+from scripts.layout import REPO_ROOT
 from scripts.rebase import rebase
 from scripts.rebase.pins_update import rewrite_pins, torch_release_pinned
-from scripts.layout import REPO_ROOT
 from synthetic import Change, SyntheticProject
 
 OLD_CHECK = "Effect-Check: grep -q laguna_hook vllm/runner_v1.py\n"

@@ -157,7 +157,9 @@ def rewrite_pins(text: str, updates: dict[str, dict[str, str]], optional: frozen
             last_key[table] = number
         if table in updates and match and match.group(2) in updates[table]:
             key = match.group(2)
-            lines[number] = f'{match.group(1)}"{_safe(table, key, updates[table][key])}"{match.group(3)}{match.group(4)}'
+            lines[number] = (
+                f'{match.group(1)}"{_safe(table, key, updates[table][key])}"{match.group(3)}{match.group(4)}'
+            )
             done.add((table, key))
     missing = [(t, k) for t, keys in updates.items() for k in keys if (t, k) not in done]
     absent = [f"[{t}].{k}" for t, k in missing if k not in optional or t not in last_key]

@@ -285,8 +285,8 @@ def _config_stand_in():
 
 
 def test_the_configuration_forces_no_runner_and_arms_v2s_path(monkeypatch) -> None:
-    """vLLM 0.34.0 has only Model Runner V2: the configuration step accepts
-    it and turns on V2's breakable path through upstream's own switch
+    """Model Runner V2 is vLLM 0.34.0's only runner: the configuration step
+    accepts it and turns on V2's breakable path through upstream's own switch
     (VLLM_USE_BREAKABLE_CUDAGRAPH, which VllmConfig resolves into
     compilation_config.use_breakable_cudagraph)."""
     from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph

@@ -147,7 +147,7 @@ def test_reference_split_count_changes_the_bits_not_the_value():
     q, k, v, table = _paged(8192, 1)
     outs = {n: _decode(q, k, v, table, 8192, n) for n in (1, 10, 32)}
     dense = _decode(q, k, v, table, 8192, 1)
-    for n, out in outs.items():
+    for out in outs.values():
         torch.testing.assert_close(out.float(), dense.float(), atol=2e-2, rtol=2e-2)
     assert not torch.equal(outs[10], outs[32])
     assert not torch.equal(outs[1], outs[32])
