@@ -39,12 +39,15 @@ ever reallocated after the first use.
 Width 1 (a single-request decode on the exact path) never uses the buffers:
 it is built inline.
 
-KV-cache groups: the V1 runner builds metadata once per (spec, builder type)
-and hands it to the other groups through ``update_block_table``. Laguna has
-several sliding-window groups with different block tables, so the builder's
-``update_block_table`` re-expands into its own buffers (:meth:`rebind`) and
-the layer forward checks (:meth:`check_source`) that the expanded table was
-made from the block table of the metadata it runs with.
+KV-cache groups: Model Runner V2 (``vllm/v1/worker/gpu/attn_utils.py``)
+builds each attention group's metadata with that group's own builder (it
+reuses metadata through ``update_block_table`` for Mamba groups only), so
+each builder refreshes its own buffers. Laguna has several sliding-window
+groups with different block tables; should a runner hand one group's
+metadata to another through ``update_block_table`` (the V1 runner did), the
+builder re-expands into its own buffers (:meth:`rebind`), and the layer
+forward checks (:meth:`check_source`) that the expanded table was made from
+the block table of the metadata it runs with.
 """
 
 import torch
