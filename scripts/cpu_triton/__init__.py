@@ -14,9 +14,12 @@ So :mod:`scripts.cpu_stand_in` copies into the runtime's site-packages:
   ``TRITON_INTERPRET`` is unset), found by Triton through
 * ``xpu_laguna_triton_cpu-0.dist-info/entry_points.txt``: ``[triton.backends] cpu = ...``;
 * ``xpu_laguna_triton_interpret.pth``: sets ``TRITON_INTERPRET=1`` (unless set) in every interpreter
-  of the runtime at start-up, spawned engine cores and workers included.
+  of the runtime at start-up, spawned engine cores and workers included, and installs
+  ``xpu_laguna_triton_cpu/masks.py``: the interpreter then takes a non-boolean mask as ``!= 0``,
+  as compiled Triton does (PyPI Triton 3.9.0's interpreter refuses one that V2's kernels build).
 
-No Triton or vLLM file is edited.
+No Triton or vLLM file is edited (the mask fix patches the interpreter's class when Triton
+imports it).
 """
 
 from __future__ import annotations
@@ -27,4 +30,6 @@ HERE = Path(__file__).resolve().parent
 PACKAGE = "xpu_laguna_triton_cpu"
 DIST_INFO = f"{PACKAGE}-0.dist-info"
 PTH = "xpu_laguna_triton_interpret.pth"
-PTH_TEXT = "import os; os.environ.setdefault('TRITON_INTERPRET', '1')\n"
+PTH_TEXT = (
+    "import os; os.environ.setdefault('TRITON_INTERPRET', '1'); import xpu_laguna_triton_cpu.masks as m; m.install()\n"
+)

@@ -68,7 +68,7 @@ def test_every_key_is_a_vllm_serve_option_and_arrives(recipe: Recipe) -> None:
     command.validate(args)
     for dest, value in _expected(recipe).items():
         got = getattr(args, dest)
-        if dest == "compilation_config":
+        if dest in ("compilation_config", "kernel_config"):
             got = {k: getattr(got, k, None) if not isinstance(got, dict) else got.get(k) for k in value}
             got = {k: getattr(v, "name", v) for k, v in got.items()}
         assert got == value, dest
@@ -130,7 +130,7 @@ def test_negative_control_a_narrower_width_is_refused(monkeypatch: pytest.Monkey
 def _api_server_parser() -> argparse.ArgumentParser:
     """The parser of ``python -m vllm.entrypoints.openai.api_server`` (what the tooling starts), built as
     its ``main`` builds it."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     return make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))

@@ -183,6 +183,13 @@ class RecordingGraph:
             res = func(*args, **kwargs)
             for dst, src in zip(tree_flatten(out)[0], tree_flatten(res)[0]):
                 if isinstance(dst, torch.Tensor) and dst is not src:
+                    if dst.shape != src.shape:
+                        # a device kernel keeps its captured launch shape
+                        raise RuntimeError(
+                            f"emulated replay: {func.name()} gave shape "
+                            f"{tuple(src.shape)}, captured {tuple(dst.shape)} (a "
+                            "data-dependent shape inside a captured segment)"
+                        )
                     dst.copy_(src)
 
 

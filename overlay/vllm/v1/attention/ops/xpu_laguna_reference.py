@@ -385,22 +385,32 @@ def reshape_and_cache_flash(
         )
     num_tokens = slot_mapping.shape[0]
     slots = slot_mapping.to(torch.long)
-    valid = slots >= 0
-    slots = slots[valid]
-    block_size = key_cache.shape[1]
-    block_idx = slots // block_size
-    block_off = slots % block_size
-    k = key[:num_tokens][valid]
-    v = value[:num_tokens][valid]
+    k = key[:num_tokens]
+    v = value[:num_tokens]
     if kv_cache_dtype == "auto":
-        key_cache[block_idx, block_off] = k.to(key_cache.dtype)
-        value_cache[block_idx, block_off] = v.to(value_cache.dtype)
-        return
-    fp8 = _FP8_CACHE_DTYPES[kv_cache_dtype]
-    kq = (k.to(torch.float32) / _scalar(k_scale)).to(fp8)
-    vq = (v.to(torch.float32) / _scalar(v_scale)).to(fp8)
-    if key_cache.dtype != fp8:
-        kq = kq.view(key_cache.dtype)
-        vq = vq.view(value_cache.dtype)
-    key_cache[block_idx, block_off] = kq
-    value_cache[block_idx, block_off] = vq
+        kq, vq = k.to(key_cache.dtype), v.to(value_cache.dtype)
+    else:
+        fp8 = _FP8_CACHE_DTYPES[kv_cache_dtype]
+        kq = (k.to(torch.float32) / _scalar(k_scale)).to(fp8)
+        vq = (v.to(torch.float32) / _scalar(v_scale)).to(fp8)
+        if key_cache.dtype != fp8:
+            kq = kq.view(key_cache.dtype)
+            vq = vq.view(value_cache.dtype)
+    # Static shapes throughout (a captured device kernel has no data-dependent
+    # shape, and Model Runner V2 captures with every slot padding): a padding
+    # row rewrites the first valid row's slot with that row's values, or, when
+    # no row is valid, the cache's first slot with its own content; duplicate
+    # targets then carry identical values.
+    valid = slots >= 0
+    any_valid = valid.any()
+    first = torch.argmax(valid.to(torch.int8))
+    target = torch.where(valid, slots, torch.where(any_valid, slots[first], 0))
+    block_size = key_cache.shape[1]
+    block_idx = target // block_size
+    block_off = target % block_size
+    rows = valid.view(-1, *([1] * (kq.dim() - 1)))
+    for cache, src in ((key_cache, kq), (value_cache, vq)):
+        if cache.element_size() == 1:  # FP8 caches: select on the bytes
+            cache, src = cache.view(torch.uint8), src.view(torch.uint8)
+        pad = torch.where(any_valid, src[first], cache[0, 0])
+        cache[block_idx, block_off] = torch.where(rows, src, pad)
