@@ -179,8 +179,8 @@ def cpu_tiny_recipe(width: int = VERIFY_WIDTH) -> Recipe:
         Setting(
             "kernel-config",
             {"enable_jit_warmup": False},
-            "CPU stand-in runtime: no JIT warm-up (it only moves first compiles; Triton's interpreter "
-            "cannot run the grammar-bitmask kernel it launches)",
+            "CPU stand-in runtime: no JIT warm-up (it only moves first compiles out of the first request, "
+            "and costs start-up time where Triton runs interpreted)",
         ),
         Setting(
             "chat-template",

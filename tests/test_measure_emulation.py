@@ -33,7 +33,7 @@ def _fake_vllm(root: Path) -> Path:
     (pkg / "compilation" / "xpu_breakable_graph").mkdir()
     (pkg / "compilation" / "xpu_breakable_graph" / "__init__.py").write_text("")
     (pkg / "compilation" / "xpu_breakable_graph" / "config.py").write_text("")
-    (pkg / "v1" / "worker" / "cpu_model_runner.py").write_text("")
+    (pkg / "v1" / "worker" / "cpu_worker.py").write_text("")
     (pkg / "other.py").write_text("")
     (pkg / "compilation" / "xpu_breakable_graph_emulation.py").write_text(
         "CALLS = 0\n\ndef install_cpu_emulation():\n    global CALLS\n    CALLS += 1\n"
@@ -56,16 +56,16 @@ def _run(tmp_path: Path, module: str, **env: str) -> str:
     [
         "vllm.compilation.xpu_breakable_graph",
         "vllm.compilation.xpu_breakable_graph.config",  # what the config's checks import
-        "vllm.v1.worker.cpu_model_runner",
+        "vllm.v1.worker.cpu_worker",  # what a CPU worker process imports before it loads the model
     ],
 )
-def test_hook_installs_once_when_vllm_loads_the_wrapper_or_the_cpu_runner(tmp_path: Path, module: str) -> None:
+def test_hook_installs_once_when_vllm_loads_the_wrapper_or_the_cpu_worker(tmp_path: Path, module: str) -> None:
     out = _run(tmp_path, module, VLLM_XPU_LAGUNA_BREAKABLE_GRAPH="1", **emulated_graphs_env())
     assert out == "False 1"  # nothing of vLLM imported at start-up; installed once
 
 
 def test_hook_installs_once_for_both_modules(tmp_path: Path) -> None:
-    module = "vllm.compilation.xpu_breakable_graph, vllm.v1.worker.cpu_model_runner"
+    module = "vllm.compilation.xpu_breakable_graph, vllm.v1.worker.cpu_worker"
     out = _run(tmp_path, module, VLLM_XPU_LAGUNA_BREAKABLE_GRAPH="1", **emulated_graphs_env())
     assert out == "False 1"
 

@@ -51,8 +51,8 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
     if leg.graph and config.get("emulate_graphs"):
         _install_graph_emulation()
         # As an eager leg (enforce_eager turns it off): no JIT warm-up of the scheduler-driven
-        # Triton kernels, which only moves their first compile out of the first request, and
-        # whose grammar-bitmask kernel Triton's interpreter (the stand-in runtime) cannot run.
+        # Triton kernels, which only moves their first compile out of the first request and costs
+        # start-up time on the stand-in runtime (Triton interpreted).
         kwargs["kernel_config"] = {"enable_jit_warmup": False}
     llm = LLM(**kwargs)
     if leg.graph and config.get("fault"):
@@ -203,7 +203,8 @@ def _inject_stale_input(llm: Any, guarded: bool) -> None:
     def inject(worker: Any) -> None:
         from vllm.forward_context import get_forward_context, is_forward_context_available
 
-        wrapper = worker.model_runner.model
+        # Model Runner V2's breakable runner (the series' wrapper), built when it captured
+        wrapper = worker.model_runner.cudagraph_manager.breakable_cg_runner
         real = type(wrapper)
         previous: list[Any] = []
 
