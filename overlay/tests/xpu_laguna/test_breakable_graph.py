@@ -294,8 +294,44 @@ def test_the_configuration_forces_no_runner_and_arms_v2s_path(monkeypatch) -> No
     monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
     cfg = _config_stand_in()
     configure_breakable_graph(cfg, _PlatformStandIn("cuda"))
-    assert cfg.compilation_config.cudagraph_capture_sizes == [8]
+    cc = cfg.compilation_config
+    assert cc.cudagraph_capture_sizes == [8]
+    assert cc.prefill_cudagraph_capture_token_sizes == [8]
+    assert cc.max_prefill_cudagraph_capture_tokens == 8
+    assert cc.decode_cudagraph_capture_request_sizes == []
     assert os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "1"
+
+
+@pytest.mark.parametrize(
+    "field,value,accepted,message",
+    [
+        ("prefill_cudagraph_capture_token_sizes", [16], False, "not prefill_"),
+        ("prefill_cudagraph_capture_token_sizes", [4, 8], False, "not prefill_"),
+        ("prefill_cudagraph_capture_token_sizes", [8], True, ""),
+        ("decode_cudagraph_capture_request_sizes", [1, 2], False, "FULL decode"),
+        ("decode_cudagraph_capture_request_sizes", [], True, ""),
+    ],
+)
+def test_v2_capture_sizes_other_than_the_width_are_refused(
+    monkeypatch, field, value, accepted, message
+) -> None:
+    """V2's own capture-size fields: PIECEWISE prefill graphs of exactly the
+    verify width and no FULL decode graphs; anything else is refused in one
+    line (the accepted rows are the negative control: the same call with the
+    width's value passes)."""
+    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
+
+    monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
+    cfg = _config_stand_in()
+    setattr(cfg.compilation_config, field, value)
+    if accepted:
+        configure_breakable_graph(cfg, _PlatformStandIn("cuda"))
+        assert getattr(cfg.compilation_config, field) == value
+        return
+    with pytest.raises(BreakableGraphConfigError) as info:
+        configure_breakable_graph(cfg, _PlatformStandIn("cuda"))
+    text = str(info.value)
+    assert message in text and str(value) in text and "\n" not in text
 
 
 def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
