@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,10 +14,12 @@ from scripts.cpu_slots import OMP_BIND_ENV
 from scripts.matrix.cli import main
 from scripts.matrix.evaluate import evaluate
 from scripts.matrix.legs import EQUAL_BY_ARITHMETIC, LEGS, STANDIN_ENV, TP4_LEGS, TP_REDUCE_ENV
-from scripts.matrix.runner import leg_environment
+from scripts.matrix.runner import leg_environment, standin_dir
+from scripts.measure.emulation import PLUGIN_DIR
 from tests.test_matrix_logprobs import TEACHER, _out
 
 LEG = {leg.name: leg for leg in LEGS}
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_tp2_legs_carry_the_reduction_toggles_and_no_fixed_cpu_binding() -> None:
@@ -31,6 +35,23 @@ def test_tp_legs_install_the_series_hooks_in_their_workers() -> None:
     assert env["XPU_LAGUNA_CPU_SERIES_ATTENTION"] == "1" and env["XPU_LAGUNA_EMULATED_GRAPHS"] == "1"
     assert env["PYTHONPATH"].endswith(":/x") and "series_attention" in env["PYTHONPATH"]
     assert "XPU_LAGUNA_CPU_SERIES_ATTENTION" not in leg_environment(LEG["teacher"], 1, "cpu", {})
+
+
+def test_ring_legs_reach_the_test_side_xccl_standin() -> None:
+    """The ring stand-in is test code in the tree's tests/xpu_laguna; a TP leg with it on gets that
+    folder on PYTHONPATH (the series-attention folder's plugin registers it in each worker), and the
+    plugin folder names the entry point."""
+    ring = leg_environment(LEG["dflash-ring-tp2-diagnostic"], 1, "cpu", {})
+    assert ring[STANDIN_ENV] == "1" and TP_REDUCE_ENV in ring
+    folders = ring["PYTHONPATH"].split(os.pathsep)
+    assert str(standin_dir()) in folders and any("series_attention" in f for f in folders)
+    assert (REPO / "overlay" / "tests" / "xpu_laguna" / "xccl_ring_standin.py").is_file()
+    assert standin_dir().parts[-2:] == ("tests", "xpu_laguna")
+    entry = next(PLUGIN_DIR.glob("*.dist-info")) / "entry_points.txt"
+    assert "xpu_laguna_cpu_xccl_standin = xpu_laguna_cpu_xccl_standin:register" in entry.read_text()
+    # negative control: a TP leg without the stand-in gets no test folder
+    plain = leg_environment(replace(LEG["dflash-ring-tp2-diagnostic"], xccl_standin=False), 1, "cpu", {})
+    assert str(standin_dir()) not in plain["PYTHONPATH"].split(os.pathsep)
 
 
 def test_each_leg_is_gated_against_its_own_teacher() -> None:

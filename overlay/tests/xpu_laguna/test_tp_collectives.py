@@ -5,9 +5,13 @@
 Real multi-process gloo groups on CPU (2 and 4 ranks, forked from this
 process so that torch and vLLM are imported once). A verify step all-reduces
 an 8-row message, the teacher's decode of the same token a 1-row message; a
-row is exact when its bits are the same in both. The XCCL ring stand-in must
-show rows that are not (at 4 ranks: this is the device's behaviour the fix
-exists for), the fixed rank-order sum none.
+row is exact when its bits are the same in both. The XCCL ring stand-in
+(``xccl_ring_standin.py``, test code registered in the ranks) must show rows
+that are not (at 4 ranks: this is the device's behaviour the fix exists for),
+the fixed rank-order sum none. The production forms of the rank-order sum
+(adds into the output; each rank's slice summed on that rank, then gathered)
+must give the bits of the form before them (:func:`reference_rank_order`, kept
+here) at every size, layout and buffer the callers use.
 
 Expected values are computed here from the inputs with plain torch adds in
 the order the test names, or written down by hand (the ring-order case), never
@@ -28,6 +32,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+import xccl_ring_standin as standin
 
 import vllm._custom_ops  # noqa: F401  (loads the CPU SHM ops before the fork)
 import vllm.config  # noqa: F401  (imported by the communicators; before the fork)
@@ -80,8 +85,25 @@ def _plain(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
+def reference_rank_order(x: torch.Tensor, group) -> torch.Tensor:
+    """The rank-order sum as 0010 first shipped it (kept as the reference of
+    the cheaper forms): all-gather, clone rank 0's copy, add the others in
+    place in rank order, copy out."""
+    world = dist.get_world_size(group)
+    flat = x.contiguous().view(-1)
+    gathered = torch.empty(world * flat.numel(), dtype=x.dtype)
+    dist.all_gather_single(gathered, flat, group=group)
+    rows = gathered.view(world, -1)
+    acc = rows[0].clone()
+    for rank in range(1, world):
+        acc.add_(rows[rank])
+    out = torch.empty_like(x)
+    out.copy_(acc.view(x.shape))
+    return out
+
+
 METHODS = {
-    "standin": xc.xccl_ring_standin_all_reduce,
+    "standin": standin.xccl_ring_all_reduce,
     "rank_order": xc.rank_order_all_reduce,
     "plain": _plain,
 }
@@ -129,6 +151,107 @@ def _scenarios(rank: int, world: int, group) -> dict:
         for name in ("standin", "rank_order"):
             out[("ring_order", name, rows)] = METHODS[name](x, group).float().numpy()
     out["hook"] = _hook_through_cpu_communicator(x, group)
+    out.update(_forms(rank, world, group))
+    return out
+
+
+# Message sizes of the form checks: decode and verify rows, a size no world
+# divides (3 x 1023), a tiny one with empty slices at 4 ranks (9: slices
+# 3, 3, 3, 0), and messages at and over the scatter threshold, even and odd.
+_BIG_ROWS = -(-xc.RANK_ORDER_SCATTER_MIN_BYTES // (3072 * 2)) + 1
+FORM_SIZES = {
+    "bf16": [
+        (1, 3072),
+        (8, 3072),
+        (3, 1023),
+        (1, 9),
+        (_BIG_ROWS, 3072),
+        (1, xc.RANK_ORDER_SCATTER_MIN_BYTES // 2 + 3),
+    ],
+    "fp32": [
+        (1, 3072),
+        (8, 3072),
+        (3, 1023),
+        (1, 9),
+        (1, xc.RANK_ORDER_SCATTER_MIN_BYTES // 4),
+    ],
+}
+
+
+def _form_input(seed: int, rank: int, dtype: torch.dtype, shape) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(5000 + 97 * seed + rank)
+    # spread exponents, so that adds round and the order shows in the bits
+    x = torch.randn(*shape, generator=gen) * torch.exp2(
+        torch.randint(-6, 7, shape, generator=gen).float()
+    )
+    return x.to(dtype)
+
+
+def _forced(form: str, x: torch.Tensor, group) -> torch.Tensor:
+    world = dist.get_world_size(group)
+    out = torch.empty_like(x)
+    fn = xc._gather_sum if form == "gather" else xc._scatter_sum
+    fn(x.contiguous().view(-1), group, world, out, None)
+    return out
+
+
+class _NoAllocation:
+    """torch.empty / empty_like raise inside (what a replayed graph break
+    must not do: its buffers are the capture's)."""
+
+    def __enter__(self):
+        self.saved = (torch.empty, torch.empty_like)
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("allocated inside a break with its buffers")
+
+        torch.empty = torch.empty_like = refuse
+
+    def __exit__(self, *exc):
+        torch.empty, torch.empty_like = self.saved
+
+
+def _forms(rank: int, world: int, group) -> dict:
+    out: dict = {}
+    calls = {"all_to_all": 0}
+    real_a2a = dist.all_to_all_single
+
+    def counting_a2a(*args, **kwargs):
+        calls["all_to_all"] += 1
+        return real_a2a(*args, **kwargs)
+
+    for dname, sizes in FORM_SIZES.items():
+        dtype = DTYPES[dname]
+        for shape in sizes:
+            x = _form_input(0, rank, dtype, shape)
+            results = {
+                "reference": reference_rank_order(x, group),
+                "gather": _forced("gather", x, group),
+                "scatter": _forced("scatter", x, group),
+            }
+            dist.all_to_all_single = counting_a2a
+            try:
+                calls["all_to_all"] = 0
+                results["auto"] = xc.rank_order_all_reduce(x, group)
+                out[("auto_scatter", dname, shape)] = calls["all_to_all"] == 1
+            finally:
+                dist.all_to_all_single = real_a2a
+            # a strided output (the transpose of a buffer), and in place
+            if len(shape) == 2:
+                strided = torch.empty(shape[1], shape[0], dtype=dtype).t()
+                results["strided_out"] = xc.rank_order_all_reduce(x, group, strided)
+            y = x.clone()
+            results["in_place"] = xc.rank_order_all_reduce(y, group, y)
+            out[("in_place_same_tensor", dname, shape)] = results["in_place"] is y
+            # the graph break's way: its output and scratch, nothing allocated
+            slot = torch.empty(shape, dtype=dtype)
+            scratch = torch.full((world * x.numel(),), float("nan"), dtype=dtype)
+            with _NoAllocation():
+                got = xc.rank_order_all_reduce(x, group, slot, scratch)
+            results["buffers"] = got
+            out[("buffers_same_tensor", dname, shape)] = got is slot
+            for form, value in results.items():
+                out[("form", form, dname, shape)] = _bits(value)
     return out
 
 
@@ -142,7 +265,7 @@ def _hook_through_cpu_communicator(x: torch.Tensor, group) -> dict:
     calls: list[str] = []
     real = {
         "rank_order": xc.rank_order_all_reduce,
-        "standin": xc.xccl_ring_standin_all_reduce,
+        "standin": standin.xccl_ring_all_reduce,
     }
 
     def spy(name):
@@ -153,9 +276,19 @@ def _hook_through_cpu_communicator(x: torch.Tensor, group) -> dict:
         return call
 
     xc.rank_order_all_reduce = spy("rank_order")
-    xc.xccl_ring_standin_all_reduce = spy("standin")
-    seen = {"transport": type(comm.dist_module).__name__}
+    seen: dict = {"transport": type(comm.dist_module).__name__}
     try:
+        # the debug toggle with no stand-in registered: one line, no reduction
+        os.environ["VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"] = "0"
+        os.environ["VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN"] = "1"
+        xc.reset_tp_reduce_mode_cache()
+        y = x.clone()
+        try:
+            comm.all_reduce(y)
+            seen["unregistered"] = None
+        except RuntimeError as exc:
+            seen["unregistered"] = (str(exc), torch.equal(y, x))
+        xc.cpu_stand_ins.register_xccl_ring(spy("standin"))
         for label, env in {
             "defaults": {},
             "exact_off": {"VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0"},
@@ -178,7 +311,7 @@ def _hook_through_cpu_communicator(x: torch.Tensor, group) -> dict:
             )
     finally:
         xc.rank_order_all_reduce = real["rank_order"]
-        xc.xccl_ring_standin_all_reduce = real["standin"]
+        xc.cpu_stand_ins.register_xccl_ring(None)
         for key in TOGGLES:
             os.environ.pop(key, None)
         xc.reset_tp_reduce_mode_cache()
@@ -386,14 +519,16 @@ def test_negative_control_the_bit_comparison_sees_signed_zero_and_one_ulp():
 
 def test_ring_split_matches_onecll_examples():
     # work_size_data.hpp's own example: 35 bytes, 16-byte messages, 4 ranks
-    assert xc.ring_chunk_bounds(35, 1, 4) == [(0, 16), (16, 16), (32, 0), (32, 3)]
+    assert standin.ring_chunk_bounds(35, 1, 4) == [(0, 16), (16, 16), (32, 0), (32, 3)]
     # Laguna-S, TP 4: one row of 3072 bf16, and eight rows
-    assert xc.ring_chunk_bounds(3072, 2, 4) == [(i * 768, 768) for i in range(4)]
-    assert xc.ring_chunk_bounds(8 * 3072, 2, 4) == [(i * 6144, 6144) for i in range(4)]
+    assert standin.ring_chunk_bounds(3072, 2, 4) == [(i * 768, 768) for i in range(4)]
+    assert standin.ring_chunk_bounds(8 * 3072, 2, 4) == [
+        (i * 6144, 6144) for i in range(4)
+    ]
     # 40 bf16 = 80 bytes = 5 messages: one spare message to chunk 0
-    assert xc.ring_chunk_bounds(40, 2, 4) == [(0, 16), (16, 8), (24, 8), (32, 8)]
+    assert standin.ring_chunk_bounds(40, 2, 4) == [(0, 16), (16, 8), (24, 8), (32, 8)]
     with pytest.raises(ValueError):
-        xc.ring_chunk_bounds(8, 2, 0)
+        standin.ring_chunk_bounds(8, 2, 0)
 
 
 # -- routing of the communicators' all_reduce (monkeypatch level) ----------
@@ -423,7 +558,8 @@ def _recorders(monkeypatch, calls):
         return call
 
     monkeypatch.setattr(xc, "rank_order_all_reduce", record("rank_order"))
-    monkeypatch.setattr(xc, "xccl_ring_standin_all_reduce", record("standin"))
+    monkeypatch.setattr(xc, "cpu_stand_ins", xc.CpuStandIns())
+    xc.cpu_stand_ins.register_xccl_ring(record("standin"))
 
 
 def _cpu_comm(calls, name="tp:0", world=2):
@@ -559,7 +695,151 @@ def test_real_cpu_communicator_takes_the_hook(runs):
             assert hook["defaults"][0] == ["rank_order"]
             assert hook["exact_off"][0] == []
             assert hook["standin"][0] == ["standin"]
+            # nothing registered: one line naming the toggle, input untouched
+            message, untouched = hook["unregistered"]
+            assert "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1" in message
+            assert "\n" not in message and untouched
             assert all(hook[label][2] for label in ("defaults", "exact_off", "standin"))
     # at 4 ranks the paths give different bits for the same input
     four = runs[4][0]["hook"]
     assert not np.array_equal(four["defaults"][1], four["standin"][1])
+
+
+# -- the cheaper forms of the rank-order sum (same bits) --------------------
+
+
+def _regenerated_sum(world: int, dname: str, shape) -> np.ndarray:
+    """((x_0 + x_1) + ...) from the regenerated inputs, out-of-place adds."""
+    dtype = DTYPES[dname]
+    acc = _form_input(0, 0, dtype, shape)
+    for rank in range(1, world):
+        acc = acc + _form_input(0, rank, dtype, shape)
+    return _bits(acc)
+
+
+def test_forms_give_the_reference_bits(runs):
+    """Adds into the output (gather form), each rank's slice summed on that
+    rank (scatter form), the automatic choice, a strided output, in place and
+    into a graph break's own buffers (nothing allocated): the bits of the
+    form before them and of hand-ordered adds, on every rank, at TP 2 and 4,
+    for 1 and 8 rows, sizes no world divides, empty slices, and messages over
+    the scatter threshold."""
+    for world in WORLDS:
+        for dname, sizes in FORM_SIZES.items():
+            for shape in sizes:
+                expected = _regenerated_sum(world, dname, shape)
+                for rank_result in runs[world]:
+                    forms = {
+                        key[1]: value
+                        for key, value in rank_result.items()
+                        if isinstance(key, tuple)
+                        and key[0] == "form"
+                        and key[2:] == (dname, shape)
+                    }
+                    assert set(forms) >= {"reference", "gather", "scatter", "auto"}
+                    assert np.array_equal(forms["reference"], expected), (world, shape)
+                    for form, got in forms.items():
+                        assert np.array_equal(got, expected), (
+                            world,
+                            dname,
+                            shape,
+                            form,
+                        )
+                    for check in ("in_place_same_tensor", "buffers_same_tensor"):
+                        assert rank_result[(check, dname, shape)], (check, shape)
+
+
+def test_the_threshold_picks_the_scatter_form(runs):
+    """Messages of RANK_ORDER_SCATTER_MIN_BYTES or more run the all-to-all,
+    smaller ones do not (the choice the byte counts of the bench assume)."""
+    for world in WORLDS:
+        for dname, sizes in FORM_SIZES.items():
+            for shape in sizes:
+                nbytes = int(np.prod(shape)) * DTYPES[dname].itemsize
+                big = nbytes >= xc.RANK_ORDER_SCATTER_MIN_BYTES
+                assert runs[world][0][("auto_scatter", dname, shape)] is big
+    assert any(
+        int(np.prod(shape)) * DTYPES[d].itemsize >= xc.RANK_ORDER_SCATTER_MIN_BYTES
+        for d, sizes in FORM_SIZES.items()
+        for shape in sizes
+    )
+
+
+def test_negative_control_other_orders_and_one_rounding_give_other_bits():
+    """The bit comparison tells the rank order from other arithmetic: on
+    crafted bf16 inputs (1, 2**-8, 2**-8, 0) the reverse order and a sum
+    accumulated in fp32 and rounded once both give 1 + 2**-7, the rank order
+    1 (1 + 2**-8 is a tie that rounds to 1)."""
+    xs = [
+        torch.full((4,), v, dtype=torch.bfloat16) for v in (1.0, 2.0**-8, 2.0**-8, 0.0)
+    ]
+    rank_order = ((xs[0] + xs[1]) + xs[2]) + xs[3]
+    reverse = ((xs[3] + xs[2]) + xs[1]) + xs[0]
+    once = sum(x.float() for x in xs).to(torch.bfloat16)
+    assert rank_order.tolist() == [1.0] * 4
+    assert (_bits(rank_order) != _bits(reverse)).all()
+    assert (_bits(rank_order) != _bits(once)).all()
+
+
+def test_a_bf16_add_into_an_output_is_the_in_place_add():
+    """``torch.add(a, b, out=c)`` (the new forms) and ``a.clone().add_(b)``
+    (the form before) are the same kernel: both compute a + b in fp32 and
+    round once to bf16, on random pairs of spread exponents and on ties."""
+    gen = torch.Generator().manual_seed(3)
+    a = (
+        torch.randn(1 << 16, generator=gen)
+        * torch.exp2(torch.randint(-20, 21, (1 << 16,), generator=gen).float())
+    ).bfloat16()
+    b = (
+        torch.randn(1 << 16, generator=gen)
+        * torch.exp2(torch.randint(-20, 21, (1 << 16,), generator=gen).float())
+    ).bfloat16()
+    ties = torch.tensor([1.0, 1.0, 3.0, -1.0], dtype=torch.bfloat16)
+    tie_b = torch.tensor(
+        [2.0**-8, 3 * 2.0**-8, 2.0**-7, -(2.0**-8)], dtype=torch.bfloat16
+    )
+    for x, y in ((a, b), (ties, tie_b)):
+        out = torch.empty_like(x)
+        torch.add(x, y, out=out)
+        assert np.array_equal(_bits(out), _bits(x.clone().add_(y)))
+        assert np.array_equal(_bits(out), _bits((x.float() + y.float()).bfloat16()))
+
+
+# -- no stand-in in vLLM ------------------------------------------------------
+
+
+def test_vllm_ships_no_xccl_standin():
+    """The ring stand-in is test code: the production module has none and
+    only a registration point, empty until test code registers."""
+    import vllm
+
+    for name in ("xccl_ring_standin_all_reduce", "ring_chunk_bounds"):
+        assert not hasattr(xc, name)
+    root = os.path.dirname(vllm.__file__)
+    for folder, _, files in os.walk(os.path.join(root, "distributed")):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    assert "ring_chunk_bounds" not in f.read(), name
+    assert xc.CpuStandIns()._xccl_ring is None
+
+
+def test_unregistered_standin_fails_in_one_line(toggles, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(xc, "cpu_stand_ins", xc.CpuStandIns())
+    toggles(VLLM_XPU_LAGUNA_EXACT_TP_REDUCE="0", VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN="1")
+    with pytest.raises(
+        RuntimeError, match="VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1"
+    ) as err:
+        _cpu_comm(calls).all_reduce(torch.ones(2))
+    assert "\n" not in str(err.value) and calls == []
+    # the plain path (toggle off) needs no stand-in
+    toggles(VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN="0")
+    _cpu_comm(calls).all_reduce(torch.ones(2))
+    assert calls == [("plain", "GROUP")]
+
+
+def test_registered_standin_is_what_the_cpu_communicator_runs(toggles, monkeypatch):
+    monkeypatch.setattr(xc, "cpu_stand_ins", xc.CpuStandIns())
+    standin.register()
+    assert xc.cpu_stand_ins.xccl_ring() is standin.xccl_ring_all_reduce

@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Tensor-parallel all-reduce for the exact XPU Laguna path, and a CPU stand-in
-for XCCL's ring all-reduce.
+"""Tensor-parallel all-reduce for the exact XPU Laguna path.
 
 Why: an exact speculative verify needs every verify row to get the bits the
 teacher's q=1 decode of the same token gets. On Intel Arc, oneCCL's all-reduce
@@ -17,77 +16,36 @@ a verify row (M=8) and the same token's decode (M=1).
 
 What this module provides:
 
-* :func:`rank_order_all_reduce`: all-gather, then ``((x_0 + x_1) + x_2) + ...``
-  in rank order 0..N-1, rounded to the input dtype after each add. Every
-  element of every message gets the same order, so the result does not depend
-  on the message size, and every rank computes the same bits from the same
-  gathered data. Upstream vLLM 0.32.0 has the same arithmetic as
-  ``XpuCommunicator._fixed_rank_sum`` (for ``VLLM_BATCH_INVARIANT``); it is
-  not called from here because it is a method of ``XpuCommunicator`` that
-  reads the communicator's ``world_size`` and ``device_group`` (no free
-  function a CPU communicator or a plain gloo group can call without faking an
-  ``XpuCommunicator``), and it cannot write into a caller-owned buffer, which
+* :func:`rank_order_all_reduce`: every element summed as
+  ``((x_0 + x_1) + x_2) + ...`` in rank order 0..N-1, rounded to the input
+  dtype after each add. Every element of every message gets the same order, so
+  the result does not depend on the message size, and every rank gets the same
+  bits. Two ways to get there, the same bits by construction (the same adds of
+  the same values in the same order, only who computes them differs):
+
+  - below :data:`RANK_ORDER_SCATTER_MIN_BYTES`: one all-gather, then the sum
+    written straight into the output (``torch.add(x_0, x_1, out=out)``, then
+    ``out.add_(x_r)``): N - 1 add kernels, no clone or copy. Each rank
+    receives N - 1 times the message.
+  - from that size on: each rank receives every rank's copy of its own
+    contiguous 1/N slice (an all-to-all), sums it in rank order, and the
+    summed slices are all-gathered: each rank receives 2 (N - 1) / N times
+    the message, like a ring, instead of N - 1 times, and holds about twice
+    the message instead of N + 1 times.
+
+  Upstream vLLM has the same arithmetic as ``XpuCommunicator._fixed_rank_sum``
+  (for ``VLLM_BATCH_INVARIANT``); it is not called from here because it is a
+  method of ``XpuCommunicator`` that reads the communicator's ``world_size``
+  and ``device_group``, and it cannot write into a caller-owned buffer, which
   the breakable-graph collective break needs. The tests check that both give
   the same bits.
-* :func:`xccl_ring_standin_all_reduce`: the CPU stand-in for the device's
-  XCCL ring, for CPU runs that must show the message-size dependence (debug
-  toggle ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN``).
-* :func:`tp_reduce_mode`: which of the above (or the plain all-reduce) a
-  communicator uses, decided once per group.
-
-Stand-in: what it reproduces of the device and what not (oneCCL
-``uxlfoundation/oneCCL``, ``deps/libccl/src/coll/algorithms``, 2026 sources,
-commits d67031d5 / f98dcfa2):
-
-Reproduced:
-
-* The split. ``AllReduce`` (``allreduce/sycl/allreduce_pcie.hpp``) builds
-  ``WorkSizeData<message_t>(nRanks, count * sizeof(T), sizeof(T),
-  RingTransmit::splitType)`` with ``splitType = SplitType::NoOverlap``
-  (``utils/transmit/ring_transmit.hpp``). ``message_t`` is
-  ``sycl::vec<uint32_t, 4>`` (16 bytes) for both protocols the ring uses
-  (``Rt64_PCIE`` up to ``CCL_SYCL_ALLREDUCE_LL_THRESHOLD`` = 4096 bytes,
-  ``Rt64_128_PCIE`` above; ``allreduce_pcie.cpp``). ``WorkSizeData``
-  (``utils/transmit/work_size_data.hpp``) gives every chunk
-  ``(size / 16 / nRanks) * 16`` bytes, one more 16-byte message to each of
-  the first ``remainder / 16`` chunks, the last ``remainder % 16`` bytes to
-  the last chunk, offsets as running sums (:func:`ring_chunk_bounds`). For
-  Laguna at TP 4: 1 x 3072 bf16 gives four chunks of 768 elements (row 0
-  spans all four), 8 x 3072 gives four chunks of 6144 (rows 0-1 start at
-  rank 0, rows 2-3 at rank 1, ...).
-* The order. ``RingTransmit::runAllreduce``: step 0 rank ``r`` sends its own
-  chunk ``r`` to rank ``r+1``; steps 1..N-2 rank ``r`` receives chunk
-  ``r-i``, adds its own input and forwards; step N-1 adds the last input and
-  writes back; the gather phase only copies. So chunk ``c`` is
-  ``((x_c + x_{c+1}) + x_{c+2}) + ... + x_{c+N-1}`` (indices mod N), the same
-  on every rank. The stand-in sums each chunk in that order.
-* The rounding. ``accumMessages`` adds ``sycl::vec<T, n>`` values and the
-  partial sums travel as ``T``: rounded to the message dtype after every add.
-  The stand-in adds tensors of the input dtype (PyTorch rounds bf16 and fp16
-  adds to the dtype per op), so bf16 and fp32 round as on the device.
-* Consequences that follow: at N = 2 the sum is a single add and IEEE addition
-  is commutative, so the ring is message-size independent at TP 2; at N >= 3
-  it is not. All ranks get the same bits.
-
-Not reproduced:
-
-* The data movement (LL256 flags, slots, wires, the kernel's loop over the
-  work in ``wireCapacity`` pieces): it moves data but does not change any
-  element's order. The stand-in all-gathers the inputs and computes every
-  chunk locally instead of a reduce-scatter plus broadcast; the bits are the
-  same, the traffic and timing are not the device's.
-* Other oneCCL algorithms: ``CCL_SYCL_ALLREDUCE_LL=twoshots`` (also
-  ``NoOverlap``, not checked line by line here) or ``oneshot`` (each rank sums
-  the whole buffer from its own rank: row-invariant but different bits per
-  rank), ``CCL_SYCL_ALLREDUCE_ARC=1``, the Level-Zero scheduler
-  (``CCL_ENABLE_SYCL_KERNELS=0``), messages above the 4 MiB simple threshold
-  (with peer-to-peer access other kernels run; the stand-in applies the ring
-  rule to every size), non-Arc devices, multi-node.
-* ``CCL_SYCL_ALLREDUCE_CHUNKING_THRESHOLD``: the default 0 is modelled as one
-  pack (``calculate_chunking_pack_count`` was not read); a set threshold would
-  split the message into packs with their own ring split.
-* Reductions other than sum and dtypes other than float ones (the model's
-  reductions are float sums).
+* :func:`tp_reduce_mode`: whether a communicator uses it (or the plain
+  all-reduce, or a registered test stand-in), decided once per group.
+* :data:`cpu_stand_ins`: where test code registers a CPU stand-in of the
+  device's XCCL ring (the debug toggle ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN``
+  of CPU runs). No stand-in ships here: the patch tests and the CPU runtime's
+  test-side plugin register one; with none registered the toggle fails in one
+  line.
 """
 
 from __future__ import annotations
@@ -106,9 +64,16 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-# oneCCL's ring splits the message in units of its protocol's message_t,
-# sycl::vec<uint32_t, 4> (Rt64_PCIE and Rt64_128_PCIE alike).
-XCCL_MESSAGE_BYTES = 16
+# Messages of at least this many bytes take the reduce-scatter-like form of
+# rank_order_all_reduce (each rank sums its own slice, then all-gather), smaller
+# ones the single all-gather. Below it a reduction is bound by latency (decode
+# and verify: 1 or 8 rows x 3072 bf16 = 6 KiB or 48 KiB, and graph capture
+# sizes up to 170 rows stay on one collective), above it by the bytes each rank
+# receives (N - 1 times the message gathered, against 2 (N - 1) / N) and by the
+# N-fold gather buffer (192 MiB per rank for an 8192-token prefill chunk at
+# TP 4). 1 MiB (171 rows) is far above the verify sizes and far below a
+# prefill chunk; the crossover itself was not measured, on CPU or device.
+RANK_ORDER_SCATTER_MIN_BYTES = 1 << 20
 
 
 class TpReduceMode(enum.Enum):
@@ -172,42 +137,138 @@ def reset_tp_reduce_mode_cache() -> None:
     _MODES.clear()
 
 
-def _gather_flat(
-    input_: torch.Tensor, group: ProcessGroup, gathered: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``[world, numel]``: every rank's flattened input, in rank order.
+class AllReduceInto(Protocol):
+    """An all-reduce that writes into ``out`` and may use the caller's
+    ``gathered`` buffer (the signature of :func:`rank_order_all_reduce`)."""
 
-    Into ``gathered`` when given (a caller-owned buffer of at least
-    ``world * numel`` elements of the input dtype: the breakable-graph
-    collective break allocates it before capture), else into a new tensor.
+    def __call__(
+        self,
+        input_: torch.Tensor,
+        group: ProcessGroup,
+        out: torch.Tensor | None = None,
+        gathered: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+
+class CpuStandIns:
+    """Stand-ins of device collectives for CPU runs, registered by test code.
+
+    ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN`` (the ``XCCL_STANDIN`` mode) makes
+    the CPU all-reduce follow XCCL's ring order, so that CPU runs show the
+    device's message-size dependence. That stand-in is test code: the patch
+    tests (``tests/xpu_laguna/xccl_ring_standin.py``) and the CPU runtime's
+    test-side plugin register it here; nothing in vLLM does.
     """
+
+    def __init__(self) -> None:
+        self._xccl_ring: AllReduceInto | None = None
+
+    def register_xccl_ring(self, all_reduce: AllReduceInto | None) -> None:
+        """Register the XCCL ring stand-in (None: unregister)."""
+        self._xccl_ring = all_reduce
+
+    def xccl_ring(self) -> AllReduceInto:
+        """The registered XCCL ring stand-in; a one-line error without one."""
+        if self._xccl_ring is None:
+            raise RuntimeError(
+                "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1 needs the XCCL ring "
+                "stand-in, which only the tests and the CPU runtime's test-side "
+                "plugin register (none is registered in this process): unset it"
+            )
+        return self._xccl_ring
+
+
+cpu_stand_ins = CpuStandIns()
+
+
+def _group_world(group: ProcessGroup) -> int:
     if group is None:
         raise ValueError("the exact all-reduce needs an explicit process group")
-    world = dist.get_world_size(group)
-    flat = input_.contiguous().view(-1)
-    if gathered is None:
-        gathered = torch.empty(
-            (world, flat.numel()), dtype=input_.dtype, device=input_.device
-        )
-    else:
-        if gathered.dtype != input_.dtype or gathered.numel() < world * flat.numel():
-            raise ValueError(
-                f"gather buffer {tuple(gathered.shape)} {gathered.dtype} cannot "
-                f"hold {world} x {flat.numel()} {input_.dtype}"
-            )
-        gathered = gathered.view(-1)[: world * flat.numel()].view(world, -1)
-    dist.all_gather_single(gathered.view(-1), flat, group=group)
-    return gathered
+    return dist.get_world_size(group)
 
 
-def _finish(
-    acc: torch.Tensor, input_: torch.Tensor, out: torch.Tensor | None
+def _scratch(
+    gathered: torch.Tensor | None, numel: int, like: torch.Tensor
 ) -> torch.Tensor:
-    result = acc.view(input_.shape)
-    if out is None:
-        return result
-    out.copy_(result)
-    return out
+    """``numel`` elements of ``like``'s dtype: the head of the caller-owned
+    ``gathered`` (the breakable-graph collective break allocates it before
+    capture), else a new tensor."""
+    if gathered is None:
+        return torch.empty(numel, dtype=like.dtype, device=like.device)
+    if gathered.dtype != like.dtype or gathered.numel() < numel:
+        raise ValueError(
+            f"gather buffer {tuple(gathered.shape)} {gathered.dtype} cannot hold "
+            f"{numel} {like.dtype}"
+        )
+    return gathered.view(-1)[:numel]
+
+
+def _sum_rows_into(rows: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = ((rows[0] + rows[1]) + rows[2]) + ...``, one add kernel per
+    rank after the first, each rounded to the dtype (``rows``: ``[N, *out
+    shape]``, N >= 2; ``out`` may be any view of that shape, ``rows[0]``
+    itself included)."""
+    torch.add(rows[0], rows[1], out=out)
+    for rank in range(2, rows.shape[0]):
+        out.add_(rows[rank])
+
+
+def _gather_sum(
+    flat: torch.Tensor,
+    group: ProcessGroup,
+    world: int,
+    out: torch.Tensor,
+    gathered: torch.Tensor | None,
+) -> None:
+    """All-gather, then the rank-order sum straight into ``out``."""
+    numel = flat.numel()
+    rows = _scratch(gathered, world * numel, flat)
+    dist.all_gather_single(rows, flat, group=group)
+    _sum_rows_into(rows.view(world, *out.shape), out)
+
+
+def _scatter_sum(
+    flat: torch.Tensor,
+    group: ProcessGroup,
+    world: int,
+    out: torch.Tensor,
+    gathered: torch.Tensor | None,
+) -> None:
+    """Each rank sums its own slice in rank order, then all-gather.
+
+    Slice ``r`` is ``[r * L, min((r + 1) * L, numel))`` with ``L =
+    ceil(numel / N)`` (only trailing slices are short or empty). An all-to-all
+    gives rank ``r`` every rank's copy of slice ``r``, in rank order; it sums
+    them into its first copy with the same adds as :func:`_gather_sum`, and an
+    all-gather of ``L``-element slices puts the slices back in order. Scratch:
+    ``N * L`` elements when every slice is full and ``out`` is contiguous,
+    else ``(N + 1) * L`` (padded slice, then a gather buffer and one copy).
+    """
+    numel = flat.numel()
+    rank = dist.get_rank(group)
+    size = -(-numel // world)
+    splits = [max(0, min(size, numel - r * size)) for r in range(world)]
+    mine = splits[rank]
+    even = numel == world * size
+    direct = even and out.is_contiguous()
+    scratch = _scratch(gathered, world * size + (0 if direct else size), flat)
+    received = scratch[: world * mine]
+    dist.all_to_all_single(
+        received, flat, output_split_sizes=[mine] * world, input_split_sizes=splits
+    )
+    if even:
+        own = received[:size]
+    else:
+        own = scratch[world * size :]
+        own[mine:].zero_()  # padding past the message: gathered, never read
+    if mine:
+        _sum_rows_into(received.view(world, mine), own[:mine])
+    if direct:
+        dist.all_gather_single(out.view(-1), own, group=group)
+        return
+    slices = scratch[: world * size]
+    dist.all_gather_single(slices, own, group=group)
+    out.copy_(slices[:numel].view(out.shape))
 
 
 def rank_order_all_reduce(
@@ -218,78 +279,32 @@ def rank_order_all_reduce(
 ) -> torch.Tensor:
     """Sum ``input_`` over ``group`` as ``((x_0 + x_1) + x_2) + ...``.
 
-    All-gather, then add the ranks' inputs in rank order, each add rounded to
-    the input dtype (in-place adds of that dtype). The result does not depend
-    on the message size and is the same on every rank. Returns a new tensor,
-    or ``out`` (any tensor of the input's shape, ``input_`` itself included)
-    filled with the sum; ``gathered``: a caller-owned gather buffer.
+    Every element is the sum of the ranks' values in rank order, each add
+    rounded to the input dtype; the same bits on every rank and for every
+    message size. Messages of :data:`RANK_ORDER_SCATTER_MIN_BYTES` or more sum
+    each rank's slice on that rank, then all-gather; smaller ones all-gather
+    and sum everything (module docstring). Returns a new tensor, or ``out``
+    (any tensor of the input's shape and dtype, ``input_`` itself included)
+    filled with the sum; ``gathered``: a caller-owned scratch buffer of at
+    least ``N x numel`` elements of the input dtype (then nothing is
+    allocated, unless ``input_`` is not contiguous).
     """
-    gathered = _gather_flat(input_, group, gathered)
-    acc = gathered[0].clone()
-    for rank in range(1, gathered.shape[0]):
-        acc.add_(gathered[rank])
-    return _finish(acc, input_, out)
-
-
-def ring_chunk_bounds(
-    numel: int, elem_size: int, nranks: int, message_bytes: int = XCCL_MESSAGE_BYTES
-) -> list[tuple[int, int]]:
-    """``(offset, count)`` in elements of each rank's chunk of a ring all-reduce.
-
-    oneCCL's ``WorkSizeData`` with ``SplitType::NoOverlap`` (see the module
-    docstring): whole ``message_bytes`` units split evenly, the first chunks
-    take one extra unit each, the last chunk the bytes short of a unit.
-    """
-    if nranks < 1 or elem_size < 1 or message_bytes < 1 or numel < 0:
+    world = _group_world(group)
+    if out is None:
+        out = torch.empty_like(input_, memory_format=torch.contiguous_format)
+    elif out.shape != input_.shape or out.dtype != input_.dtype:
         raise ValueError(
-            f"bad ring split: numel={numel} elem_size={elem_size} "
-            f"nranks={nranks} message_bytes={message_bytes}"
+            f"all-reduce output {tuple(out.shape)} {out.dtype} does not match "
+            f"the input {tuple(input_.shape)} {input_.dtype}"
         )
-    size = numel * elem_size
-    basic = (size // message_bytes // nranks) * message_bytes
-    remainder = size - basic * nranks
-    full_spillover = remainder // message_bytes
-    last_spillover = remainder % message_bytes
-    bounds = []
-    offset = 0
-    for chunk in range(nranks):
-        nbytes = basic
-        if chunk < full_spillover:
-            nbytes += message_bytes
-        elif chunk == nranks - 1:
-            nbytes += last_spillover
-        count = nbytes // elem_size
-        bounds.append((offset, count))
-        offset += count
-    return bounds
-
-
-def xccl_ring_standin_all_reduce(
-    input_: torch.Tensor,
-    group: ProcessGroup,
-    out: torch.Tensor | None = None,
-    gathered: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """CPU stand-in for XCCL's LL256 ring all-reduce (debug).
-
-    Chunk ``c`` of the flattened message (:func:`ring_chunk_bounds`) is summed
-    as ``((x_c + x_{c+1}) + ...) + x_{c+N-1}``, rounded to the input dtype
-    after each add, the same bits on every rank (module docstring: what is and
-    is not reproduced). Returns a new tensor, or ``out`` filled with the sum.
-    """
-    gathered = _gather_flat(input_, group, gathered)
-    world, numel = gathered.shape
-    acc = torch.empty_like(gathered[0])
-    for chunk, (offset, count) in enumerate(
-        ring_chunk_bounds(numel, input_.element_size(), world)
-    ):
-        if count == 0:
-            continue
-        piece = acc[offset : offset + count]
-        piece.copy_(gathered[chunk, offset : offset + count])
-        for step in range(1, world):
-            piece.add_(gathered[(chunk + step) % world, offset : offset + count])
-    return _finish(acc, input_, out)
+    flat = input_.contiguous().view(-1)
+    if world == 1:
+        out.copy_(input_)
+    elif flat.numel() * flat.element_size() >= RANK_ORDER_SCATTER_MIN_BYTES:
+        _scatter_sum(flat, group, world, out, gathered)
+    else:
+        _gather_sum(flat, group, world, out, gathered)
+    return out
 
 
 def all_reduce_into(
@@ -300,17 +315,18 @@ def all_reduce_into(
 ) -> torch.Tensor | None:
     """Reduce ``input_`` into ``out`` the group's non-plain way, or return None.
 
-    For callers that own the output buffer (a collective break of a device
-    graph): ``out`` filled by :func:`rank_order_all_reduce` when the group's
-    mode is ``RANK_ORDER``, by :func:`xccl_ring_standin_all_reduce` when it is
-    ``XCCL_STANDIN`` and the tensors are on CPU (the stand-in replaces the
-    plain all-reduce of CPU runs only, as in the CPU communicator); None
+    For the CPU communicator (in place: ``out`` is ``input_``) and for callers
+    that own the output buffer (a collective break of a device graph):
+    ``out`` filled by :func:`rank_order_all_reduce` when the group's mode is
+    ``RANK_ORDER``, by the registered XCCL ring stand-in
+    (:data:`cpu_stand_ins`) when it is ``XCCL_STANDIN`` and the tensors are on
+    CPU (the stand-in replaces the plain all-reduce of CPU runs only); None
     otherwise (the caller keeps its plain path). ``gathered``: a caller-owned
-    gather buffer (see :func:`_gather_flat`).
+    scratch buffer (see :func:`rank_order_all_reduce`).
     """
     mode = tp_reduce_mode(group.unique_name, group.world_size)
     if mode is TpReduceMode.RANK_ORDER:
         return rank_order_all_reduce(input_, group.device_group, out, gathered)
     if mode is TpReduceMode.XCCL_STANDIN and input_.device.type == "cpu":
-        return xccl_ring_standin_all_reduce(input_, group.device_group, out, gathered)
+        return cpu_stand_ins.xccl_ring()(input_, group.device_group, out, gathered)
     return None

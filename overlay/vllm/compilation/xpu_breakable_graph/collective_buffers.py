@@ -5,11 +5,12 @@
 Every tensor-parallel all-reduce inside a breakable capture is an eager
 break that writes its sum into a buffer the capture owns (the next graph
 segment reads that address on every replay). On the exact path the break
-also all-gathers every rank's input before the fixed rank-order sum, so it
-needs a gather buffer too. Allocating either inside a forward is what the
-reference lab saw deadlock a four-rank startup after XCCL's topology
-discovery, and it would put device allocations between the segments of a
-capture; so the wrapper allocates one output and one gather slot per
+also needs scratch for the fixed rank-order sum (every rank's input
+gathered, or for large messages every rank's copy of its own slice): a
+gather buffer of N times the output, which holds either. Allocating either
+inside a forward is what the reference lab saw deadlock a four-rank startup
+after XCCL's topology discovery, and it would put device allocations between
+the segments of a capture; so the wrapper allocates one output and one gather slot per
 expected collective when it is built (at model load, before the first
 capture), and each capture hands them out in order.
 

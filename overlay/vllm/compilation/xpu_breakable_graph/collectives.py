@@ -5,7 +5,7 @@ a buffer owned by the capture.
 
 On the exact path (``vllm.distributed.xpu_laguna_collectives``: exact
 verify and ``VLLM_XPU_LAGUNA_EXACT_TP_REDUCE`` on, TP > 1) the break runs the
-all-gather + fixed rank-order sum, the same arithmetic the communicator's
+fixed rank-order sum, the same arithmetic the communicator's
 all-reduce runs outside a capture (patch 0010), so a replayed verify step and
 an eager teacher decode sum every element in the same order. The break count
 is unchanged (one break per all-reduce: 2L + 1 at TP > 1)."""
@@ -36,9 +36,9 @@ def all_reduce_into(
     gathered: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sum ``input_`` across ``group`` into the caller-owned ``out``: the
-    exact rank-order sum (or the CPU XCCL stand-in) when the group's mode
-    says so, through the caller-owned ``gathered``; else the plain in-place
-    all-reduce."""
+    exact rank-order sum (or the registered CPU XCCL stand-in) when the
+    group's mode says so, with the caller-owned ``gathered`` as its scratch;
+    else the plain in-place all-reduce."""
     if xpu_laguna_collectives.all_reduce_into(input_, out, group, gathered) is not None:
         return out
     out.copy_(input_)
