@@ -68,6 +68,10 @@ ENTRY_POINTS = (
         "each op of a verify step at Laguna-S TP4 shapes: M rows in one call vs M one-row calls (device check)",
     ),
     (
+        "python -m scripts.device.moe_invariance_check",
+        "routed INT4 experts at TP4 per-rank shapes: M rows in one call vs one-row calls (device check)",
+    ),
+    (
         "python -m scripts.device.split_divergence",
         "KV lengths where verify and decode would pick different split counts without the plan",
     ),

@@ -27,6 +27,7 @@ MAINS = [
     ("scripts.device.xpu_attention_check", []),
     ("scripts.device.row_invariance_check", []),
     ("scripts.device.op_invariance_check", []),
+    ("scripts.device.moe_invariance_check", []),
     ("scripts.device.split_divergence", []),
     ("scripts.bench.metadata_microbench", []),
     ("scripts.bench.tp_collectives", []),

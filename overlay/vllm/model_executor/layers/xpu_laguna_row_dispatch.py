@@ -65,6 +65,7 @@ from torch import nn
 import vllm.envs as envs
 from vllm.logger import init_logger
 from vllm.model_executor.layers import xpu_laguna_row_invariant as forms
+from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as moe_forms
 from vllm.platforms import current_platform
 
 logger = init_logger(__name__)
@@ -315,6 +316,7 @@ def install_target_layers(layers: Iterable[nn.Module]) -> None:
             dense: tuple[nn.Module | None, str] = (mlp, "dense_mlp")
         else:  # LagunaMoE
             _install_linear(mlp.gate, "router")
+            moe_forms.install(mlp.experts)  # routed experts (own switch)
             dense = (mlp.shared_expert, "shared_expert")
         module, kind = dense
         if module is not None:

@@ -1,0 +1,247 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Drives the row-invariant routed experts (``xpu_laguna_row_invariant_moe``)
+through the real MoE layers of a tiny Laguna target and of a DFlash drafter
+given a sparse layer, on CPU; prints one JSON object of observations on its
+last stdout line.
+
+Run in its own process (``test_row_invariant_moe.py`` does): it sets up a
+one-rank gloo group and a current vLLM config, and switches the toggles
+through the environment.
+
+What is real: vLLM's LagunaMoE (router gate, shared expert, MoERunner,
+RoutedExperts with ``UnquantizedFusedMoEMethod`` and vLLM's CPU experts
+kernel ``CPUUnquantizedExperts``), the drafter's LagunaDecoderLayer MoE.
+Stand-ins: every linear's CPU GEMM is ``F.linear`` (``layer.cpu_linear``);
+the experts kernel (``moe_kernel.fused_experts.apply``) records the row
+count of each call and runs either the real CPU kernel or
+``moe_row_standins.grouped_experts`` (a result that depends on the rows
+sharing an expert, as the XPU remap and grouped GEMM make it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+from collections import defaultdict
+from typing import Any
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from laguna_model_testlib import (  # noqa: E402
+    HIDDEN,
+    init_one_rank,
+    tiny_engine_args,
+    tiny_laguna_config,
+)
+from moe_row_standins import grouped_experts  # noqa: E402
+
+WIDTH = 8
+TOGGLES = (
+    "VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE",
+    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
+    "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
+)
+CALLS: dict[str, list[int]] = defaultdict(list)
+MODE = {"experts": "real"}
+
+
+def write_configs(tmp: str) -> tuple[str, str]:
+    target, draft = os.path.join(tmp, "target"), os.path.join(tmp, "draft")
+    cfg = tiny_laguna_config(
+        2, (1,), layer_types=["sliding_attention", "full_attention"]
+    )
+    cfg.save_pretrained(target)
+    cfg.architectures = ["DFlashLagunaForCausalLM"]
+    cfg.num_hidden_layers = 1
+    cfg.num_attention_heads_per_layer = None
+    cfg.layer_types = ["full_attention"]
+    cfg.mlp_only_layers = []
+    cfg.mlp_layer_types = ["sparse"]  # a drafter MoE, to show it is not wrapped
+    cfg.save_pretrained(draft)
+    with open(os.path.join(draft, "config.json")) as f:
+        raw = json.load(f)
+    raw.update(
+        draft_vocab_size=256,
+        dflash_config={"target_layer_ids": [0, 1], "mask_token_id": 255},
+    )
+    with open(os.path.join(draft, "config.json"), "w") as f:
+        json.dump(raw, f)
+    return target, draft
+
+
+def build() -> tuple[Any, nn.Module, nn.Module]:
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.models.laguna import LagunaForCausalLM
+    from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
+
+    torch._dynamo.config.disable = True
+    target_dir, draft_dir = write_configs(tempfile.mkdtemp(prefix="moe-rows-"))
+    config = tiny_engine_args(
+        target_dir,
+        {"method": "dflash", "model": draft_dir, "num_speculative_tokens": WIDTH - 1},
+    ).create_engine_config()
+    init_one_rank(config)
+    with set_current_vllm_config(config), torch.device("cpu"):
+        target = LagunaForCausalLM(vllm_config=config, prefix="")
+        drafter = DFlashLagunaForCausalLM(vllm_config=config, prefix="")
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for model in (target, drafter):
+            for p in model.parameters():
+                if p.dtype.is_floating_point:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    with set_current_vllm_config(config):
+        for prefix, moe in (("target", _moe(target)), ("draft", _moe(drafter))):
+            _instrument(prefix, moe)
+    return config, target, drafter
+
+
+def _moe(model: nn.Module) -> nn.Module:
+    return next(layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "gate"))
+
+
+def _instrument(prefix: str, moe: nn.Module) -> None:
+    """F.linear GEMMs, processed expert weights and recorders on the experts
+    kernel, the router's expert selection, the shared expert and the final
+    reduction of the MoE runner."""
+    for mod in moe.modules():
+        if hasattr(mod, "quant_method") and not hasattr(mod, "routed_experts"):
+            mod.cpu_linear = lambda x, w, b: F.linear(x, w, b)
+    runner = moe.experts
+    experts = runner.routed_experts
+    w13, w2 = experts.w13_weight.detach().clone(), experts.w2_weight.detach().clone()
+    experts.quant_method.process_weights_after_loading(experts)  # packs w13/w2
+    kernel = experts.quant_method.moe_kernel.fused_experts
+    real = kernel.apply
+
+    def apply(**kw: Any) -> Any:  # the modular kernel passes keywords
+        x = kw["hidden_states"]
+        CALLS[f"{prefix}.experts"].append(int(x.shape[0]))
+        if MODE["experts"] == "standin":
+            out = grouped_experts(x, w13, w2, kw["topk_weights"], kw["topk_ids"])
+            kw["output"].copy_(out)
+            return None
+        return real(**kw)
+
+    kernel.apply = apply
+    _record(f"{prefix}.select_experts", runner.router, "select_experts")
+    _record(f"{prefix}.final_reduce", runner, "_maybe_reduce_final_output")
+    _record(f"{prefix}.shared_expert", moe.shared_expert, "forward")
+
+
+def _record(name: str, obj: Any, attr: str) -> None:
+    real = getattr(obj, attr)
+
+    def call(*args, **kwargs):
+        x = kwargs.get("hidden_states", args[0] if args else None)
+        CALLS[name].append(int(x.shape[0]))
+        return real(*args, **kwargs)
+
+    setattr(obj, attr, call)
+
+
+def set_toggles(**values: str) -> None:
+    from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
+
+    for name in TOGGLES:
+        os.environ.pop(name, None)
+    for key, value in values.items():
+        os.environ[f"VLLM_XPU_LAGUNA_{key}"] = value
+    rim.moe_settings.cache_clear()
+    rim.counters.reset()
+
+
+def _x(rows: int, seed: int) -> torch.Tensor:
+    return torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(seed))
+
+
+def calls(config: Any, target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
+    """Per model and row count: the row counts of each recorded call one MoE
+    forward made, and the form counters."""
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
+
+    out: dict[str, Any] = {}
+    for model in (target, drafter):
+        for m in (1, 4, WIDTH, 12):
+            CALLS.clear()
+            with set_forward_context(None, config), torch.no_grad():
+                _moe(model)(_x(m, seed=m))
+            for key, value in CALLS.items():
+                out[f"{key}/{m}"] = list(value)
+    out["counters"] = dict(rim.counters.calls)
+    return out
+
+
+def bitwise(config: Any, target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
+    """Per model: whether each row of an 8-row MoE forward equals the 1-row
+    forward of that row (the q=1 decode), bitwise."""
+    from vllm.forward_context import set_forward_context
+
+    out: dict[str, Any] = {}
+    for prefix, model in (("target", target), ("draft", drafter)):
+        moe = _moe(model)
+        x = _x(WIDTH, seed=7)
+        with set_forward_context(None, config), torch.no_grad():
+            batch = moe(x)
+            singles = [moe(x[i : i + 1]) for i in range(WIDTH)]
+        out[prefix] = [bool(torch.equal(batch[i], s[0])) for i, s in enumerate(singles)]
+    return out
+
+
+def installed(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
+    from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
+
+    return {
+        prefix: {
+            name: rim.is_installed(mod)
+            for name, mod in model.named_modules()
+            if hasattr(mod, "routed_experts")
+        }
+        for prefix, model in (("target", target), ("draft", drafter))
+    }
+
+
+def run(config: Any, target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
+    res: dict[str, Any] = {"installed": installed(target, drafter)}
+    variants: dict[str, dict[str, str]] = {
+        "default": {},
+        "off": {"ROW_INVARIANT_MOE": "off"},
+        "exact_off": {"EXACT_VERIFY": "0"},
+        "width_4": {"VERIFY_WIDTH": "4"},
+    }
+    for name, toggles in variants.items():
+        set_toggles(**toggles)
+        res[f"calls/{name}"] = calls(config, target, drafter)
+        res[f"bitwise/real/{name}"] = bitwise(config, target, drafter)
+    MODE["experts"] = "standin"
+    for name, toggles in variants.items():
+        set_toggles(**toggles)
+        res[f"bitwise/standin/{name}"] = bitwise(config, target, drafter)
+    MODE["experts"] = "real"
+    set_toggles()
+    return res
+
+
+def main() -> int:
+    try:
+        config, target, drafter = build()
+        results = run(config, target, drafter)
+    except Exception:  # noqa: BLE001
+        results = {"crash": traceback.format_exc()}
+    sys.stdout.write("\n" + json.dumps(results) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

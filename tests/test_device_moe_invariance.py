@@ -1,0 +1,93 @@
+"""``scripts.device.moe_invariance_check`` on CPU: argument errors, the smoke run's table (every
+row count with both forms, the rows form equal to one-row calls), the Laguna-S TP4 per-rank INT4
+shapes it would run on XPU, and a negative control: an experts function whose result depends on
+the rows of the call is reported NOT row-invariant plain and row-invariant in the rows form."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+
+from scripts.device import moe_invariance_check as mc
+from tests.tool_run import run_module
+
+
+def _run(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return run_module("scripts.device.moe_invariance_check", *argv, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rows", "0"], "--rows must be a comma list of integers 1..16"),
+        (["--rows", "8,x"], "--rows must be a comma list of integers 1..16"),
+        (["--trials", "0"], "--trials must be 1..64"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(argv: list[str], message: str) -> None:
+    proc = _run(*argv)
+    assert proc.returncode == 2
+    assert message in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+def test_laguna_s_tp4_shapes() -> None:
+    s = mc.SHAPES["laguna-s-tp4"]
+    assert (s.experts, s.top_k, s.hidden, s.inter, s.group) == (256, 10, 3072, 256, 32)
+    assert mc.int4_shapes(s) == {
+        "w13": (256, 512, 1536),  # N=512, K=3072
+        "w13_scales": (256, 512, 96),
+        "w2": (256, 3072, 128),  # N=3072, K=256
+        "w2_scales": (256, 3072, 8),
+    }
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict[str, Any]]]:
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("moeinv") / "rows.json"
+    proc = _run("--device", "cpu", "--shapes", "small", "--trials", "2", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, json.loads(out.read_text())["rows"]
+
+
+def test_smoke_table(smoke) -> None:
+    stdout, rows = smoke
+    assert [(r["rows"], r["form"]) for r in rows] == [(m, f) for m in (1, 8, 12) for f in ("plain", "rows")]
+    for r in rows:
+        assert r["compared"] == 2 * r["rows"]
+    for r in rows:
+        if r["form"] == "rows":
+            assert r["equal"] == r["compared"] and r["verdict"] == "row-invariant"
+            assert r["experts_read"] == r["rows"] * 4 and r["repeat_equal"] is None
+        else:
+            assert r["experts_read"] <= min(16, r["rows"] * 4)
+    header = next(ln for ln in stdout.splitlines() if ln.startswith("M "))
+    for col in ("form", "rows compared", "rows bitwise equal", "verdict", "experts read", "plain repeat equal", "ms"):
+        assert col in header
+    assert "a smoke test of this script, not a measurement of the XPU kernel" in stdout
+    assert "rows form: " in stdout
+
+
+def test_negative_control_m_dependent_experts() -> None:
+    """A stand-in whose rows depend on how many rows the call has (the modelled policy change of the
+    grouped GEMM: K in one pass for one row, two halves for more): plain fails, rows passes."""
+    torch = pytest.importorskip("torch")
+    s = mc.SHAPES["small"]
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(s.hidden, s.hidden, generator=gen).to(torch.bfloat16)
+    F = torch.nn.functional
+
+    def apply(x: Any, weights: Any, ids: Any) -> Any:
+        if x.shape[0] == 1:
+            return F.linear(x, w)
+        k = s.hidden // 2
+        return F.linear(x[:, :k], w[:, :k]) + F.linear(x[:, k:], w[:, k:])
+
+    per_row, _ = mc.series_form()
+    bench = mc.Bench(torch, "cpu", s, 2, apply)
+    plain, rows = bench.run(8, "plain", per_row), bench.run(8, "rows", per_row)
+    assert plain.verdict == "NOT row-invariant" and plain.equal < plain.compared
+    assert rows.verdict == "row-invariant" and rows.equal == rows.compared == 16
