@@ -291,8 +291,6 @@ def norm_calls(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
 
 
 def run(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
-    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
-
     res: dict[str, Any] = {"installed": installed(target, drafter)}
     rows = (1, 4, WIDTH, 12)
     variants: dict[str, dict[str, str]] = {

@@ -111,8 +111,11 @@ def row_wise_interpreter_dot() -> Iterator[None]:
             return real(self, a, b, d, *args)
         rows = [
             real(
-                self, handle(a.data[i : i + 1], a.dtype), b,
-                handle(d.data[i : i + 1], d.dtype), *args,
+                self,
+                handle(a.data[i : i + 1], a.dtype),
+                b,
+                handle(d.data[i : i + 1], d.dtype),
+                *args,
             )
             for i in range(a.data.shape[0])
         ]

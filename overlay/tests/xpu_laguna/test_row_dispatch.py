@@ -322,7 +322,11 @@ def test_bf16_rows_form_and_plain_negative_control(toggles) -> None:
     layer = _bf16_layer()
     assert [_calls(layer, m) for m in (1, 2, 8, 9)] == [[1], [1, 1], [1] * 8, [9]]
     assert all(_rows_equal_decode(layer, _x(8)))
-    for negative in ({"ROW_INVARIANT_LINEAR_FORM": "plain"}, {"ROW_INVARIANT_LINEARS": "none"}):
+    negatives = (
+        {"ROW_INVARIANT_LINEAR_FORM": "plain"},
+        {"ROW_INVARIANT_LINEARS": "none"},
+    )
+    for negative in negatives:
         toggles(**negative)
         assert _calls(layer, 8) == [8]
         assert not all(_rows_equal_decode(layer, _x(8))), negative
@@ -415,9 +419,8 @@ def test_xpu_descriptor_kernel_rows_equal_one_row_call(dtype) -> None:
     def differing(m: int) -> list[int]:
         batch = pad(kernel, x[:m])
         torch.testing.assert_close(batch, F.linear(x[:m], w))
-        return [
-            i for i in range(m) if not torch.equal(batch[i], pad(kernel, x[i : i + 1])[0])
-        ]
+        ones = [pad(kernel, x[i : i + 1])[0] for i in range(m)]
+        return [i for i in range(m) if not torch.equal(batch[i], ones[i])]
 
     with row_wise_interpreter_dot():
         assert differing(8) == [] and differing(3) == []

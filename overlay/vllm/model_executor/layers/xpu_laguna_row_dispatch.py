@@ -161,8 +161,7 @@ def _env(name: str, valid: Iterable[str]) -> Any:
         return getattr(envs, name)
     except ValueError:
         raise ValueError(
-            f"{name}={os.environ.get(name)!r} is not valid; "
-            f"valid: {', '.join(valid)}"
+            f"{name}={os.environ.get(name)!r} is not valid; valid: {', '.join(valid)}"
         ) from None
 
 
