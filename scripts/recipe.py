@@ -103,7 +103,11 @@ def _series_env(width: int, graphs: bool) -> tuple[Setting, ...]:
             "exact: tensor-parallel all-reduces as all-gather + fixed rank-order sum (TP > 1)",
         ),
         Setting("VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM", "pad", "exact: q/k RMSNorm keeps the decode kernel"),
-        Setting("VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS", "all", "exact: target linears as M=1 lanes on verify rows"),
+        Setting(
+            "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS",
+            "all",
+            "exact: target BF16 linears in a row-invariant form on the exact path",
+        ),
         Setting("VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN", "0", "debug switch (CPU XCCL stand-in), 0 when serving"),
         Setting("VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN", "0", "exact: debug switch, must stay 0 when serving"),
         Setting("VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD", "0", "debug switch (slower guards), 0 when serving"),

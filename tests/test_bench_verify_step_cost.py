@@ -154,6 +154,6 @@ def test_negative_control_a_changed_ratio_or_a_missing_shape_is_reported(forms_o
     cells = lines[row].split("|")
     cells[-2] = f" {float(cells[-2].strip().rstrip('x')) + 0.5:.2f}x "
     altered = "\n".join([*lines[:row], "|".join(cells), *lines[row + 1 :]])
-    assert any("router gate" in p and "lanes/plain" in p for p in problems(altered, ("forms",)))
+    assert any("router gate" in p and "batch_invariant/plain" in p for p in problems(altered, ("forms",)))
     dropped = "\n".join([*lines[:row], *lines[row + 1 :]])
     assert any("no row for router gate" in p for p in problems(dropped, ("forms",)))

@@ -24,7 +24,7 @@ def _run(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
 def test_help() -> None:
     proc = _run("--help")
     assert proc.returncode == 0
-    for option in ("--device", "--shapes", "--rows", "--trials", "--ops", "--ranks", "--json"):
+    for option in ("--device", "--shapes", "--rows", "--trials", "--ops", "--ranks", "--json", "--onednn-verbose"):
         assert option in proc.stdout
 
 
@@ -63,7 +63,7 @@ def test_table_has_every_op(smoke) -> None:
     for col in ("shape", "switch", "rows compared", "rows bitwise equal", "verdict", "change default?"):
         assert col in header
     assert {r["switch"] for r in rows if r["op"] == "qk_norm"} == {"off", "tokens", "pad"}
-    assert {r["switch"] for r in rows if r["op"] == "linear:lm_head"} == {"off", "lanes", "rows"}
+    assert {r["switch"] for r in rows if r["op"] == "linear:lm_head"} == {"plain", "rows", "batch_invariant"}
     assert {r["switch"] for r in rows if r["op"] == "all_reduce"} == {"dist.all_reduce", "gather+rank-sum"}
     assert "smoke test of this script, not Laguna-S measurements" in stdout
 
@@ -71,10 +71,15 @@ def test_table_has_every_op(smoke) -> None:
 def test_not_run_rows_are_honest(smoke) -> None:
     stdout, rows = smoke
     skipped = [r for r in rows if r["compared"] is None]
-    assert {r["op"] for r in skipped} == {"int4", "fused_moe", "all_reduce"}
+    assert {r["op"] for r in skipped} == {"int4", "fused_moe", "all_reduce"} | {f"linear:{k}" for k in KINDS}
     for r in skipped:
         assert r["verdict"].startswith("not run: ") and r["equal"] is None and r["change"] == "-"
-    assert all(r["verdict"] == "not run: needs XPU (device is cpu)" for r in skipped if r["op"] != "all_reduce")
+    linear = [r for r in skipped if r["op"].startswith("linear:")]
+    assert {r["switch"] for r in linear} == {"batch_invariant"}
+    assert all("needs a device" in r["verdict"] for r in linear)
+    assert all(
+        r["verdict"] == "not run: needs XPU (device is cpu)" for r in skipped if r["op"] in ("int4", "fused_moe")
+    )
     assert all(r["verdict"] == "not run: --ranks 0" for r in skipped if r["op"] == "all_reduce")
     assert "passed" not in stdout.lower()
     for r in rows:
@@ -119,11 +124,13 @@ def test_all_reduce_on_four_gloo_ranks(tmp_path: Path) -> None:
 
 
 def test_series_form_follows_the_defaults() -> None:
-    defaults = {"qk_norm": "pad", "linears": "router,lm_head", "linear_form": "lanes", "int4": "true"}
+    defaults = {"qk_norm": "pad", "linears": "router,lm_head", "linear_form": "none", "int4": "true"}
     assert oc.series_form("qk_norm", defaults, "xpu") == "pad"
-    assert oc.series_form("linear:router", defaults, "xpu") == "lanes"
-    assert oc.series_form("linear:router", defaults, "cpu") == "rows"  # lanes: XPU only
-    assert oc.series_form("linear:qkv_proj", defaults, "xpu") == "off"
+    # unset form: batch_invariant on XPU, rows elsewhere (patch 0011's default)
+    assert oc.series_form("linear:router", defaults, "xpu") == "batch_invariant"
+    assert oc.series_form("linear:router", defaults, "cpu") == "rows"
+    assert oc.series_form("linear:router", {**defaults, "linear_form": "rows"}, "xpu") == "rows"
+    assert oc.series_form("linear:qkv_proj", defaults, "xpu") == "plain"
     assert oc.series_form("int4", {**defaults, "int4": "false"}, "xpu") == "off"
     assert oc.series_form("all_reduce", None, "xpu") == "dist.all_reduce"
     assert oc.series_form("qk_norm", None, "xpu") is None
@@ -138,7 +145,7 @@ def test_recommendation() -> None:
         oc.measured("all_reduce", "a", "gather+rank-sum", (8, 8)),
         oc.not_run("fused_moe", "m", "off", "needs XPU"),
     ]
-    oc.recommend(rows, {"qk_norm": "pad", "linears": "all", "linear_form": "lanes", "int4": "1"}, "xpu")
+    oc.recommend(rows, {"qk_norm": "pad", "linears": "all", "linear_form": "none", "int4": "1"}, "xpu")
     change = [r.change for r in rows]
     assert change[0] == "no: plain differs"
     assert change[1] == "YES: use tokens"
@@ -209,3 +216,15 @@ def test_fused_moe_check_with_a_cpu_stand_in(cross_row: bool) -> None:
     }
     assert row.compared == 16
     assert row.verdict == ("NOT row-invariant" if cross_row else "row-invariant")
+
+
+def test_onednn_verbose_marks_each_case() -> None:
+    """``--onednn-verbose`` sets ONEDNN_VERBOSE before torch loads and prints a ``== case`` line
+    before each (op, shape, switch), so oneDNN's primitive lines can be attributed."""
+    pytest.importorskip("torch")
+    proc = _run(
+        "--device", "cpu", "--shapes", "small", "--ops", "linear", "--ranks", "0", "--trials", "1", "--onednn-verbose"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "== case linear:qkv_proj | qkv_proj full [8,64]x[64,256] | plain" in proc.stdout
+    assert "== case linear:lm_head" in proc.stdout

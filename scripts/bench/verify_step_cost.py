@@ -7,10 +7,13 @@ per mode the fastest and the median round (us per call); ratios are taken on the
 one q/k RMSNorm call, the backend's all-reduce.
 
 * Linears (patch 0011, ``xpu_laguna_row_invariant``): ``plain`` vs ``rows`` (``per_row``: one
-  ``F.linear`` per row; the CPU dispatch's form) vs ``lanes`` (``linear_lanes``: stride-zero
-  batched M=1 lanes; the XPU default), for every target linear shape of
-  ``scripts.device.op_invariance_check.linear_shapes``.
-* q/k norm: ``plain`` vs ``pad`` (``norm_padded``, the default) vs ``tokens`` (``per_row``), on
+  ``F.linear`` per row; the CPU default) vs ``batch_invariant`` (the XPU default: ``PaddedRows``,
+  the copy of the M rows into the form's zero-padded width buffer, then one width-row call; here
+  the call is ``F.linear`` in place of upstream's Triton kernel, which Triton on CPU only
+  interprets, so the figure is the form's host work plus a CPU GEMM, not the kernel's cost), for
+  every target linear shape of ``scripts.device.op_invariance_check.linear_shapes``.
+* q/k norm: ``plain`` vs ``pad`` (``norm_padded`` into a ``NormPadBuffer``, as each installed
+  norm owns one; the default) vs ``tokens`` (``per_row``), on
   ``[M, heads, head_dim]`` views of a QKV output; the RMSNorm is op_invariance_check's (torch,
   fp32 math, on CPU).
 * Collectives (patch 0010): ``plain`` (``dist.all_reduce`` of a copy) vs ``rank-order``
@@ -61,17 +64,16 @@ HOST_SHAPES = "small"
 STEP_ROW = "per verify step, ms"  # the last row of every table: calls x us per call, summed per round
 ANSWER_TIMEOUT_S = 900  # one round of the collective ranks
 PARTS = ("forms", "collectives")
-LINEAR_MODES = ("plain", "rows", "lanes")
+LINEAR_MODES = ("plain", "rows", "batch_invariant")
 NORM_MODES = ("plain", "pad", "tokens")
 COLLECTIVE_MODES = ("plain", "rank-order")
-XPU_FORMS = {"linears": "lanes", "q/k norm": "pad", "collectives": "rank-order"}
+XPU_FORMS = {"linears": "batch_invariant", "q/k norm": "pad", "collectives": "rank-order"}
 CPU_FORMS = {"linears": "rows", "q/k norm": "pad", "collectives": "rank-order"}
 
 # The reference lab's figures (research note lab-exactness.md, section 4 "Question 4: costs and
 # speeds"; lab note N/2026-07-22-dflash-depth-sweep-and-profile-decomposition.md).
 LAB_RANK_SUMS_MS = 0.181520  # "fixed-rank BF16 sums 0.181520 ms (device)", per cycle at M=8
 LAB_COLLECTIVE_API_MS, LAB_COLLECTIVE_CALLS = 13.654, 98  # batched exact, per cycle
-LAB_NATIVE_VS_LANES = "3.4-3.8%"  # native M=8 mm instead of lanes: slower end to end
 
 
 @dataclass
@@ -112,12 +114,13 @@ def form_tables(shapes_name: str, host: bool, rows: int, steps: int, forms: Any)
     s = oc.SHAPES[shapes_name]
     ctx = oc.Ctx(torch, "cpu", 1, rows, s, forms)
     linears = []
+    pad = forms.PaddedRows(rows)  # one per width, shared by every layer (as the dispatch keeps it)
     for kind, label, k, n in oc.linear_shapes(s):
         w, x = ctx.randn(n, k, seed=k + n, scale=k**-0.5), ctx.randn(rows, k, seed=1)
         modes: dict[str, Callable[[], Any]] = {
             "plain": lambda x=x, w=w: torch.nn.functional.linear(x, w),
             "rows": lambda x=x, w=w: forms.per_row(lambda r: torch.nn.functional.linear(r, w), x),
-            "lanes": lambda x=x, w=w: forms.linear_lanes(x, w),
+            "batch_invariant": lambda x=x, w=w: pad(lambda r: torch.nn.functional.linear(r, w), x),
         }
         linears.append(Case(f"{kind} {label} [{rows},{k}]x[{k},{n}]", linear_calls(kind, label), modes, steps))
     norm, impl = oc.rms_norm_impl(ctx)
@@ -131,9 +134,10 @@ def form_tables(shapes_name: str, host: bool, rows: int, steps: int, forms: Any)
     ):
         qkv = ctx.randn(rows, (q_heads + 2 * kv) * d, seed=3)
         view = qkv[:, start : start + heads * d].view(rows, heads, d)
+        pad_buffer = forms.NormPadBuffer(rows + 1)  # each installed q/k norm owns one
         modes = {
             "plain": lambda v=view: norm(v, weight),
-            "pad": lambda v=view: forms.norm_padded(lambda t: norm(t, weight), v),
+            "pad": lambda v=view, b=pad_buffer: forms.norm_padded(lambda t: norm(t, weight), v, b),
             "tokens": lambda v=view: forms.per_row(lambda t: norm(t, weight), v),
         }
         norms.append(Case(f"{label} [{rows},{heads},{d}] {impl}", calls, modes, steps))
@@ -252,6 +256,14 @@ def measure(args: argparse.Namespace, forms: Any) -> list[Table]:
     return tables + collective_tables
 
 
+def weight_bytes_per_step(shapes_name: str, rows: int) -> dict[str, int]:
+    """BF16 weight bytes the target linears read per verify step, per form (each call reads its
+    whole [N, K] weight: once for plain and batch_invariant, whose width-row tile covers every
+    row, once per row for rows)."""
+    once = sum(2 * k * n * linear_calls(kind, label) for kind, label, k, n in oc.linear_shapes(oc.SHAPES[shapes_name]))
+    return {"plain": once, "batch_invariant": once, "rows": rows * once}
+
+
 def step_totals(table: Table) -> dict[str, list[float]]:
     """Per mode, one figure per round: the sum over the table's cases of calls x us per call."""
     rounds = len(table.cases[0].samples[table.modes[0]])
@@ -325,6 +337,7 @@ def render(tables: list[Table], args: argparse.Namespace) -> list[str]:
         shapes_name = f"{HOST_SHAPES} (host part)" if host else args.shapes
         lines.append(f"| {shapes_name} | {', '.join(t.part for t in mine)} | " + " | ".join(cells) + " |")
     per_sum = LAB_RANK_SUMS_MS * 1000 / COLLECTIVES_PER_STEP
+    weights = weight_bytes_per_step("laguna-s-tp4", args.rows)
     per_call = LAB_COLLECTIVE_API_MS * 1000 / LAB_COLLECTIVE_CALLS
     lines += [
         "",
@@ -338,9 +351,14 @@ def render(tables: list[Table], args: argparse.Namespace) -> list[str]:
         f'rank-order sum versus a plain all-reduce", same section); its batched exact path spent '
         f"{LAB_COLLECTIVE_API_MS} ms per cycle in the collective API over {LAB_COLLECTIVE_CALLS} calls "
         f"({per_call:.1f} us per call, host included).",
-        f"- lanes: the lab's native M=8 mm instead of lanes was exact and {LAB_NATIVE_VS_LANES} slower end to "
-        "end (same section): no extra device cost expected from lanes; the padded q/k norm: not measured by "
-        "the lab.",
+        "- linears, weight traffic (the bound at M=8): per rank and verify step the BF16 target weights "
+        f"are {weights['plain'] / 2**30:.2f} GiB read once by plain and by batch_invariant (its "
+        f"16-row tile holds all {args.rows} rows) and {weights['rows'] / 2**30:.2f} GiB by rows "
+        f"({args.rows}x); divide by the card's memory bandwidth for the time. batch_invariant adds one "
+        "Triton launch (Python launcher) per call where plain has a oneDNN one, and one [width, K] copy; "
+        "its kernel is upstream's, tuned to be close to oneDNN at decode sizes but not measured on "
+        "Laguna shapes: the device check settles the bits, a device bench the time.",
+        "- the padded q/k norm: one copy into the norm's buffer, not measured by the lab.",
         "- host on the device: under breakable graphs the linears and q/k norms replay inside captured "
         f"segments (their forms' dispatch is paid at capture); the {COLLECTIVES_PER_STEP} collectives are "
         "eager breaks, so their host work recurs every step; this machine's figures for it are CPU host "

@@ -10,8 +10,11 @@ run here is one row "not run: <reason>"; nothing is reported for what did not ru
 
 Ops: q/k RMSNorm over [M, heads, 128] views of the QKV output (vllm-xpu-kernels ``_C.rms_norm``
 on XPU, vLLM's ``_C`` on CUDA, else a torch RMSNorm), switches off / tokens / pad; BF16 linears
-(``F.linear``: qkv, o_proj, g_proj, dense MLP, shared expert, router gate, lm_head), switches
-off / lanes / rows; ``_xpu_C.int4_gemm_w4a16`` (group 32) off / rows; the XPU WNA16 fused MoE
+(``F.linear``: qkv, o_proj, g_proj, dense MLP, shared expert, router gate, lm_head), forms
+plain / rows / batch_invariant (upstream's batch-invariant Triton matmul on every call padded to
+M rows, compared with itself at one row, as the series runs it for the q=1 decode too; needs an
+importable vLLM and a device, Triton on CPU is only its interpreter); ``_xpu_C.int4_gemm_w4a16``
+(group 32) off / rows; the XPU WNA16 fused MoE
 (``vllm_xpu_kernels`` ``XpuFusedMoe``, 64 local experts, top-10); the TP all-reduce
 (``dist.all_reduce`` vs all-gather + rank-order BF16 sum, needs ``--ranks`` processes: gloo on
 CPU, one device each otherwise); softplus (gate), sigmoid (router), SiLU (MLPs), off / apply
@@ -31,7 +34,12 @@ elementwise [M, 12|18] softplus, [M, 256] sigmoid (fp32), [M, 3072|256] SiLU (bf
 ``--shapes small`` is a CPU smoke test of this script, not a measurement of Laguna shapes.
 
     python -m scripts.device.op_invariance_check                      # device run, all ops
+    python -m scripts.device.op_invariance_check --ops linear --ranks 0 --onednn-verbose
     python -m scripts.device.op_invariance_check --device cpu --shapes small --ranks 0
+
+``--onednn-verbose`` sets ``ONEDNN_VERBOSE=1`` before torch loads, so oneDNN prints one line per
+primitive it creates and runs (its shape, e.g. ``8x3072:3072x2048``) under a ``== case`` line
+naming the (op, shape, switch) that ran it.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from typing import Any
 
 OPS = ("qk_norm", "linear", "int4", "fused_moe", "all_reduce", "elementwise")
 NOT_RUN = "not run"
+LINEAR_FORMS = ("plain", "rows", "batch_invariant")
 
 
 @dataclass(frozen=True)
@@ -164,6 +173,8 @@ def not_run(op: str, shape: str, switch: str, reason: str) -> Row:
 
 
 def _guard(op: str, shape: str, switch: str, fn: Callable[[], tuple[int, int]]) -> Row:
+    if os.environ.get("ONEDNN_VERBOSE"):  # attribute oneDNN's lines to the case that made them
+        print(f"== case {op} | {shape} | {switch}", flush=True)
     try:
         return measured(op, shape, switch, fn())
     except Exception as e:  # noqa: BLE001 - one op's failure is that op's row
@@ -265,9 +276,29 @@ def linear_shapes(s: Shapes) -> list[tuple[str, str, int, int]]:
     ]
 
 
+def batch_invariant_linear(ctx: Ctx) -> tuple[Callable[[Any, Any], Any] | None, str | None]:
+    """The series' ``batch_invariant`` form (every call padded to ``ctx.rows`` rows, upstream's
+    ``linear_batch_invariant``), or why it cannot run here."""
+    if ctx.device == "cpu":
+        return None, "needs a device (Triton on CPU is its interpreter, not the device's code)"
+    try:
+        bi = importlib.import_module("vllm.model_executor.determinism.batch_invariant")
+        allocation = importlib.import_module("vllm.triton_utils.allocation")
+    except Exception as e:  # noqa: BLE001
+        return None, f"vLLM's batch-invariant matmul not importable ({type(e).__name__})"
+    pad = ctx.forms.PaddedRows(ctx.rows)
+
+    def form(x: Any, w: Any) -> Any:
+        allocation.set_triton_allocator(x.device)  # tensor descriptors (XPU)
+        return pad(lambda rows: bi.linear_batch_invariant(rows, w), x)
+
+    return form, None
+
+
 def check_linears(ctx: Ctx) -> list[Row]:
     t, f = ctx.torch, ctx.forms
     F = t.nn.functional
+    batch_invariant, why_not = batch_invariant_linear(ctx)
     rows = []
     for kind, label, k, n in linear_shapes(ctx.s):
         w = ctx.randn(n, k, seed=k * 7 + n, scale=k**-0.5)
@@ -279,14 +310,26 @@ def check_linears(ctx: Ctx) -> list[Row]:
         def make(trial: int, k: int = k) -> Any:
             return ctx.randn(ctx.rows, k, seed=100 + trial)
 
-        for switch, fn in {
-            "off": plain,
-            "lanes": lambda x, w=w: f.linear_lanes(x, w),
-            "rows": lambda x, plain=plain: f.per_row(plain, x),
-        }.items():
+        # (batch form, one-row reference): plain and rows against the plain one-row GEMM (the q=1
+        # decode's); batch_invariant against itself at one row (the series runs the decode in it).
+        cases: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]] | None] = {
+            "plain": (plain, plain),
+            "rows": (lambda x, plain=plain: f.per_row(plain, x), plain),
+            "batch_invariant": None,
+        }
+        if batch_invariant is not None:
+            bi = lambda x, w=w: batch_invariant(x, w)  # noqa: E731
+            cases["batch_invariant"] = (bi, bi)
+        for switch, case in cases.items():
+            if case is None:
+                rows.append(not_run(f"linear:{kind}", shape, switch, why_not or "not available"))
+                continue
             rows.append(
                 _guard(
-                    f"linear:{kind}", shape, switch, lambda fn=fn, plain=plain, make=make: ctx.count(fn, plain, make)
+                    f"linear:{kind}",
+                    shape,
+                    switch,
+                    lambda case=case, make=make: ctx.count(case[0], case[1], make),
                 )
             )
     return rows
@@ -513,6 +556,11 @@ _PLAIN = {"all_reduce": "dist.all_reduce"}
 _NO_SWITCH = ("fused_moe", "silu", "all_reduce")
 
 
+def plain_switch(op: str) -> str:
+    """The switch label of the unchanged op."""
+    return "plain" if op.startswith("linear:") else _PLAIN.get(op, "off")
+
+
 def series_form(op: str, defaults: dict[str, str] | None, device: str) -> str | None:
     """The form the series runs for ``op`` on exact verify rows with these defaults; None: unknown."""
     if op in _NO_SWITCH:
@@ -528,8 +576,11 @@ def series_form(op: str, defaults: dict[str, str] | None, device: str) -> str | 
     kind = op.split(":", 1)[1]
     names = {v.strip() for v in defaults["linears"].split(",")}
     if not ({"all", kind} & names):
-        return "off"
-    return defaults["linear_form"] if device == "xpu" else "rows"  # lanes: XPU only
+        return "plain"
+    form = defaults["linear_form"]
+    if form in ("", "none"):  # unset: batch_invariant on XPU, rows elsewhere (0011)
+        return "batch_invariant" if device == "xpu" else "rows"
+    return form
 
 
 def recommend(rows: list[Row], defaults: dict[str, str] | None, device: str) -> None:
@@ -540,7 +591,7 @@ def recommend(rows: list[Row], defaults: dict[str, str] | None, device: str) -> 
     for (op, _), group in groups.items():
         ran = {r.switch: r for r in group if r.compared is not None}
         current = series_form(op, defaults, device)
-        plain = _PLAIN.get(op, "off")
+        plain = plain_switch(op)
         for row in group:
             if row.compared is None:
                 continue
@@ -611,6 +662,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=4, help="processes of the all-reduce check (TP size; 0: skip it)")
     p.add_argument("--rank-timeout", type=float, default=300.0, help="seconds the all-reduce ranks may take")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON here (default: no file)")
+    p.add_argument(
+        "--onednn-verbose",
+        action="store_true",
+        help="set ONEDNN_VERBOSE=1 before torch loads: oneDNN prints each primitive's shapes under a '== case' line",
+    )
     a = p.parse_args(argv)
     ops = [o.strip() for o in a.ops.split(",") if o.strip()]
     if not ops or any(o not in OPS for o in ops):
@@ -623,6 +679,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--ranks must be 0 (skip) or 2..16")
     if a.rank_timeout < 10:
         p.error("--rank-timeout must be >= 10")
+    if a.onednn_verbose:
+        if "torch" in sys.modules:
+            print("error: --onednn-verbose: torch is already loaded; set ONEDNN_VERBOSE=1 instead", file=sys.stderr)
+            return 2
+        os.environ["ONEDNN_VERBOSE"] = "1"
     try:
         import torch
     except ImportError as e:

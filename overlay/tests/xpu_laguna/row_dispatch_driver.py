@@ -47,7 +47,11 @@ from laguna_model_testlib import (  # noqa: E402
     tiny_engine_args,
     tiny_laguna_config,
 )
-from row_invariant_standins import m_dependent_linear, xpu_rms_norm  # noqa: E402
+from row_invariant_standins import (  # noqa: E402
+    m_dependent_linear,
+    row_wise_interpreter_dot,
+    xpu_rms_norm,
+)
 
 WIDTH = 8
 CALLS: dict[str, list[int]] = defaultdict(list)
@@ -287,8 +291,6 @@ def norm_calls(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
 
 
 def run(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
-    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
-
     res: dict[str, Any] = {"installed": installed(target, drafter)}
     rows = (1, 4, WIDTH, 12)
     variants: dict[str, dict[str, str]] = {
@@ -296,6 +298,7 @@ def run(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
         "linears_none": {"ROW_INVARIANT_LINEARS": "none"},
         "linears_router": {"ROW_INVARIANT_LINEARS": "router,lm_head"},
         "form_rows": {"ROW_INVARIANT_LINEAR_FORM": "rows"},
+        "form_plain": {"ROW_INVARIANT_LINEAR_FORM": "plain"},
         "exact_off": {"EXACT_VERIFY": "0"},
         "width_4": {"VERIFY_WIDTH": "4"},
     }
@@ -305,15 +308,13 @@ def run(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     for form in ("pad", "tokens", "off"):
         set_toggles(ROW_INVARIANT_QK_NORM=form)
         res[f"norms/{form}"] = norm_calls(target, drafter)
-    # Lanes: taken where the platform's plain GEMM is F.linear (XPU); here
-    # the platform check is forced on and the CPU GEMM is F.linear.
-    set_toggles()
-    rd._lanes_platform = True
-    try:
-        res["calls/lanes"] = gemm_calls(target, drafter, (1, WIDTH))
-        res["bitwise/lanes"] = bitwise(target, drafter)
-    finally:
-        rd._lanes_platform = None
+    # batch_invariant: upstream's batch-invariant matmul (Triton interpreted,
+    # each row of a tl.dot on its own: see row_invariant_standins) replaces
+    # the GEMM for 1..WIDTH rows; the recorded CPU GEMM is then not called.
+    set_toggles(ROW_INVARIANT_LINEAR_FORM="batch_invariant")
+    with row_wise_interpreter_dot():
+        res["calls/batch_invariant"] = gemm_calls(target, drafter, (1, WIDTH, 12))
+        res["bitwise/batch_invariant"] = bitwise(target, drafter)
     MODE.update(gemm="standin", norm="standin")
     for name, toggles in {
         "default": {},
@@ -322,6 +323,7 @@ def run(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
             "ROW_INVARIANT_LINEAR_FORM": "rows",
         },
         "off": {"ROW_INVARIANT_QK_NORM": "off", "ROW_INVARIANT_LINEARS": "none"},
+        "plain": {"ROW_INVARIANT_LINEAR_FORM": "plain"},
         "norm_off": {"ROW_INVARIANT_QK_NORM": "off"},
         "linears_none": {"ROW_INVARIANT_LINEARS": "none"},
         "exact_off": {"EXACT_VERIFY": "0"},

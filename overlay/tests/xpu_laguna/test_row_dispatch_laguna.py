@@ -88,6 +88,7 @@ def test_drafter_takes_the_plain_path(observed) -> None:
         ("linears_none", ()),
         ("linears_router", ("router", "lm_head")),
         ("form_rows", KINDS),
+        ("form_plain", ()),
         ("exact_off", ()),
     ],
 )
@@ -106,13 +107,18 @@ def test_verify_width_bounds_the_rows(observed) -> None:
         assert calls[f"{kind}/8"] == [8]
 
 
-def test_lanes_form_where_the_plain_gemm_is_f_linear(observed) -> None:
-    calls = observed["calls/lanes"]
+def test_batch_invariant_form_replaces_the_gemm(observed) -> None:
+    """batch_invariant runs upstream's batch-invariant matmul (interpreted
+    here) for 1..8 rows, the q=1 decode included: the layer's own GEMM is not
+    called; 12 rows (more than the width) run it. Every target row equals
+    the 1-row call bitwise; the drafter (plain fp32 F.linear) does not."""
+    calls = observed["calls/batch_invariant"]
     for kind in KINDS:
-        assert calls[f"{kind}/8"] == []  # one batched matmul, no per-row GEMM
-        assert calls[f"{kind}/1"] == [1]
-        assert calls["counters"][f"linear/{kind}/lanes"] == 1
-    bitwise = observed["bitwise/lanes"]
+        assert calls[f"{kind}/1"] == [] and calls[f"{kind}/8"] == [], kind
+        assert calls[f"{kind}/12"] == [12], kind
+        assert calls["counters"][f"linear/{kind}/batch_invariant"] == 2
+    assert calls["draft_qkv_proj/8"] == [8]
+    bitwise = observed["bitwise/batch_invariant"]
     for unit in (*KINDS, *TARGET_BLOCKS):
         assert all(bitwise[unit]), unit
     # negative control: plain fp32 F.linear on this CPU is not row-invariant
@@ -159,6 +165,15 @@ def test_negative_control_plain_path_differs(observed, variant) -> None:
     bitwise = observed[f"bitwise/standin/{variant}"]
     for unit in (*KINDS, *TARGET_BLOCKS):
         assert not all(bitwise[unit]), (variant, unit)
+
+
+def test_plain_linear_form_fails_on_the_m_dependent_gemm(observed) -> None:
+    """Negative control of the linear form: ``plain`` leaves the layer's
+    GEMM (K-split chosen from (m, n, k)) at M=8; every linear unit and block
+    with a linear differs from decode, the q/k norm form still on."""
+    bitwise = observed["bitwise/standin/plain"]
+    for unit in (*KINDS, *TARGET_BLOCKS):
+        assert not all(bitwise[unit]), unit
 
 
 def test_each_switch_is_needed(observed) -> None:

@@ -30,11 +30,13 @@ def _fix(module: Any) -> None:
             return mask
         return module.TensorHandle(mask.data != 0, module.tl.int1)
 
-    def create_masked_load(self, ptrs, mask, other, *args):  # type: ignore[no-untyped-def]
-        return load(self, ptrs, boolean(mask), other, *args)
+    # Keyword arguments pass through: the interpreter's tensor-descriptor load calls
+    # ``create_masked_load(..., cache_policy=..., is_volatile=...)``.
+    def create_masked_load(self, ptrs, mask, other, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return load(self, ptrs, boolean(mask), other, *args, **kwargs)
 
-    def create_masked_store(self, ptrs, value, mask, *args):  # type: ignore[no-untyped-def]
-        return store(self, ptrs, value, boolean(mask), *args)
+    def create_masked_store(self, ptrs, value, mask, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return store(self, ptrs, value, boolean(mask), *args, **kwargs)
 
     builder.create_masked_load = create_masked_load
     builder.create_masked_store = create_masked_store

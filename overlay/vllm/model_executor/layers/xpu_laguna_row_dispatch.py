@@ -8,8 +8,10 @@ available, see ``xpu_laguna_exact``) a verify step runs 2..M rows (M =
 attention calls must give row ``i`` the bits the q=1 decode of that token
 gets (M=1). Calls of the target model (not the DFlash drafter, whose layers
 are never installed) with ``1 < rows <= M`` take the forms of
-:mod:`vllm.model_executor.layers.xpu_laguna_row_invariant`; a q=1 decode
-(1 row), prefill chunks of more than M rows, compiled graphs (Inductor:
+:mod:`vllm.model_executor.layers.xpu_laguna_row_invariant`; the
+``batch_invariant`` linear form, which replaces the GEMM, is taken for
+``1 <= rows <= M`` (the q=1 decode too). Other q=1 calls, prefill chunks of
+more than M rows, compiled graphs (Inductor:
 ``torch.compiler.is_compiling()``) and every other model are unchanged.
 
 Switches (declared in ``vllm/envs.py``, read once per process, defaults and
@@ -27,16 +29,38 @@ evidence: ``docs/row-invariance.md``):
   trace only.
 * ``VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS`` = comma list of
   :data:`KINDS`, ``all`` (default) or ``none``: BF16 (unquantized) target
-  linears. oneDNN picks kernel and K-split from (m, n, k); the lab measured
-  plain M=8 equal to M=1 for QKV/O and the shared expert, never for the
-  router or lm_head, and its exact records ran every kind as lanes.
-* ``VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM`` = ``lanes`` (default) |
-  ``rows``: ``lanes`` is one stride-zero batched matmul of M=1 lanes (the
-  lab's record path, measured equal to sequential M=1 calls and faster than
-  native M=8 at the endpoint); it needs a contiguous [N, K] weight, no bias
-  and a platform whose plain GEMM is ``F.linear`` (XPU). Elsewhere (CPU:
-  vLLM packs the weight for oneDNN/SGL kernels) ``rows`` is used: one call
-  of the layer's own GEMM per row.
+  linears. oneDNN picks kernel and K-split from (m, n, k), so the plain M=8
+  GEMM is not row-invariant by construction.
+* ``VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM`` = ``batch_invariant`` |
+  ``rows`` | ``plain``; unset: ``batch_invariant`` on XPU, ``rows``
+  elsewhere (see :func:`default_linear_form`).
+
+  ``batch_invariant`` replaces the GEMM by upstream's batch-invariant
+  matmul (``vllm.model_executor.determinism.batch_invariant``,
+  ``linear_batch_invariant`` -> ``mm_batch_invariant``; on XPU the
+  persistent Triton kernel with tensor descriptors,
+  ``matmul_kernel_descriptor_persistent``). Why it is row-invariant: each
+  output tile accumulates ``tl.dot`` over K tiles in order ``ki = 0, 1,
+  ...`` into one fp32 accumulator, with ``BLOCK_SIZE_K`` fixed by dtype
+  alone (``_get_descriptor_matmul_config``: 64 for BF16) and no split-K
+  (one program owns a whole output tile); the whole config is the same for
+  every M <= 16; a row's dot product reads only its own row of A. Caveat:
+  Triton specializes an integer argument equal to 1 (and one divisible by
+  16, and pointers by 16-byte alignment), so an M=1 launch compiles a
+  different kernel than M=8, whose DPAS code need not round the same way.
+  So this form pads every exact-path call of 1..W rows to exactly W rows
+  (:class:`~vllm.model_executor.layers.xpu_laguna_row_invariant.PaddedRows`,
+  zero rows, a buffer per (K, dtype, device)): every call is one identical
+  launch. Because it replaces the GEMM's arithmetic it is taken for
+  ``1 <= rows <= W`` (the teacher's q=1 decode too), not only 2..W. It reads
+  the weight as [N, K] rows: it needs the weight vLLM keeps (not
+  ``VLLM_XPU_FORCE_N_CONTIG_WEIGHT=1``, refused by :func:`read_settings`; not
+  a CPU layer whose weight vLLM packed away).
+
+  ``rows``: one call of the layer's own GEMM per row (correct by
+  construction on any stack; W x the weight traffic on a device).
+  ``plain``: the upstream GEMM unchanged (exact only as far as a device
+  measurement shows; none exists in this repo for lm_head and router).
 * ``VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4`` = 1 (default) | 0:
   compressed-tensors WNA16 (INT4) dense target linears run one
   ``int4_gemm_w4a16`` call per row. The oneDNN primitive is built per m
@@ -54,6 +78,7 @@ DFlash proposer shares with the drafter, takes a form only inside
 
 import contextlib
 import contextvars
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -81,7 +106,8 @@ KINDS = (
     "lm_head",
 )
 QK_NORM_FORMS = ("off", "tokens", "pad")
-LINEAR_FORMS = ("lanes", "rows")
+LINEAR_FORMS = ("batch_invariant", "rows", "plain")
+INT4_VALUES = ("1", "0")
 
 # Attributes set on installed target modules.
 _NORM_ATTR = "_xpu_laguna_row_invariant_norm"
@@ -119,31 +145,76 @@ def parse_linears(value: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def default_linear_form() -> str:
+    """The linear form when the switch is unset: ``batch_invariant`` on XPU
+    (row-invariant by construction, see module doc); ``rows`` elsewhere. On
+    CPU (the stand-in runtime) Triton runs interpreted, which would make
+    every exact-path GEMM, the q=1 decode included, orders of magnitude
+    slower, and vLLM's CPU GEMMs are row-invariant per call, which is all
+    ``rows`` needs."""
+    return "batch_invariant" if current_platform.is_xpu() else "rows"
+
+
+def _env(name: str, valid: Iterable[str]) -> Any:
+    """``envs.<name>``, its ``ValueError`` as one line naming the variable,
+    the value and the valid values."""
+    try:
+        return getattr(envs, name)
+    except ValueError:
+        raise ValueError(
+            f"{name}={os.environ.get(name)!r} is not valid; valid: {', '.join(valid)}"
+        ) from None
+
+
+def read_settings() -> Settings:
+    """Read and validate every row-invariant switch (no caching, no logging
+    of its own; the config contract calls it). Raises ``ValueError`` with one
+    line naming the variable, the bad value and the valid values."""
+    from vllm.v1.attention.backends.xpu_laguna_exact import exact_verify_width
+
+    prefix = "VLLM_XPU_LAGUNA_ROW_INVARIANT_"
+    qk = str(_env(f"{prefix}QK_NORM", QK_NORM_FORMS)).lower()
+    linears = parse_linears(_env(f"{prefix}LINEARS", ("all", "none", *KINDS)))
+    form = str(_env(f"{prefix}LINEAR_FORM", LINEAR_FORMS) or default_linear_form())
+    int4 = bool(_env(f"{prefix}INT4", INT4_VALUES))
+    s = Settings(
+        width=exact_verify_width(),
+        qk_norm=qk,
+        linears=linears,
+        linear_form=form.lower(),
+        int4=int4,
+    )
+    if (
+        s.width > 1
+        and s.linears
+        and s.linear_form == "batch_invariant"
+        and envs.VLLM_XPU_FORCE_N_CONTIG_WEIGHT
+    ):
+        raise ValueError(
+            "VLLM_XPU_FORCE_N_CONTIG_WEIGHT=1 stores BF16 weights K-major; "
+            f"{prefix}LINEAR_FORM=batch_invariant reads them as [N, K] rows "
+            "(it would copy each weight per call): unset "
+            f"VLLM_XPU_FORCE_N_CONTIG_WEIGHT or set {prefix}LINEAR_FORM=rows"
+        )
+    return s
+
+
 _settings: Settings | None = None
 
 
 def settings() -> Settings:
+    """:func:`read_settings`, once per process (:func:`refresh` re-reads)."""
     global _settings
     if _settings is None:
-        from vllm.v1.attention.backends.xpu_laguna_exact import exact_verify_width
-
-        qk = str(envs.VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM).lower()
-        form = str(envs.VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM).lower()
-        _settings = Settings(
-            width=exact_verify_width(),
-            qk_norm=qk,
-            linears=parse_linears(envs.VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS),
-            linear_form=form,
-            int4=bool(envs.VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4),
-        )
+        _settings = read_settings()
         if _settings.width > 1:
             logger.info_once(
-                "XPU Laguna row-invariant forms for verify rows 2..%d: q/k norm "
-                "%s, BF16 linears %s (%s), INT4 dense linears %s",
+                "XPU Laguna row-invariant forms on the exact path (up to %d "
+                "rows): q/k norm %s, BF16 linears %s (%s), INT4 dense linears %s",
                 _settings.width,
-                qk,
+                _settings.qk_norm,
                 ",".join(k for k in KINDS if k in _settings.linears) or "none",
-                form,
+                _settings.linear_form,
                 "rows" if _settings.int4 else "off",
             )
     return _settings
@@ -153,6 +224,7 @@ def refresh() -> Settings:
     """Re-read the switches (tests; the process default is read once)."""
     global _settings
     _settings = None
+    _padded_rows.clear()
     return settings()
 
 
@@ -179,7 +251,8 @@ def _rows_active(rows: int, s: Settings) -> bool:
 def qk_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``norm(x)`` for a target q/k norm over a ``[rows, heads, head_dim]``
     view, in the form of the QK_NORM switch on exact verify rows."""
-    if not getattr(norm, _NORM_ATTR, False) or torch.compiler.is_compiling():
+    pad_buffer = getattr(norm, _NORM_ATTR, None)
+    if pad_buffer is None or torch.compiler.is_compiling():
         return norm(x)
     s = settings()
     if s.qk_norm == "off" or not _rows_active(x.shape[0], s):
@@ -187,7 +260,8 @@ def qk_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     counters.calls["qk_norm", "qk_norm", s.qk_norm] += 1
     if s.qk_norm == "tokens":
         return forms.per_row(norm, x)
-    return forms.norm_padded(norm, x)
+    pad_buffer.capacity = s.width + 1
+    return forms.norm_padded(norm, x, pad_buffer)
 
 
 # -- linears ----------------------------------------------------------------
@@ -210,28 +284,47 @@ def _is_wna16(layer: nn.Module) -> bool:
     return isinstance(getattr(layer, "scheme", None), CompressedTensorsWNA16)
 
 
-_lanes_platform: bool | None = None
+# Per verify width: the padded-rows form of the batch-invariant linears (its
+# buffers are shared by every layer of one K; calls run one at a time).
+_padded_rows: dict[int, forms.PaddedRows] = {}
 
 
-def lanes_platform() -> bool:
-    """Whether the plain GEMM of unquantized linears here is ``F.linear``
-    (XPU: ``default_unquantized_gemm``), which :func:`forms.linear_lanes`
-    reproduces at M=1."""
-    global _lanes_platform
-    if _lanes_platform is None:
-        _lanes_platform = current_platform.is_xpu()
-    return _lanes_platform and not envs.VLLM_BATCH_INVARIANT
-
-
-def _lanes_ok(layer: nn.Module, bias: torch.Tensor | None) -> bool:
+def _batch_invariant_weight(layer: nn.Module) -> torch.Tensor:
     weight = getattr(layer, "weight", None)
-    return (
-        bias is None
-        and isinstance(weight, torch.Tensor)
-        and weight.dim() == 2
-        and weight.numel() > 0
-        and weight.is_contiguous()
-        and lanes_platform()
+    if (
+        not isinstance(weight, torch.Tensor)
+        or weight.dim() != 2
+        or weight.numel() == 0
+        or not weight.is_contiguous()
+    ):
+        shape = None if weight is None else tuple(weight.shape)
+        raise RuntimeError(
+            "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM=batch_invariant needs a "
+            f"contiguous [N, K] weight; {getattr(layer, 'prefix', '')} has "
+            f"{shape}: set the form to rows"
+        )
+    return weight
+
+
+def linear_batch_invariant(
+    layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, width: int
+) -> torch.Tensor:
+    """The layer's GEMM as upstream's batch-invariant matmul on exactly
+    ``width`` rows (see module doc: every call one identical launch)."""
+    from vllm.model_executor.determinism import batch_invariant
+
+    weight = _batch_invariant_weight(layer)
+    if x.device.type != "cpu":
+        # Tensor descriptors need Triton's global-memory allocator (a
+        # context variable: set where the forward runs).
+        from vllm.triton_utils.allocation import set_triton_allocator
+
+        set_triton_allocator(x.device)
+    pad = _padded_rows.get(width)
+    if pad is None:
+        pad = _padded_rows[width] = forms.PaddedRows(width)
+    return pad(
+        lambda rows: batch_invariant.linear_batch_invariant(rows, weight, bias), x
     )
 
 
@@ -260,33 +353,34 @@ class RowInvariantApply:
                 )
         return self._class
 
-    def form(self, layer: nn.Module, x: torch.Tensor, bias: Any) -> str | None:
+    def form(self, layer: nn.Module, x: torch.Tensor) -> str | None:
         kind = getattr(layer, _KIND_ATTR, None)
         if kind is None or x.dim() != 2 or torch.compiler.is_compiling():
             return None
         if kind == "lm_head" and not _TARGET_LOGITS.get():
             return None  # the drafter's compute_logits (shared lm_head)
         s = settings()
-        if not _rows_active(x.shape[0], s):
+        rows = x.shape[0]
+        if not 0 < rows <= s.width:
             return None
         cls = self._classify(layer)
-        if cls == "bf16" and kind in s.linears:
-            if s.linear_form == "lanes" and _lanes_ok(layer, bias):
-                return "lanes"
-            return "rows"
-        if cls == "int4" and s.int4:
+        if cls == "bf16" and kind in s.linears and s.linear_form != "plain":
+            if s.linear_form == "batch_invariant":
+                return "batch_invariant"  # replaces the GEMM: 1..W rows
+            return "rows" if rows > 1 else None
+        if cls == "int4" and s.int4 and rows > 1:
             return "rows"
         return None
 
     def __call__(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        form = self.form(layer, x, bias)
+        form = self.form(layer, x)
         if form is None:
             return self.inner(layer, x, bias)
         counters.calls["linear", getattr(layer, _KIND_ATTR), form] += 1
-        if form == "lanes":
-            return forms.linear_lanes(x, layer.weight)
+        if form == "batch_invariant":
+            return linear_batch_invariant(layer, x, bias, settings().width)
         return forms.per_row(lambda row: self.inner(layer, row, bias), x)
 
 
@@ -306,8 +400,8 @@ def install_target_layers(layers: Iterable[nn.Module]) -> None:
         attn = getattr(layer, "self_attn", None)
         if attn is None:
             continue
-        setattr(attn.q_norm, _NORM_ATTR, True)
-        setattr(attn.k_norm, _NORM_ATTR, True)
+        setattr(attn.q_norm, _NORM_ATTR, forms.NormPadBuffer())
+        setattr(attn.k_norm, _NORM_ATTR, forms.NormPadBuffer())
         _install_linear(attn.qkv_proj, "qkv_proj")
         _install_linear(attn.o_proj, "o_proj")
         _install_linear(getattr(attn, "g_proj", None), "g_proj")

@@ -48,14 +48,17 @@ same forms on a machine without vLLM.
   multiple of 16 (and heads is not) keeps the single-row kernel; one
   padded row is always enough (consecutive token counts differ by heads,
   which is not a multiple of 16). Needs the kernel source to be as read.
+  With a :class:`NormPadBuffer` (one per norm module on the exact path) the
+  padded input is written into a buffer the norm owns, whose first token is
+  kept zero, instead of a fresh tensor per call.
 
-* :func:`linear_lanes` (linear "lanes"): ``F.linear(x, w)`` as ``rows``
-  independent M=1 lanes of one batched matmul, the weight's transpose
-  expanded to ``[rows, K, N]`` with batch stride 0 (what the reference lab
-  ran on Arc B70; it measured the lanes bitwise equal to sequential M=1
-  ``F.linear`` calls for Laguna's projection, router and vocabulary shapes).
-  Reproduces ``F.linear`` at M=1 only where the platform's plain GEMM is
-  ``F.linear`` (XPU); elsewhere the dispatch module uses :func:`per_row`.
+* :class:`PaddedRows` (linear "batch_invariant"): every call of 1..W rows
+  made as one call of exactly W rows (``x`` copied into a zero-padded
+  ``[W, K]`` buffer it owns per (K, dtype, device)), so a kernel whose
+  compiled form depends on its integer arguments (Triton specializes an
+  argument equal to 1 or divisible by 16, and pointers by alignment) is the
+  same launch for a q=1 decode and every verify width. The kernel itself
+  (upstream's batch-invariant matmul) is called by the dispatch module.
 """
 
 from collections.abc import Callable
@@ -100,26 +103,87 @@ def norm_pad_tokens(tokens: int, rows_per_token: int) -> int:
     return 1 if (tokens * rows_per_token) % per_wg == 0 else 0
 
 
+class NormPadBuffer:
+    """The padded input of one q/k norm: ``[capacity, heads, head_dim]``
+    whose token 0 stays zero (never written); a ``tokens``-token input goes
+    to tokens ``1..tokens``. Allocated at the first padded call, grown (a new
+    tensor) only for a larger call or another dtype/device/shape."""
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = capacity  # tokens incl. the zero token (at least)
+        self.buffer: torch.Tensor | None = None
+
+    def padded(self, x: torch.Tensor) -> torch.Tensor:
+        """``[zero token, *x]`` (``tokens + 1`` tokens, contiguous)."""
+        tokens = x.shape[0]
+        buf = self.buffer
+        if (
+            buf is None
+            or buf.shape[0] < tokens + 1
+            or buf.shape[1:] != x.shape[1:]
+            or buf.dtype != x.dtype
+            or buf.device != x.device
+        ):
+            size = max(tokens + 1, self.capacity)
+            buf = x.new_zeros((size, *x.shape[1:]))
+            self.buffer = buf
+        buf[1 : tokens + 1].copy_(x)
+        return buf[: tokens + 1]
+
+
 def norm_padded(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    buffer: NormPadBuffer | None = None,
 ) -> torch.Tensor:
     """``fn(x)`` for a ``[tokens, heads, head_dim]`` norm input, called with
     a token count whose row count takes the one-token kernel (see module
-    doc); the result has ``x``'s shape and is contiguous."""
+    doc); the result has ``x``'s shape and is contiguous. The zero token
+    goes first (a row's result does not depend on its index in either
+    kernel); ``buffer`` holds the padded input (a fresh one if None)."""
     tokens = x.shape[0]
     rows_per_token = x[0].numel() // x.shape[-1] if tokens else 0
     pad = norm_pad_tokens(tokens, rows_per_token) if tokens else 0
     if pad == 0:
         return fn(x)
-    padded = x.new_zeros((tokens + pad, *x.shape[1:]))
-    padded[:tokens] = x
-    return fn(padded)[:tokens]
+    buffer = buffer if buffer is not None else NormPadBuffer()
+    return fn(buffer.padded(x))[1:]
 
 
-def linear_lanes(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` (``x`` [rows, K], ``weight`` [N, K], no bias)
-    as ``rows`` stride-zero batched M=1 lanes."""
-    rows = x.shape[0]
-    w_t = weight.t()
-    lanes = w_t.unsqueeze(0).expand(rows, *w_t.shape)
-    return torch.bmm(x.unsqueeze(1), lanes).squeeze(1)
+class PaddedRows:
+    """``fn`` called on exactly ``width`` rows: a ``[rows, K]`` input with
+    ``1 <= rows <= width`` is copied into a ``[width, K]`` buffer owned per
+    (K, dtype, device) whose other rows are zero, and the first ``rows``
+    rows of ``fn(buffer)`` are returned. ``fn`` must compute each output row
+    from its own input row only (the padding rows then change nothing) and
+    must not keep or write its input."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        # (K, dtype, device) -> (buffer, rows holding data other than zero)
+        self._buffers: dict[tuple, tuple[torch.Tensor, int]] = {}
+
+    def buffer(self, x: torch.Tensor) -> torch.Tensor:
+        """The ``[width, K]`` buffer of ``x``'s (K, dtype, device)."""
+        rows = x.shape[0]
+        if not 1 <= rows <= self.width or x.dim() != 2:
+            raise ValueError(
+                f"PaddedRows: input {tuple(x.shape)} is not [1..{self.width}, K]"
+            )
+        key = (x.shape[1], x.dtype, x.device)
+        entry = self._buffers.get(key)
+        if entry is None:
+            buf = x.new_zeros((self.width, x.shape[1]))
+            filled = 0
+        else:
+            buf, filled = entry
+        if filled > rows:
+            buf[rows:filled].zero_()
+        buf[:rows].copy_(x)
+        self._buffers[key] = (buf, rows)
+        return buf
+
+    def __call__(
+        self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+    ) -> torch.Tensor:
+        return fn(self.buffer(x))[: x.shape[0]]
