@@ -59,6 +59,18 @@ class DraftModelPin:
     kind: str
     repo: str
     revision: str
+    # content fingerprint of the weights (``python -m vllm.xpu_laguna_drafter DIR``, the scheme in
+    # overlay/vllm/xpu_laguna_drafter.py); optional: without it a copy is told by hub snapshot only
+    fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class Bf16DraftModelPin:
+    """The BF16 target's DFlash drafter: the contract refuses it against the INT4 target."""
+
+    repo: str = ""
+    revision: str = ""
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True)
@@ -69,12 +81,16 @@ class Pins:
     target: TargetModelPin
     draft: DraftModelPin
     path: Path
+    draft_bf16: Bf16DraftModelPin | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain data for provenance files and reports."""
+        """Plain data for provenance files and reports (the wheel's drafter identity reads
+        ``draft`` and ``draft_bf16``: overlay/vllm/xpu_laguna_drafter.py)."""
         out: dict[str, Any] = {}
-        for name in ("vllm", "xpu_runtime", "cpu_runtime", "target", "draft"):
+        for name in ("vllm", "xpu_runtime", "cpu_runtime", "target", "draft", "draft_bf16"):
             section = getattr(self, name)
+            if section is None:  # an optional table left out of pins.toml
+                continue
             # an optional key left out of pins.toml is left out here too (provenance unchanged)
             out[name] = {
                 f.name: getattr(section, f.name)
@@ -88,6 +104,7 @@ class Pins:
 class _ModelsTable:
     target: TargetModelPin
     draft: DraftModelPin
+    draft_bf16: Bf16DraftModelPin | None = None
 
 
 @dataclass(frozen=True)
@@ -159,7 +176,40 @@ def parse_pins(text: str, path: Path = PINS_PATH) -> Pins:
         )
     for name, pin in (("target", target), ("draft", draft)):
         _check("/" in pin.repo, f"pins [models.{name}].repo: not an owner/name: {pin.repo!r}")
-    return Pins(vllm=vllm, xpu_runtime=xpu, cpu_runtime=cpu, target=target, draft=draft, path=path)
+    _check_drafter_identities(draft, layout.models.draft_bf16)
+    return Pins(
+        vllm=vllm,
+        xpu_runtime=xpu,
+        cpu_runtime=cpu,
+        target=target,
+        draft=draft,
+        path=path,
+        draft_bf16=layout.models.draft_bf16,
+    )
+
+
+def _check_drafter_identities(draft: DraftModelPin, bf16: Bf16DraftModelPin | None) -> None:
+    """The optional drafter fingerprints and the BF16 drafter's table: well formed, the BF16 one
+    identified by something, and never the same identity as the matched drafter."""
+    _check(
+        not draft.fingerprint or bool(_SHA256.match(draft.fingerprint)),
+        f"pins [models.draft].fingerprint: not 64 lowercase hex digits: {draft.fingerprint!r}",
+    )
+    if bf16 is None:
+        return
+    where = "pins [models.draft_bf16]"
+    _check(bool(bf16.revision or bf16.fingerprint), f"{where}: names neither a revision nor a fingerprint")
+    _check(
+        not bf16.revision or bool(_GIT_REV.match(bf16.revision)),
+        f"{where}.revision: not a 40-digit hex revision: {bf16.revision!r}",
+    )
+    _check(
+        not bf16.fingerprint or bool(_SHA256.match(bf16.fingerprint)),
+        f"{where}.fingerprint: not 64 lowercase hex digits: {bf16.fingerprint!r}",
+    )
+    _check(not bf16.repo or "/" in bf16.repo, f"{where}.repo: not an owner/name: {bf16.repo!r}")
+    same = [k for k in ("revision", "fingerprint") if getattr(bf16, k) and getattr(bf16, k) == getattr(draft, k)]
+    _check(not same, f"{where}.{same[0] if same else ''}: the same as [models.draft]'s (the INT4-matched drafter)")
 
 
 def load_pins(path: Path = PINS_PATH) -> Pins:

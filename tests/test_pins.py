@@ -150,3 +150,44 @@ def test_bad_toml_is_a_one_line_error(text: str) -> None:
 def test_missing_pins_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match="pins file not found"):
         load_pins(tmp_path / "pins.toml")
+
+
+DRAFT_REV_LINE = 'revision = "5e07c246915c86dc6920fead03d019989224f2ba"\n'
+BF16_TABLE = '[models.draft_bf16]\nrepo = "example/Toy-DFlash"\nrevision = "' + "b" * 40 + '"\n'
+
+
+def _with_drafters(draft_extra: str = "", bf16_table: str = "") -> str:
+    assert GOOD.endswith(DRAFT_REV_LINE)
+    return GOOD + draft_extra + ("\n" + bf16_table if bf16_table else "")
+
+
+def test_drafter_identities_are_optional_and_reach_the_record() -> None:
+    """``fingerprint`` and ``[models.draft_bf16]`` (the drafter identity in the wheel reads them from the
+    provenance record's pins): absent, the record is unchanged; present, carried."""
+    assert "draft_bf16" not in parse_pins(GOOD, Path("pins.toml")).as_dict()
+    assert "fingerprint" not in parse_pins(GOOD, Path("pins.toml")).as_dict()["draft"]
+    pins = parse_pins(_with_drafters(f'fingerprint = "{"a" * 64}"\n', BF16_TABLE), Path("pins.toml"))
+    data = pins.as_dict()
+    assert data["draft"]["fingerprint"] == "a" * 64
+    assert data["draft_bf16"] == {"repo": "example/Toy-DFlash", "revision": "b" * 40}
+
+
+@pytest.mark.parametrize(
+    "draft_extra,bf16_table,expect",
+    [
+        ('fingerprint = "A1"\n', "", "pins [models.draft].fingerprint: not 64 lowercase hex digits: 'A1'"),
+        ("", '[models.draft_bf16]\nrepo = "example/Toy-DFlash"\n', "names neither a revision nor a fingerprint"),
+        ("", '[models.draft_bf16]\nrevision = "main"\n', "pins [models.draft_bf16].revision: not a 40-digit"),
+        ("", '[models.draft_bf16]\nfingerprint = "0"\n', "pins [models.draft_bf16].fingerprint: not 64"),
+        ("", '[models.draft_bf16]\nrepo = "x"\nrevision = "' + "b" * 40 + '"\n', "draft_bf16].repo: not an"),
+        (
+            "",
+            '[models.draft_bf16]\nrevision = "5e07c246915c86dc6920fead03d019989224f2ba"\n',
+            "pins [models.draft_bf16].revision: the same as [models.draft]'s (the INT4-matched drafter)",
+        ),
+        ("", '[models.draft_bf16]\nbranch = "main"\n', "models.draft_bf16.branch: unknown field"),
+    ],
+    ids=["fingerprint", "empty-bf16", "bf16-revision", "bf16-fingerprint", "bf16-repo", "bf16-is-matched", "unknown"],
+)
+def test_malformed_drafter_identities_are_errors(draft_extra: str, bf16_table: str, expect: str) -> None:
+    assert expect in _error(_with_drafters(draft_extra, bf16_table))

@@ -4,16 +4,20 @@ the env files read the same in a shell and in systemd, and the docs name every s
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import shutil
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
 
+import synthetic
 from scripts import REPO_ROOT
 from scripts.errors import ToolError
-from scripts.pins import load_pins
+from scripts.pins import load_pins, parse_pins
 from scripts.recipe import (
     RECIPE_DIR,
     VERIFY_WIDTH,
@@ -165,10 +169,46 @@ def test_the_doctor_checks_the_device_variables_the_recipe_sets() -> None:
     assert set(doctor) == recipe
 
 
-def test_the_pinned_drafter_is_the_one_the_contract_recognises() -> None:
-    suffix = _overlay_constant("MATCHED_DRAFTER_SUFFIX")
-    assert load_pins().draft.repo.lower().endswith(suffix)
-    assert not "poolside/Laguna-S-2.1-DFlash".lower().endswith(suffix)  # the plain drafter's repo
+def _drafter_identity_module() -> types.ModuleType:
+    """overlay/vllm/xpu_laguna_drafter.py, which ships in the wheel (standard library only at import)."""
+    name = "xpu_laguna_drafter_under_test"
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "overlay/vllm/xpu_laguna_drafter.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+def test_the_wheels_drafter_identity_reads_the_pins_as_the_record_carries_them(tmp_path: Path) -> None:
+    """pins.toml is the one definition: the provenance record carries ``Pins.as_dict()`` into the wheel,
+    where the contract and the doctor read the drafters from it."""
+    module = _drafter_identity_module()
+    pins = load_pins()
+    known = module.KnownDrafters.from_pins(pins.as_dict())
+    assert (known.matched.repo, known.matched.revision) == (pins.draft.repo, pins.draft.revision)
+    assert known.matched.fingerprint == pins.draft.fingerprint
+    bf16 = pins.draft_bf16
+    assert (known.bf16.revision, known.bf16.fingerprint) == ((bf16.revision, bf16.fingerprint) if bf16 else ("", ""))
+    assert module.identify(pins.draft.repo, pins.draft.revision, known).kind == "matched"
+    snapshot = tmp_path / "models--x--y" / "snapshots" / pins.draft.revision
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    assert module.identify(snapshot, None, known).kind == "matched"
+    assert module.identify(snapshot.parent, None, known).kind == "unknown"
+    # the optional tables and keys reach it too
+    text = synthetic.pins_text("0" * 64).replace(
+        'revision = "5e07c246915c86dc6920fead03d019989224f2ba"\n',
+        'revision = "5e07c246915c86dc6920fead03d019989224f2ba"\nfingerprint = "' + "a" * 64 + '"\n\n'
+        '[models.draft_bf16]\nrevision = "' + "b" * 40 + '"\nfingerprint = "' + "c" * 64 + '"\n',
+    )
+    known = module.KnownDrafters.from_pins(parse_pins(text, Path("pins.toml")).as_dict())
+    assert known.matched.fingerprint == "a" * 64
+    assert (known.bf16.revision, known.bf16.fingerprint) == ("b" * 40, "c" * 64)
+    assert module.identify_repo("b" * 40, known).kind == "bf16"
 
 
 def test_docs_name_every_setting() -> None:

@@ -15,7 +15,8 @@ forwards ``num_splits_kv`` (patch 0008) and the kernel accepts it; the
 oneAPI / oneCCL variables of the serving recipe (:data:`RECIPE_DEVICE_ENV`)
 and the series' debug switches; with ``--model`` the target's quantization
 and what ``--kv-cache-dtype auto`` resolves to; with ``--draft`` a DFlash
-drafter that fits the target.
+drafter that fits the target and which drafter it is, told by content as the
+configuration contract tells it (:mod:`vllm.xpu_laguna_drafter`).
 
 Without an XPU every device check says ``no XPU device: ...``. A serving
 machine needs one, so those lines fail; ``--no-device`` (checking a wheel or
@@ -35,6 +36,8 @@ import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from vllm import xpu_laguna_drafter as drafter
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 NO_XPU = "no XPU device: "
@@ -414,9 +417,9 @@ def check_draft(directory: Path, target: dict[str, Any] | None) -> Check:
     """A DFlash drafter that fits the target: architecture ``DFlash*``, no
     quantization config, ``dflash_config.target_layer_ids`` (where vLLM's
     ``laguna_dflash`` reads them) inside the target, the target's hidden
-    size and vocabulary (it shares the target's lm_head). What the files
-    cannot tell: whether it was trained against the INT4 target; the BF16
-    target's drafter has the same shapes and accepts ~0% against INT4."""
+    size and vocabulary (it shares the target's lm_head). Which drafter it
+    is (the BF16 target's has the same shapes and config) is
+    :func:`check_draft_identity`'s question."""
     name = "draft-model"
     config, error = _config(directory)
     if config is None:
@@ -458,9 +461,28 @@ def check_draft(directory: Path, target: dict[str, Any] | None) -> Check:
         OK,
         name,
         f"{archs[0]}, {dtype} (no quantization_config), hidden "
-        f"{config.get('hidden_size')}, target layers {ids} of {layers}; not told "
-        "by files: whether it was trained against the INT4 target (acceptance "
-        "shows it)",
+        f"{config.get('hidden_size')}, target layers {ids} of {layers}",
+    )
+
+
+def check_draft_identity(directory: Path, known: drafter.KnownDrafters) -> Check:
+    """Which drafter the directory holds, told by content as the contract
+    tells it (:func:`vllm.xpu_laguna_drafter.identify`): the INT4-matched
+    one passes, the BF16 one fails, any other warns (acceptance may collapse;
+    exactness does not change)."""
+    name = "draft-identity"
+    identity = drafter.identify(directory, None, known)
+    use = drafter.pinned_drafter(known)
+    if identity.kind == drafter.MATCHED:
+        return Check(OK, name, f"the INT4-matched drafter ({identity.evidence})")
+    if identity.kind == drafter.BF16:
+        detail = f"the BF16 drafter ({identity.evidence}): it accepts ~0% against INT4"
+        return Check(FAIL, name, f"{detail}; use {use}")
+    return Check(
+        WARN,
+        name,
+        f"not identified as the INT4-matched drafter ({identity.evidence}): "
+        f"acceptance may collapse; use {use}",
     )
 
 
@@ -512,8 +534,8 @@ def run(args: argparse.Namespace, environ: dict[str, str]) -> list[Check]:
         checks.append(Check(WARN, "draft-model", "not checked (pass --draft DIR)"))
     else:
         checks.append(check_draft(args.draft, target))
-        pinned = pins.get("draft", {}).get("revision")
-        checks.append(check_revision("draft-revision", args.draft, pinned))
+        known = drafter.KnownDrafters.from_record(record)
+        checks.append(check_draft_identity(args.draft, known))
     return checks
 
 

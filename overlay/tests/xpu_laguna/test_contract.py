@@ -31,6 +31,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from drafter_testlib import (
+    BF16_REPO,
+    BF16_REV,
+    CASES,
+    MATCHED_REPO,
+    MATCHED_REV,
+    record,
+)
 from laguna_model_testlib import VOCAB, tiny_laguna_config
 
 from vllm.v1.executor.abstract import Executor
@@ -105,9 +113,6 @@ def models(tmp_path_factory) -> dict[str, Path]:
     )
     out["draft"] = _write(root / "draft", draft)
     out["draft_int4_name"] = _write(root / "Tiny-DFlash-INT4", draft)
-    out["draft_marked"] = _write(
-        root / "draft-marked", dict(draft, xpu_laguna_int4_matched=True)
-    )
     out["draft_wide"] = _write(root / "draft-wide", dict(draft, hidden_size=128))
     out["draft_vocab"] = _write(root / "draft-vocab", dict(draft, draft_vocab_size=512))
     out["draft_layers"] = _write(
@@ -324,43 +329,117 @@ def test_drafter_reading_layers_the_target_lacks_is_refused(models) -> None:
     assert _config(models, draft="draft")  # ids [0, 2]: inside
 
 
-def test_unmatched_drafter_of_the_int4_target_is_refused(models) -> None:
-    assert _refused(models, target="int4", draft="draft") == (
-        f"XPU Laguna series: drafter {models['draft']} is not marked as the "
-        "INT4-matched DFlash drafter of this compressed-tensors INT4 target (the "
-        "plain BF16 drafter accepts ~0% of its proposals: the INT4 target's "
-        "residual stream is rotated); use the -INT4 drafter "
-        "(Laguna-S-2.1-DFlash-INT4), a local copy in a directory whose name ends "
-        'in -INT4, or set "xpu_laguna_int4_matched": true in its config.json'
+OUTCOMES = {
+    "matched": ("passes", "ok"),
+    "bf16": ("refused", "fail"),
+    "unknown": ("warned", "warn"),
+}
+UNIDENTIFIED = "is not identified as the INT4-matched DFlash drafter"
+
+
+def _drafter_case(models, tmp_path, monkeypatch, layout, pins) -> tuple[dict, dict]:
+    """``models`` with the case's drafter folder as ``case``, and the
+    provenance record (its pins) the contract is made to read."""
+    from vllm import xpu_laguna_provenance
+
+    config = json.loads((models["draft"] / "config.json").read_text())
+    rec = record(pins, tmp_path)
+    monkeypatch.setattr(xpu_laguna_provenance, "load", lambda: rec)
+    return {**models, "case": layout(tmp_path / "case", config)}, rec
+
+
+def _contract_outcome(models, log_lines, target="int4") -> str:
+    try:
+        _config(models, target=target, draft="case")
+    except ValueError as err:
+        assert "is the BF16 DFlash drafter" in str(err), err
+        return "refused"
+    return "warned" if any(UNIDENTIFIED in line for line in log_lines) else "passes"
+
+
+@pytest.mark.parametrize(
+    "layout, pins, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_contract_and_doctor_tell_the_drafter_alike(
+    models, tmp_path, monkeypatch, log_lines, layout, pins, expected
+) -> None:
+    """One table (drafter_testlib.CASES) through both: by content, never by
+    the folder's name; symlinks followed both ways."""
+    from vllm.xpu_laguna_doctor import check_draft_identity
+    from vllm.xpu_laguna_drafter import KnownDrafters
+
+    models, rec = _drafter_case(models, tmp_path, monkeypatch, layout, pins)
+    doctor = check_draft_identity(models["case"], KnownDrafters.from_record(rec))
+    assert (_contract_outcome(models, log_lines), doctor.status) == OUTCOMES[expected]
+
+
+def test_the_bf16_drafter_of_the_int4_target_is_refused(
+    models, tmp_path, monkeypatch, log_lines
+) -> None:
+    layout = dict((c[0], c[1]) for c in CASES)["bf16-copy-named-int4"]
+    models, _ = _drafter_case(models, tmp_path, monkeypatch, layout, "fingerprints")
+    message = _refused(models, target="int4", draft="case")
+    assert message.startswith(
+        f"XPU Laguna series: drafter {models['case']} is the BF16 DFlash drafter "
+        "(content fingerprint "
     )
-    # the same drafter, recognised by its name or by its config's mark
-    assert _config(models, target="int4", draft="draft_int4_name")
-    assert _config(models, target="int4", draft="draft_marked")
-    # the rule is about the INT4 target: the plain target takes any fitting drafter
-    assert _config(models, target="target", draft="draft")
+    assert message.endswith(
+        "), not the INT4-matched one this compressed-tensors INT4 target needs "
+        "(it accepts ~0% of its proposals: the INT4 target's residual stream is "
+        "rotated); use poolside/Laguna-S-2.1-DFlash-INT4 at revision "
+        "5e07c246915c (pins.toml [models.draft])"
+    )
+    # negative control: the rule is about the INT4 target; the plain target
+    # takes any fitting drafter, silently
+    assert _contract_outcome(models, log_lines, target="target") == "passes"
 
 
-def test_matched_drafter_names_include_hub_repos_and_hub_cache_folders() -> None:
-    from types import SimpleNamespace
+def test_an_unidentified_drafter_of_the_int4_target_gets_one_warning(
+    models, tmp_path, monkeypatch, log_lines
+) -> None:
+    layout = dict((c[0], c[1]) for c in CASES)["renamed-matched-copy"]
+    models, _ = _drafter_case(models, tmp_path, monkeypatch, layout, "revisions")
+    assert _config(models, target="int4", draft="case")
+    assert (
+        log_lines.count(
+            f"XPU Laguna series: drafter {models['case']} {UNIDENTIFIED} (not a hub "
+            "snapshot; not a drafter this build's pins name): acceptance may "
+            "collapse (the BF16 drafter accepted 0 of 8,449 proposals against the "
+            "INT4 target), exactness does not change; use "
+            "poolside/Laguna-S-2.1-DFlash-INT4 at revision 5e07c246915c, a hub "
+            "snapshot of it or a copy whose fingerprint (python -m "
+            "vllm.xpu_laguna_drafter DIR) pins.toml records"
+        )
+        == 1
+    )
 
-    from vllm.config.xpu_laguna_contract import drafter_is_int4_matched
 
-    def sc(model: str):
-        dc = SimpleNamespace(model=model, hf_config=SimpleNamespace())
-        return SimpleNamespace(model=model, draft_model_config=dc)
+def test_a_hub_repo_id_is_told_by_its_revision(
+    models, tmp_path, monkeypatch, log_lines
+) -> None:
+    """A hub drafter stays a repo id in vLLM's config; the revision asked for tells
+    it (the repo's name does not: the matched repo without a revision is the
+    default branch, which moves)."""
+    from vllm.config.xpu_laguna_contract import (
+        SeriesConfigError,
+        check_series_contract,
+    )
 
-    for name in (
-        "poolside/Laguna-S-2.1-DFlash-INT4",
-        "/hf/hub/models--poolside--Laguna-S-2.1-DFlash-INT4/snapshots/5e07c24",
-        "/models/laguna-s-2.1-dflash-int4",
-    ):
-        assert drafter_is_int4_matched(sc(name)), name
-    for name in (
-        "poolside/Laguna-S-2.1-DFlash",
-        "/hf/hub/models--poolside--Laguna-S-2.1-DFlash/snapshots/0123abc",
-        "/models/INT4-drafts/laguna-dflash",
-    ):
-        assert not drafter_is_int4_matched(sc(name)), name
+    layout = dict((c[0], c[1]) for c in CASES)["matched-snapshot"]
+    models, _ = _drafter_case(models, tmp_path, monkeypatch, layout, "revisions")
+    cfg = _config(models, target="int4", draft="case")
+    dc = cfg.speculative_config.draft_model_config
+    dc.model = MATCHED_REPO
+    for revision, outcome in ((MATCHED_REV, "passes"), (None, "warned")):
+        log_lines.clear()
+        dc.revision = cfg.speculative_config.revision = revision
+        check_series_contract(cfg)
+        warned = any(UNIDENTIFIED in line for line in log_lines)
+        assert ("warned" if warned else "passes") == outcome, revision
+    dc.model = BF16_REPO
+    dc.revision = cfg.speculative_config.revision = BF16_REV
+    with pytest.raises(SeriesConfigError, match="is the BF16 DFlash drafter"):
+        check_series_contract(cfg)
 
 
 def test_non_standard_rejection_is_refused(models) -> None:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import drafter_testlib
 import pytest
 import torch
 
@@ -468,8 +469,7 @@ def test_kv_cache_scheme_makes_auto_fp8(tmp_path):
 def test_draft_ok_for_a_dflash_drafter_that_fits(tmp_path):
     check = doctor.check_draft(_write(tmp_path, "d", DRAFT), TARGET)
     assert check.status == "ok", check
-    assert "target layers [1, 12, 23, 34, 45] of 48" in check.detail
-    assert "not told by files" in check.detail
+    assert check.detail.endswith("target layers [1, 12, 23, 34, 45] of 48")
 
 
 @pytest.mark.parametrize(
@@ -492,6 +492,49 @@ def test_draft_fails_when_it_does_not_fit(tmp_path, change, words):
 def test_draft_without_a_target_warns(tmp_path):
     check = doctor.check_draft(_write(tmp_path, "d", DRAFT), None)
     assert check.status == "warn" and "pass --model" in check.detail
+
+
+def _known(pins: str, tmp_path: Path):
+    from vllm.xpu_laguna_drafter import KnownDrafters
+
+    return KnownDrafters.from_record(drafter_testlib.record(pins, tmp_path))
+
+
+def test_draft_identity_ok_for_a_snapshot_of_the_pinned_revision(tmp_path):
+    snap = drafter_testlib.hub_snapshot(
+        tmp_path / "hub", drafter_testlib.MATCHED_REPO, DRAFT_REV, DRAFT, 1
+    )
+    check = doctor.check_draft_identity(snap, _known("revisions", tmp_path))
+    assert check == doctor.Check(
+        "ok", "draft-identity", "the INT4-matched drafter (hub snapshot 5e07c246915c)"
+    )
+
+
+def test_draft_identity_fails_for_the_bf16_drafter_under_any_name(tmp_path):
+    folder = drafter_testlib.plain_drafter(
+        tmp_path / "Laguna-S-2.1-DFlash-INT4", DRAFT, drafter_testlib.BF16_SEED
+    )
+    check = doctor.check_draft_identity(folder, _known("fingerprints", tmp_path))
+    assert check.status == "fail", check
+    assert check.detail.startswith("the BF16 drafter (content fingerprint ")
+    assert check.detail.endswith(
+        "): it accepts ~0% against INT4; use poolside/Laguna-S-2.1-DFlash-INT4 at "
+        "revision 5e07c246915c"
+    )
+
+
+def test_draft_identity_warns_without_a_provenance_record(tmp_path):
+    snap = drafter_testlib.hub_snapshot(
+        tmp_path / "hub", drafter_testlib.MATCHED_REPO, DRAFT_REV, DRAFT, 1
+    )
+    check = doctor.check_draft_identity(snap, _known("none", tmp_path))
+    assert check == doctor.Check(
+        "warn",
+        "draft-identity",
+        "not identified as the INT4-matched drafter (hub snapshot 5e07c246915c; "
+        "no pinned drafter to compare (no provenance record)): acceptance may "
+        "collapse; use the INT4-matched DFlash drafter",
+    )
 
 
 def test_revision_from_a_hub_snapshot_directory(tmp_path):

@@ -18,8 +18,9 @@ Rules that hold whenever the series is active:
 * the speculative width (``num_speculative_tokens + 1``) must not exceed
   ``VLLM_XPU_LAGUNA_VERIFY_WIDTH``;
 * a DFlash drafter must fit the target (hidden size, vocabulary, target
-  layer ids) and, for a compressed-tensors INT4 Laguna target, be the
-  INT4-matched drafter (:func:`drafter_is_int4_matched`).
+  layer ids); for a compressed-tensors INT4 Laguna target, a drafter
+  identified by content as the BF16 one is refused and one not identified
+  as the INT4-matched one gets a warning (:mod:`vllm.xpu_laguna_drafter`).
 
 Rules of the exact path (``VLLM_XPU_LAGUNA_EXACT_VERIFY=1`` as well):
 
@@ -43,12 +44,12 @@ rebuilt configuration passes whenever the original did.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 import vllm.envs as envs
+from vllm import xpu_laguna_drafter
 from vllm.logger import init_logger
 
 if TYPE_CHECKING:
@@ -58,13 +59,6 @@ logger = init_logger(__name__)
 
 PREFIX = "XPU Laguna series"
 LAGUNA_TARGET_ARCHITECTURES = ("LagunaForCausalLM",)
-MATCHED_DRAFTER_SUFFIX = "-int4"
-"""A drafter whose name (repo id or a directory on its path) ends in this,
-case-insensitively, is the INT4-matched one (poolside publishes it as
-``Laguna-S-2.1-DFlash-INT4``; the plain BF16 one has no suffix)."""
-MATCHED_DRAFTER_CONFIG_KEY = "xpu_laguna_int4_matched"
-"""A drafter whose config.json sets this to true is the INT4-matched one
-(for a local copy under another name)."""
 _NATIVE_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -188,28 +182,6 @@ def target_is_int4_laguna(model_config: ModelConfig) -> bool:
     return False
 
 
-def _names_on_path(reference: str) -> Iterable[str]:
-    # HF cache folders spell the repo as models--owner--name.
-    for part in reference.replace("\\", "/").split("/"):
-        yield part.rsplit("--", 1)[-1] if part.startswith("models--") else part
-
-
-def drafter_is_int4_matched(sc: SpeculativeConfig) -> bool:
-    """The drafter is the INT4-matched one when its config says so
-    (``"xpu_laguna_int4_matched": true``) or when its name does: the repo id
-    or a directory on its path ends in ``-INT4``. The two drafters have the
-    same shapes and both are BF16 without a quantization config, so nothing
-    else in their configs tells them apart."""
-    hf = sc.draft_model_config.hf_config
-    if getattr(hf, MATCHED_DRAFTER_CONFIG_KEY, False) is True:
-        return True
-    reference = str(sc.draft_model_config.model or sc.model or "")
-    return any(
-        name.lower().endswith(MATCHED_DRAFTER_SUFFIX)
-        for name in _names_on_path(reference)
-    )
-
-
 def _check_drafter(vllm_config: VllmConfig) -> None:
     sc = vllm_config.speculative_config
     mc = vllm_config.model_config
@@ -243,15 +215,39 @@ def _check_drafter(vllm_config: VllmConfig) -> None:
             f"0..{layers - 1}",
             "use the DFlash drafter trained for this target",
         )
-    if target_is_int4_laguna(mc) and not drafter_is_int4_matched(sc):
+    if target_is_int4_laguna(mc):
+        _check_drafter_identity(sc)
+
+
+def _check_drafter_identity(sc: SpeculativeConfig) -> None:
+    """The INT4 target's drafter, told by content (the two drafters have the
+    same shapes and config): the BF16 one is refused, one not identified
+    gets a warning. A wrong drafter costs acceptance, never exactness."""
+    dc = sc.draft_model_config
+    known = xpu_laguna_drafter.known_drafters()
+    identity = xpu_laguna_drafter.identify(
+        str(dc.model or sc.model), dc.revision or sc.revision, known
+    )
+    use = xpu_laguna_drafter.pinned_drafter(known)
+    if identity.kind == xpu_laguna_drafter.BF16:
         _fail(
-            f"drafter {sc.model} is not marked as the INT4-matched DFlash drafter "
-            "of this compressed-tensors INT4 target (the plain BF16 drafter "
-            "accepts ~0% of its proposals: the INT4 target's residual stream "
-            "is rotated)",
-            "use the -INT4 drafter (Laguna-S-2.1-DFlash-INT4), a local copy in "
-            "a directory whose name ends in -INT4, or set "
-            f'"{MATCHED_DRAFTER_CONFIG_KEY}": true in its config.json',
+            f"drafter {sc.model} is the BF16 DFlash drafter ({identity.evidence}), "
+            "not the INT4-matched one this compressed-tensors INT4 target needs "
+            "(it accepts ~0% of its proposals: the INT4 target's residual "
+            "stream is rotated)",
+            f"use {use} (pins.toml [models.draft])",
+        )
+    if identity.kind == xpu_laguna_drafter.UNKNOWN:
+        logger.warning_once(
+            "%s: drafter %s is not identified as the INT4-matched DFlash "
+            "drafter (%s): acceptance may collapse (the BF16 drafter accepted 0 "
+            "of 8,449 proposals against the INT4 target), exactness does not "
+            "change; use %s, a hub snapshot of it or a copy whose fingerprint "
+            "(python -m vllm.xpu_laguna_drafter DIR) pins.toml records",
+            PREFIX,
+            sc.model,
+            identity.evidence,
+            use,
         )
 
 
