@@ -148,6 +148,19 @@ def settings() -> Settings:
     return _settings
 
 
+def read_settings() -> Settings:
+    """The row-invariant switches, read and validated (``ValueError``, one
+    line, for a bad value), without logging or caching (the contract's
+    config-time check)."""
+    return Settings(
+        width=int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH),
+        qk_norm=str(envs.VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM).lower(),
+        linears=parse_linears(envs.VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS),
+        linear_form=str(envs.VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM).lower(),
+        int4=bool(envs.VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4),
+    )
+
+
 def refresh() -> Settings:
     """Re-read the switches (tests; the process default is read once)."""
     global _settings
