@@ -91,6 +91,9 @@ def _run(
     mp.setattr(envs, "VLLM_XPU_LAGUNA_EXACT_VERIFY", exact, raising=False)
     mp.setattr(envs, "VLLM_XPU_LAGUNA_VERIFY_WIDTH", NUM_SPECULATIVE_TOKENS + 1, raising=False)
     mp.setattr(envs, "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA", prebuilt, raising=False)
+    # On CPU the series acts only where the run asks in the environment (patch 0012's scope).
+    mp.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1" if exact else "0")
+    mp.setenv("VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA", "1" if prebuilt else "0")
     leg = Leg(tokens=[], seconds=0.0, metrics={})
     xpu_laguna_exact.counters.reset()  # the overlay's own call counts
     spec = (

@@ -44,12 +44,18 @@ rebuilt configuration passes whenever the original did.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 import vllm.envs as envs
 from vllm import xpu_laguna_drafter
+from vllm.compilation.xpu_breakable_graph.config import (
+    LAGUNA_TARGET_ARCHITECTURES,
+    SERIES_TOGGLES,
+    xpu_laguna_series_active,
+)
 from vllm.logger import init_logger
 
 if TYPE_CHECKING:
@@ -58,20 +64,30 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 PREFIX = "XPU Laguna series"
-LAGUNA_TARGET_ARCHITECTURES = ("LagunaForCausalLM",)
 _NATIVE_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_SERIES_ENV = (
+    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
+    "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
+    "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA",
+    "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH",
+    "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE",
+    "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN",
+    "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN",
+    "VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD",
+)
+"""The series' own switches read here; the row-invariant ones are read and
+validated by ``xpu_laguna_row_dispatch.read_settings``."""
 
 
 class SeriesConfigError(ValueError):
     """A setting the XPU Laguna series refuses while one of its toggles is on."""
 
 
-def series_active() -> bool:
-    """Whether a toggle of the series is in effect. The one place that names
+def series_active(vllm_config: VllmConfig | None = None) -> bool:
+    """Whether a toggle of the series is in effect for this configuration
+    (Laguna target, XPU or a CPU run that asks). The one place that names
     the series switch's module (repoint here when it moves)."""
-    from vllm.compilation.xpu_breakable_graph.config import xpu_laguna_series_active
-
-    return xpu_laguna_series_active()
+    return xpu_laguna_series_active(vllm_config)
 
 
 def _fail(setting: str, fix: str) -> None:
@@ -80,8 +96,12 @@ def _fail(setting: str, fix: str) -> None:
 
 def check_series_contract(vllm_config: VllmConfig) -> None:
     """Refuse (one line, ``ValueError``) or set what the series needs; no-op
-    while every series toggle is off."""
-    if not series_active():
+    while every series toggle is off or the target is not Laguna."""
+    mc = vllm_config.model_config
+    if mc is not None and is_laguna_target(mc):
+        _check_toggle_values()
+    if not series_active(vllm_config):
+        _note_inactive(vllm_config)
         return
     _check_executor(vllm_config)
     _check_width(vllm_config)
@@ -93,7 +113,45 @@ def check_series_contract(vllm_config: VllmConfig) -> None:
     _check_prefix_caching(vllm_config)
     _check_kv_cache_dtype(vllm_config)
     _check_topology(vllm_config)
+    _check_compilation(vllm_config)
+    _check_exact_forms(vllm_config)
     _warn_max_num_seqs(vllm_config)
+
+
+def _note_inactive(vllm_config: VllmConfig) -> None:
+    """One info line when a series toggle is set for a model that is not
+    Laguna (the configuration is then upstream's). The raw value: the
+    series' variables are not parsed for other models."""
+    mc = vllm_config.model_config
+    if mc is None or is_laguna_target(mc):
+        return
+    if not any(os.environ.get(name, "0") not in ("", "0") for name in SERIES_TOGGLES):
+        return
+    logger.info_once(
+        "%s: inactive for %s (the series acts on %s on XPU, or on CPU when a "
+        "series toggle is set to 1)",
+        PREFIX,
+        ",".join(mc.architectures),
+        ",".join(LAGUNA_TARGET_ARCHITECTURES),
+    )
+
+
+# ------------------------------------------------------------ toggle values
+
+
+def _check_toggle_values() -> None:
+    """Every series variable readable (a bad value fails here, in the API
+    process, not at the first forward in a worker)."""
+    for name in _SERIES_ENV:
+        if not envs.is_set(name):
+            continue
+        try:
+            getattr(envs, name)
+        except ValueError as err:
+            _fail(
+                f"{name}={os.environ[name]!r} is not a valid value ({err})",
+                f"set {name} to one of its documented values (vllm/envs.py)",
+            )
 
 
 # ---------------------------------------------------------------- executor
@@ -166,10 +224,14 @@ def _quantization_dict(model_config: ModelConfig) -> dict[str, Any]:
     return to_dict() if callable(to_dict) else {}
 
 
+def is_laguna_target(model_config: ModelConfig) -> bool:
+    return bool(set(model_config.architectures) & set(LAGUNA_TARGET_ARCHITECTURES))
+
+
 def target_is_int4_laguna(model_config: ModelConfig) -> bool:
     """A Laguna target quantized with compressed-tensors to 4-bit integer
     weights (as poolside's Laguna-S-2.1-INT4: routed experts W4, group 32)."""
-    if not set(model_config.architectures) & set(LAGUNA_TARGET_ARCHITECTURES):
+    if not is_laguna_target(model_config):
         return False
     quant = _quantization_dict(model_config)
     if quant.get("quant_method") != "compressed-tensors":
@@ -365,6 +427,117 @@ def _check_topology(vllm_config: VllmConfig) -> None:
             "step)",
             "use --data-parallel-size 1 with tensor parallelism",
         )
+
+
+def _check_compilation(vllm_config: VllmConfig) -> None:
+    """Compilation mode NONE and no device graphs, unless the breakable-graph
+    toggle is on (its configuration, patch 0007, then sets mode NONE and
+    PIECEWISE graphs of the verify width and refuses other explicit modes).
+
+    Runs before ``VllmConfig`` resolves the optimization level: an unset
+    ``mode``/``cudagraph_mode`` (None: the user chose none, ``-O`` levels only
+    fill unset fields) is set to NONE here and stays NONE through the level
+    defaults and the platform hook (XPU and CPU lower graph modes, never
+    raise them); an explicit other value is refused."""
+    from vllm.config import CompilationMode, CUDAGraphMode
+
+    if envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH:
+        return
+    cc = vllm_config.compilation_config
+    if cc.mode not in (None, CompilationMode.NONE):
+        _fail(
+            f"compilation mode {CompilationMode(cc.mode).name} on the exact path "
+            "(Inductor fuses the norms and gates into its own reductions: verify "
+            "rows and the decode then run different arithmetic)",
+            "use -cc.mode=NONE (or --enforce-eager), or "
+            "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1 for graphs",
+        )
+    if cc.cudagraph_mode not in (None, CUDAGraphMode.NONE):
+        _fail(
+            f"cudagraph_mode {cc.cudagraph_mode.name} on the exact path (graphs "
+            "bake the attention split counts at capture time)",
+            "use -cc.cudagraph_mode=NONE (or --enforce-eager), or "
+            "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1 for the series' breakable graphs",
+        )
+    changed = []
+    if cc.mode is None:
+        cc.mode = CompilationMode.NONE
+        changed.append("compilation mode NONE")
+    if cc.cudagraph_mode is None:
+        cc.cudagraph_mode = CUDAGraphMode.NONE
+        changed.append("cudagraph_mode NONE")
+    if changed:
+        logger.info_once(
+            "%s: %s on the exact path (Inductor's fused reductions and device "
+            "graphs' captured split counts would make verify rows differ from "
+            "the decode; VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1 for graphs)",
+            PREFIX,
+            " and ".join(changed),
+        )
+
+
+def _check_exact_forms(vllm_config: VllmConfig) -> None:
+    """The row-invariant forms and the fixed rank-order reduction on; the
+    debug switches only with a warning (they are set explicitly, by the
+    matrix's diagnostic legs and the device checks' negative controls)."""
+    from vllm.model_executor.layers.xpu_laguna_row_dispatch import (
+        KINDS,
+        read_settings,
+    )
+
+    try:
+        settings = read_settings()
+    except ValueError as err:
+        _fail(str(err).splitlines()[0], "fix the value (vllm/envs.py lists them)")
+    if settings.qk_norm == "off":
+        _fail(
+            "VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM=off on the exact path (the q/k "
+            "norm kernel reduces verify rows in another order than the decode)",
+            "set VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM=pad (or tokens)",
+        )
+    missing = [kind for kind in KINDS if kind not in settings.linears]
+    if missing:
+        _fail(
+            f"VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS leaves {','.join(missing)} "
+            "without a row-invariant form on the exact path",
+            "set VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS=all",
+        )
+    if not settings.int4:
+        _fail(
+            "VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4=0 on the exact path (the INT4 "
+            "GEMM primitive is built per row count)",
+            "set VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4=1",
+        )
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    standin = envs.VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN
+    if tp > 1 and not envs.VLLM_XPU_LAGUNA_EXACT_TP_REDUCE:
+        if not standin:
+            _fail(
+                f"VLLM_XPU_LAGUNA_EXACT_TP_REDUCE=0 at tensor_parallel_size {tp} on "
+                "the exact path (the backend's all-reduce sums in an order set by "
+                "the message size)",
+                "set VLLM_XPU_LAGUNA_EXACT_TP_REDUCE=1 (a diagnostic run of the "
+                "ring sets VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1 as well)",
+            )
+        logger.warning_once(
+            "%s: VLLM_XPU_LAGUNA_EXACT_TP_REDUCE=0 at tensor_parallel_size %d "
+            "(diagnostic run: not exact, not for serving)",
+            PREFIX,
+            tp,
+        )
+    for name, on in (
+        ("VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN", standin),
+        (
+            "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN",
+            envs.VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN,
+        ),
+    ):
+        if on:
+            logger.warning_once(
+                "%s: debug switch %s=1 (diagnostic run, not for serving)",
+                PREFIX,
+                name,
+            )
 
 
 def _warn_max_num_seqs(vllm_config: VllmConfig) -> None:

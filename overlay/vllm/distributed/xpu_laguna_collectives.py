@@ -98,7 +98,9 @@ _MODES: dict[tuple[str, int], TpReduceMode] = {}
 def tp_reduce_mode(unique_name: str, world_size: int) -> TpReduceMode:
     """The all-reduce mode of the group ``unique_name`` (cached per group).
 
-    ``RANK_ORDER`` for a tensor-parallel group (``tp:N``) of more than one
+    ``PLAIN`` wherever the series is not in scope (``series_in_scope``: a
+    Laguna target on XPU, or a CPU run that asks). Else ``RANK_ORDER`` for a
+    tensor-parallel group (``tp:N``) of more than one
     rank when ``VLLM_XPU_LAGUNA_EXACT_VERIFY`` and
     ``VLLM_XPU_LAGUNA_EXACT_TP_REDUCE`` are on; otherwise ``XCCL_STANDIN``
     there when ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN`` is on (the caller
@@ -123,7 +125,13 @@ def tp_reduce_mode(unique_name: str, world_size: int) -> TpReduceMode:
 
 
 def _decide(unique_name: str, world_size: int) -> TpReduceMode:
+    from vllm.compilation.xpu_breakable_graph.config import series_in_scope
+
     if world_size <= 1 or unique_name.split(":")[0] != "tp":
+        return TpReduceMode.PLAIN
+    if not series_in_scope():
+        # Not a Laguna target (or CPU without a series toggle): upstream's
+        # all-reduce (XCCL, CPU SHM/gloo), the debug stand-in included.
         return TpReduceMode.PLAIN
     if envs.VLLM_XPU_LAGUNA_EXACT_VERIFY and envs.VLLM_XPU_LAGUNA_EXACT_TP_REDUCE:
         return TpReduceMode.RANK_ORDER

@@ -35,19 +35,78 @@ def debug_checks_enabled() -> bool:
     return logger.isEnabledFor(logging.DEBUG)
 
 
-def xpu_laguna_series_active() -> bool:
-    """Whether a toggle of the XPU Laguna series is in effect: breakable
-    graphs, prebuilt exact metadata, or the exact verify on XPU (the
-    configuration contract acts only then)."""
-    if envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH or (
-        envs.VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA
-    ):
-        return True
-    if not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY:
-        return False
-    from vllm.platforms import current_platform
+LAGUNA_TARGET_ARCHITECTURES = ("LagunaForCausalLM",)
+"""The targets the series acts on (its exact path, contract and collectives)."""
+# Toggles that switch the series on; on CPU one of them set to 1 in the
+# environment is how a run asks for the series (the device is XPU).
+SERIES_TOGGLES = (
+    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
+    "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA",
+    "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH",
+)
 
-    return current_platform.is_xpu()
+
+class _SeriesScope:
+    """Whether the series applies in this process: decided from the
+    VllmConfig (the target's architecture and the platform) wherever one is
+    at hand, remembered for the calls that have none (a worker's forward
+    pass runs outside ``set_current_vllm_config``). Engine processes forked
+    from the one that built the config inherit its decision; spawned workers
+    decide again under their config at init/load/profile."""
+
+    def __init__(self) -> None:
+        self.decided: bool | None = None
+
+
+_scope = _SeriesScope()
+
+
+def series_in_scope(
+    vllm_config: VllmConfig | None = None, platform: Platform | None = None
+) -> bool:
+    """Whether the series may act here: the target is Laguna
+    (``LAGUNA_TARGET_ARCHITECTURES``) and the platform is XPU, or CPU with a
+    series toggle set to 1 explicitly in the environment (the stand-in runs).
+    Without a config (the argument or the current one): the decision last
+    made in this process, else True (the series' own ops used outside an
+    engine: the toggles alone decide)."""
+    if vllm_config is None:
+        from vllm.config import get_current_vllm_config_or_none
+
+        vllm_config = get_current_vllm_config_or_none()
+    mc = vllm_config.model_config if vllm_config is not None else None
+    if mc is None:
+        return True if _scope.decided is None else _scope.decided
+    if platform is None:
+        from vllm.platforms import current_platform
+
+        platform = current_platform
+    laguna = bool(set(mc.architectures) & set(LAGUNA_TARGET_ARCHITECTURES))
+    if not laguna:
+        decided = False
+    elif platform.is_xpu():
+        decided = True
+    else:
+        decided = platform.is_cpu() and any(
+            envs.is_set(name) and bool(getattr(envs, name)) for name in SERIES_TOGGLES
+        )
+    _scope.decided = decided
+    return decided
+
+
+def reset_series_scope() -> None:
+    """Forget this process's decision (tests that build several configs)."""
+    _scope.decided = None
+
+
+def xpu_laguna_series_active(vllm_config: VllmConfig | None = None) -> bool:
+    """Whether a toggle of the XPU Laguna series is in effect for this
+    configuration: the series is in scope (:func:`series_in_scope`) and
+    breakable graphs, prebuilt exact metadata or the exact verify is on (the
+    configuration contract acts only then)."""
+    if not series_in_scope(vllm_config):
+        return False
+    return any(bool(getattr(envs, name)) for name in SERIES_TOGGLES)
 
 
 def configure_breakable_graph(

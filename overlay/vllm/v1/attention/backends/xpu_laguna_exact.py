@@ -187,7 +187,14 @@ def split_plan_enabled() -> bool:
 
 
 def exact_verify_width() -> int:
-    """The largest verify width M that takes the exact path (0 = off)."""
+    """The largest verify width M that takes the exact path (0 = off): the
+    toggle on, the series in scope (a Laguna target on XPU, or a CPU run
+    that asks: ``series_in_scope``, decided from the VllmConfig) and the
+    platform running FLASH_ATTN on the XPU or reference kernels."""
+    from vllm.compilation.xpu_breakable_graph.config import series_in_scope
+
+    if not series_in_scope():
+        return 0
     on = bool(envs.VLLM_XPU_LAGUNA_EXACT_VERIFY) and exact_path_available()
     width = int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH) if on else 0
     if on:
