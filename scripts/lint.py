@@ -9,6 +9,7 @@ from pathlib import Path
 from scripts.errors import ToolError
 from scripts.log import detail, info, step
 from scripts.series import REQUIRED_FIELDS, read_series
+from scripts.wheel_contents import standin_problems
 from scripts.worktree import Layout, build_tree, load_inputs
 
 _NUMBER = re.compile(r"^(\d{4})-")
@@ -41,12 +42,13 @@ def lint_static(layout: Layout) -> list[str]:
         for path in patch.files:
             if path.startswith(tuple(f"{o.relpath}" for o in inputs.overlay)):
                 problems.append(f"{patch.name}: edits {path}, which is an overlay file")
+    problems += standin_problems(inputs)  # the wheel carries no test stand-ins
     return problems
 
 
 def lint(layout: Layout | None = None, offline: bool = False, static_only: bool = False) -> None:
     layout = layout or Layout()
-    with step("lint: series, headers, paths, overlay manifest"):
+    with step("lint: series, headers, paths, overlay manifest, no test stand-ins in the wheel"):
         problems = lint_static(layout)
         for problem in problems:
             detail(problem)

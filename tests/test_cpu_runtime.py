@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts import cpu_standins
 from scripts.cpu_runtime import (
     NEVER_SYNCED,
     SYNC_MARKER,
@@ -219,6 +220,26 @@ def test_sync_copies_deletes_restores_and_is_a_noop_when_current(tree_and_site: 
     assert plan is not None and "vllm/models/laguna.py" in plan.restore
     assert (package / "models/laguna.py").read_text() == "bias = None\n"
     assert not (package / "new_overlay.py").exists()
+
+
+def test_sync_lays_the_test_side_standins_next_to_the_package(tree_and_site: tuple[Path, Path]) -> None:
+    """The reference kernels and the graph emulation reach the runtime through sync (the wheel
+    never carries them), with the general-plugin entry point that registers the kernels; a
+    no-op sync lays them again (a runtime gets this checkout's copy)."""
+    tree, package = tree_and_site
+    _edit_and_commit(tree, PATCHED, "patches")
+    site = package.parent
+    sync(tree, package=package)
+    standins = site / cpu_standins.PACKAGE
+    for module in ("__init__.py", "reference_attention.py", "emulated_graphs.py"):
+        assert (standins / module).read_bytes() == (cpu_standins.HERE / cpu_standins.PACKAGE / module).read_bytes()
+    entry_points = (site / cpu_standins.DIST_INFO / "entry_points.txt").read_text()
+    assert "[vllm.general_plugins]\nxpu_laguna_standins = xpu_laguna_standins:register" in entry_points
+    assert not (package / cpu_standins.PACKAGE).exists()  # beside vllm/, never inside it
+
+    (standins / "reference_attention.py").unlink()
+    assert sync(tree, package=package) is None  # the tree is current...
+    assert (standins / "reference_attention.py").is_file()  # ...the stand-ins are laid anyway
 
 
 def test_sync_refuses_a_package_inside_the_tree(tree_and_site: tuple[Path, Path]) -> None:

@@ -1,7 +1,8 @@
 """``--emulate-graphs``: the sitecustomize hook that installs the emulated breakable graphs in
-every vLLM process of a CPU server, and only there. Runs against a stand-in ``vllm`` package
-(the hook's contract: call ``install_cpu_emulation`` once the breakable-graph package, or one of
-its modules, or the CPU runner module is imported); the live run against the real server is in the README."""
+every vLLM process of a CPU server, and only there. Runs against a stand-in ``vllm`` package and a
+stand-in test-side package (the hook's contract: call ``install_cpu_emulation`` once the breakable-graph
+package, or one of its modules, or the CPU runner module is imported); the live run against the real
+server is in the README."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ PROBE = """
 import sys
 started_with_vllm = any(m.split(".")[0] == "vllm" for m in sys.modules)
 import {module}
-import vllm.compilation.xpu_breakable_graph_emulation as emulation
+import xpu_laguna_standins.emulated_graphs as emulation
 print(started_with_vllm, emulation.CALLS)
 """
 
@@ -35,7 +36,11 @@ def _fake_vllm(root: Path) -> Path:
     (pkg / "compilation" / "xpu_breakable_graph" / "config.py").write_text("")
     (pkg / "v1" / "worker" / "cpu_worker.py").write_text("")
     (pkg / "other.py").write_text("")
-    (pkg / "compilation" / "xpu_breakable_graph_emulation.py").write_text(
+    # the CPU runtime's test-side stand-ins (laid next to vllm/ by cpu_runtime sync)
+    standins = root / "xpu_laguna_standins"
+    standins.mkdir()
+    (standins / "__init__.py").write_text("")
+    (standins / "emulated_graphs.py").write_text(
         "CALLS = 0\n\ndef install_cpu_emulation():\n    global CALLS\n    CALLS += 1\n"
     )
     return root

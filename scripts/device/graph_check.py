@@ -21,7 +21,7 @@ token-identical to the reference, every graph leg captured target and
 drafter, and every leg ran at least ``--min-cycles`` cycles.
 
 ``--emulate-graphs`` runs the graph legs on CPU through the recording
-stand-in graph (vllm/compilation/xpu_breakable_graph_emulation.py): a self
+stand-in graph (the test-side ``xpu_laguna_standins.emulated_graphs``): a self
 test of this script, reported as emulated, never as a device result.
 
 Without a device the legs refuse with one line (exit 3); ``--help``,
@@ -258,11 +258,9 @@ def run_leg(args: argparse.Namespace, leg: Leg) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     if device == "cpu" and leg.graphs:
-        from vllm.compilation.xpu_breakable_graph_emulation import (
-            install_cpu_emulation,
-        )
+        from scripts.cpu_standins import standin_module
 
-        install_cpu_emulation()
+        standin_module("emulated_graphs").install_cpu_emulation()
     extra: dict[str, Any] = {}
     if leg.graphs:
         w = args.width

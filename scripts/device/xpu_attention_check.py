@@ -89,8 +89,11 @@ def _run_case(
     seed: int,
 ) -> Result:
     from vllm.v1.attention.backends import xpu_laguna_exact as exact_mod
-    from vllm.v1.attention.ops import xpu_laguna_reference as ref
     from vllm.v1.attention.ops import xpu_laguna_split_plan as plan
+
+    from scripts.cpu_standins import standin_module
+
+    ref = standin_module("reference_attention")
 
     gen = torch.Generator().manual_seed(seed)
     used_blocks = (kv_len + BLOCK - 1) // BLOCK
@@ -283,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     from vllm.v1.attention.ops import xpu_laguna_split_plan as plan
 
     self_test = dev.type != "xpu"
+    if self_test:  # the exact path's kernels off XPU: the test-side reference kernels
+        from scripts.cpu_standins import standin_module
+
+        standin_module().register()
     xe = plan.device_xe_cores(dev.index or 0) if not self_test else plan.device_xe_cores()
     print(
         f"device {dev}, kernel seam: {xpu_laguna_exact.kernel_seam_name()}, Xe cores "

@@ -5,7 +5,7 @@ teacher (no speculation, eager) and DFlash M8 with graph {off, on} x prebuilt me
 {off, on}. Every leg must equal the teacher token for token (teacher-exact) and the other legs
 (cross-leg); cached tokens must be zero. Graph legs need device graphs: on a machine without
 an XPU or CUDA device they run through the recording stand-in graph (emulated device graphs,
-``vllm/compilation/xpu_breakable_graph_emulation.py``) and pass as "passed (emulated graphs)",
+the test-side ``xpu_laguna_standins.emulated_graphs``) and pass as "passed (emulated graphs)",
 never as plain "passed" (``--no-emulated-graphs``: reported as "not run"). Every graph leg must
 show, from the wrappers' own accounting, target and drafter captured with the graphs and breaks
 that the models' layer counts and the TP size imply, and enough replays.

@@ -186,9 +186,9 @@ def _install_graph_emulation() -> None:
     Needs the in-process engine (the driver sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and
     ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` (the leg's environment).
     """
-    from vllm.compilation.xpu_breakable_graph_emulation import install_cpu_emulation
+    from scripts.cpu_standins import standin_module
 
-    install_cpu_emulation()
+    standin_module("emulated_graphs").install_cpu_emulation()
 
 
 FAULTS = ("stale-input", "stale-input-unguarded")
@@ -250,8 +250,10 @@ def route_and_count(cpu_flash_attn: bool) -> dict[str, Any]:
     registered under ``CPU_ATTN`` so that the CPU engine (in-process, see the leg's
     environment) runs the real builder and impl on the reference kernels.
     """
+    from vllm.plugins import load_general_plugins
     from vllm.v1.attention.backends import xpu_laguna_exact
 
+    load_general_plugins()  # as the engine will: on CPU the runtime's plugin registers the reference kernels
     xpu_laguna_exact.counters.reset()
     counts: dict[str, Any] = {"backend": "default", "kernel_seam": xpu_laguna_exact.kernel_seam_name()}
     if cpu_flash_attn:

@@ -22,7 +22,7 @@ LOGPROBS_TOPK = 5  # top-k logprobs compared per position (plus the sampled toke
 LONG_PROMPT_TOKENS = 4200  # > 4096: past the split-count divergence (~2.2K) of the global layer
 NOT_RUN_NO_GRAPHS = "not run (no device graphs)"
 # Graph legs on a machine without device graphs run through the recording stand-in graph
-# (vllm/compilation/xpu_breakable_graph_emulation.py): their verdict says so, never plain "passed".
+# (test-side xpu_laguna_standins.emulated_graphs): their verdict says so, never plain "passed".
 PASSED_EMULATED_GRAPHS = "passed (emulated graphs)"
 EMULATED_GRAPH_CLASS = "RecordingGraph"
 PASSED = ("passed", PASSED_EMULATED_GRAPHS)

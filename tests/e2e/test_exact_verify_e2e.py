@@ -57,12 +57,17 @@ def flash_attn_on_cpu() -> Iterator[Any]:
     """In-process engine with FLASH_ATTN (reference kernels) under CPU_ATTN."""
     mp = pytest.MonkeyPatch()
     import vllm.envs as envs
+    from vllm.platforms import current_platform
+    from vllm.plugins import load_general_plugins
     from vllm.v1.attention import selector
     from vllm.v1.attention.backends import xpu_laguna_exact
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    if xpu_laguna_exact.kernel_seam_name() != "reference":
+    if not current_platform.is_cpu():
         pytest.skip("needs a platform without FlashAttention kernels (CPU)")
+    # what every engine does first: the CPU runtime's test-side plugin registers the reference kernels
+    load_general_plugins()
+    assert xpu_laguna_exact.kernel_seam_name() == "reference", "no reference kernels: run cpu_runtime sync"
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     mp.setattr(envs, "VLLM_ENABLE_V1_MULTIPROCESSING", False, raising=False)
     register_backend(AttentionBackendEnum.CPU_ATTN, FLASH_ATTN)

@@ -3,14 +3,15 @@
 """The recording stand-in for a device graph, a platform stand-in and the
 forward context of a piecewise replay, for the tests.
 
-It lives in :mod:`vllm.compilation.xpu_breakable_graph_emulation` (the same
-class drives the emulated graph legs of the equivalence matrix); see there
-what it reproduces of a device graph and what not.
+It lives in the CPU runtime's test-side stand-ins,
+``xpu_laguna_standins.emulated_graphs`` (never in the wheel; the same class
+drives the emulated graph legs of the equivalence matrix); see there what it
+reproduces of a device graph and what not.
 """
 
 from typing import Any
 
-from vllm.compilation.xpu_breakable_graph_emulation import (
+from xpu_laguna_standins.emulated_graphs import (
     BREAK_OPS,
     Recorder,
     RecordingGraph,

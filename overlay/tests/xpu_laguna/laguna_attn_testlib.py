@@ -6,7 +6,9 @@ The tests drive the real FlashAttention metadata builder and impl with real
 tensors: a real ``VllmConfig`` (from a tiny local HF config, no hub access),
 a paged KV cache in the backend's own shape and stride order, the KV written
 with the impl's own ``do_kv_cache_update``. On a machine without an XPU the
-backend runs on the pure-torch reference kernels.
+backend runs on the pure-torch reference kernels: the CPU runtime's test-side
+stand-ins (``xpu_laguna_standins``), registered here with the overlay's kernel
+registry as the runtime's general plugin does in an engine.
 """
 
 import contextlib
@@ -15,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 
 import torch
+import xpu_laguna_standins
 
 import vllm.envs as envs
 from vllm.config import (
@@ -31,6 +34,8 @@ from vllm.v1.attention.backends.flash_attn import (
     FlashAttentionMetadataBuilder,
 )
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+xpu_laguna_standins.register()  # on CPU: the reference kernels
 
 HEAD_SIZE = 128
 NUM_KV_HEADS = 2

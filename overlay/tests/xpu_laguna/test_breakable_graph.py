@@ -241,13 +241,14 @@ def test_v2_manager_builds_the_series_wrapper(monkeypatch, toggle) -> None:
     otherwise (the negative control: the choice is the patch's)."""
     from types import SimpleNamespace
 
+    from xpu_laguna_standins.emulated_graphs import recording_backend
+
     import vllm.envs as envs
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
     from vllm.compilation.xpu_breakable_graph.backends import (
         set_device_graph_backend_override,
     )
     from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
-    from vllm.compilation.xpu_breakable_graph_emulation import recording_backend
     from vllm.config import CompilationConfig
     from vllm.platforms import current_platform
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
@@ -335,11 +336,12 @@ def test_v2_capture_sizes_other_than_the_width_are_refused(
 
 
 def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
+    from xpu_laguna_standins.emulated_graphs import recording_backend
+
     from vllm.compilation.xpu_breakable_graph.backends import (
         set_device_graph_backend_override,
     )
     from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
-    from vllm.compilation.xpu_breakable_graph_emulation import recording_backend
 
     with pytest.raises(BreakableGraphConfigError, match="XPU or CUDA"):
         configure_breakable_graph(_config_stand_in(), _PlatformStandIn("cpu"))

@@ -19,6 +19,7 @@ import tempfile
 import pytest
 import torch
 from breakable_graph_standins import piecewise_forward_context
+from xpu_laguna_standins.emulated_graphs import recording_backend
 
 from vllm.compilation.xpu_breakable_graph.errors import StaticInputMismatchError
 from vllm.compilation.xpu_breakable_graph.guards import (
@@ -26,7 +27,6 @@ from vllm.compilation.xpu_breakable_graph.guards import (
     static_input_probe,
 )
 from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
-from vllm.compilation.xpu_breakable_graph_emulation import recording_backend
 from vllm.config import ModelConfig, VllmConfig
 from vllm.forward_context import get_forward_context
 

@@ -14,13 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from xpu_laguna_standins import reference_attention as ref
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import laguna_attn_testlib as lib  # noqa: E402
 
 from vllm.v1.attention.backends import xpu_laguna_exact  # noqa: E402
-from vllm.v1.attention.ops import xpu_laguna_reference as ref  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     xpu_laguna_exact.kernel_seam_name() != "reference"
@@ -346,3 +346,77 @@ def test_fp8_kv_cache_write_through_the_impl():
     stored = key_cache[3, :10].view(torch.float8_e4m3fn).float() * 0.05
     torch.testing.assert_close(stored, req.k[:10].float(), atol=0.1, rtol=0.1)
     assert not torch.equal(stored, req.k[:10].float())  # really quantised
+
+
+# ------------------------------------------------------ split plan per step
+LAYERS = 4
+# Rows of a q=8 step: KV 2237..2244 (2240 -> 8 splits, 2241 -> 9, worked out
+# in test_split_plan.py) and KV 2233..2240 (all 8); 12 heads, no window.
+PLAN_2244 = ((0, 4, 8, 2240), (4, 8, 9, 2244))
+PLAN_2240 = ((0, 8, 8, 2240),)
+
+
+def _steps_of_layers(monkeypatch, prebuilt: bool):
+    """Two q=8 steps (KV 2244, then 2240) of one request, each step's
+    metadata built once and run by LAYERS layers of the same shape, as the
+    model runner does; per step: the counts, the outputs, the exact metadata
+    and the plans it held after the step."""
+    lib.set_toggles(monkeypatch, exact=True, width=8, prebuilt=prebuilt)
+    heads = 12
+    builder = lib.make_builder(None, heads)
+    impl = lib.make_impl(heads, None)
+    kv_cache = lib.make_kv_cache(torch.bfloat16)
+    gen = torch.Generator().manual_seed(29)
+    kv_cache.copy_(torch.randn(kv_cache.shape, generator=gen).to(torch.bfloat16))
+    blocks = list(torch.randperm(lib.NUM_BLOCKS, generator=gen)[:36].tolist())
+    table = lib.block_table_for([blocks], num_cols=40)
+    steps = []
+    for seq_len in (2244, 2240):
+        query = torch.randn(8, heads, lib.HEAD_SIZE, generator=gen).to(torch.bfloat16)
+        md = builder.build(
+            common_prefix_len=0,
+            common_attn_metadata=lib.common_metadata([8], [seq_len], table),
+        )
+        xpu_laguna_exact.counters.reset()
+        outs = [
+            lib.forward(
+                builder, impl, lib.ScaleLayer(), kv_cache, None, query, metadata=md
+            )[0]
+            for _ in range(LAYERS)
+        ]
+        exact = md.laguna_exact
+        steps.append(
+            (
+                xpu_laguna_exact.counters.snapshot(),
+                outs,
+                exact,
+                list(exact.plans.values()),
+            )
+        )
+    return steps
+
+
+@pytest.mark.parametrize("prebuilt", [False, True], ids=["inline", "prebuilt"])
+def test_split_plan_is_computed_once_per_step(monkeypatch, prebuilt):
+    steps = _steps_of_layers(monkeypatch, prebuilt)
+    for (counts, outs, _, plans), plan in zip(steps, (PLAN_2244, PLAN_2240)):
+        assert counts["exact_calls_by_width"] == {"8": LAYERS}
+        assert counts["kernel_calls_by_width"] == {"8": LAYERS * len(plan)}
+        assert counts["plans"] == 1, "the split plan was computed more than once"
+        assert plans == [plan]  # this step's, never stale
+        assert not torch.isnan(outs[0]).any()
+        assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    if prebuilt:  # the same fixed-address object both steps, re-planned
+        assert steps[0][2] is steps[1][2]
+
+
+def test_split_plan_counter_sees_a_plan_per_layer(monkeypatch):
+    """Negative control: with the plan computed in every layer forward (the
+    code before the per-step plan) the counter shows one plan per layer."""
+    monkeypatch.setattr(
+        xpu_laguna_exact.ExactVerifyMetadata,
+        "call_groups",
+        lambda self, *shape: xpu_laguna_exact.call_groups(self, *shape),
+    )
+    for counts, *_ in _steps_of_layers(monkeypatch, prebuilt=False):
+        assert counts["plans"] == LAYERS

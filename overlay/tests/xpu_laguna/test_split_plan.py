@@ -10,8 +10,8 @@ paged_decode_kernel.hpp); the arithmetic is in the comments.
 
 import pytest
 import torch
+from xpu_laguna_standins import reference_attention as ref
 
-from vllm.v1.attention.ops import xpu_laguna_reference as ref
 from vllm.v1.attention.ops import xpu_laguna_split_plan as plan
 
 # (batch, heads_q, heads_kv, seqlen_k, block, xe_cores) -> splits

@@ -3,8 +3,8 @@
 Put on ``PYTHONPATH`` by ``python -m scripts.measure crossover --emulate-graphs`` (see
 ``scripts/measure/emulation.py``); Python imports it at start-up in the API server, the engine
 core and the worker alike (the CPU platform spawns them). In a process with
-``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` and the marker variable set, it installs the overlay's
-recording stand-in (``vllm/compilation/xpu_breakable_graph_emulation.py``,
+``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` and the marker variable set, it installs the
+recording stand-in (the CPU runtime's test-side ``xpu_laguna_standins.emulated_graphs``,
 ``install_cpu_emulation``: graphs captured and replayed by ``RecordingGraph``, results
 EMULATED, the graph class in the accounting says so) as soon as the process imports one of
 ``HOOKED_MODULES``, before its config is checked or its model loaded. Nothing is imported at
@@ -34,7 +34,7 @@ def _install() -> None:
     if _installed:
         return
     _installed = True
-    from vllm.compilation.xpu_breakable_graph_emulation import install_cpu_emulation
+    from xpu_laguna_standins.emulated_graphs import install_cpu_emulation
 
     install_cpu_emulation()
 

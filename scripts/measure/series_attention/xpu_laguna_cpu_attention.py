@@ -13,11 +13,11 @@ runtime, and vLLM calls it in every process it loads general plugins in (the API
 it parses arguments, the engine core, every worker) before any model is built.
 
 In a process on the CPU platform with the marker set, :func:`register` registers
-``FlashAttentionBackend`` under ``CPU_ATTN`` (on CPU it binds the pure-torch reference kernels,
-patch 0004) and starts a reporter thread that logs the overlay's own counts
-(``xpu_laguna_exact.counters``) whenever they change, as one stderr line with ``COUNTERS_LINE``,
-the JSON snapshot and the process id, so the server's log shows what ran. Without the
-marker, or on any other platform, it does nothing.
+``FlashAttentionBackend`` under ``CPU_ATTN`` (on CPU it runs on the pure-torch reference kernels
+that the runtime's test-side plugin ``xpu_laguna_standins`` registers, patch 0004) and starts a
+reporter thread that logs the overlay's own counts (``xpu_laguna_exact.counters``) whenever they
+change, as one stderr line with ``COUNTERS_LINE``, the JSON snapshot and the process id, so the
+server's log shows what ran. Without the marker, or on any other platform, it does nothing.
 """
 
 from __future__ import annotations

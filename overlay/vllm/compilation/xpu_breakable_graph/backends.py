@@ -108,7 +108,7 @@ _backend_override: DeviceGraphBackend | None = None
 
 def set_device_graph_backend_override(backend: DeviceGraphBackend | None) -> None:
     """Use ``backend`` instead of the platform's device graphs (the CPU
-    emulation in :mod:`vllm.compilation.xpu_breakable_graph_emulation`)."""
+    emulation of the CPU runtime's test-side stand-ins, xpu_laguna_standins)."""
     global _backend_override
     _backend_override = backend
 

@@ -47,14 +47,23 @@ rows under async speculative decoding, where it assumes every draft was
 accepted), else from the device (one small copy per step and metadata
 builder); ``max_seq_len`` is only an upper bound and is never used for it.
 
-Kernel seam (:func:`varlen_attention`): on XPU the call goes to
+Kernel seam (:func:`varlen_attention`): the kernels of
+:data:`vllm.v1.attention.ops.xpu_laguna_kernels.registry`: on XPU
 ``vllm._xpu_ops.xpu_ops.flash_attn_varlen_func``, the same function (and so
 the same ``vllm_xpu_kernels`` op, with the pinned version's signature) that
-upstream uses for q=1 decode; on any other device to the pure-torch reference
-in :mod:`vllm.v1.attention.ops.xpu_laguna_reference`. The path is active on
-XPU, and wherever the FlashAttention backend runs on the reference kernels
-(no FlashAttention kernels on the platform, e.g. CPU tests); on CUDA/ROCm it
-is never taken.
+upstream uses for q=1 decode, a missing kernel package being one clear error;
+on a platform without FlashAttention kernels (CPU) only what a plugin
+registered (the CPU runtime's test-side reference kernels). The path is
+active on XPU, and wherever the FlashAttention backend runs without
+FlashAttention kernels of the platform (CPU tests); on CUDA/ROCm it is never
+taken.
+
+Split plan once per step: the kernel calls of a step (:func:`call_groups`)
+depend on the step (width, KV length) and on the layer's attention shape
+(window, heads, block size), which all layers of one metadata share. They
+are computed at the first layer forward of the step and kept on the step's
+:class:`ExactVerifyMetadata` (:meth:`ExactVerifyMetadata.call_groups`), so the
+other layers reuse them; ``counters.plans`` counts the computations.
 """
 
 import weakref
@@ -69,6 +78,7 @@ from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
 from vllm.v1.attention.ops import xpu_laguna_split_plan as split_plan
+from vllm.v1.attention.ops.xpu_laguna_kernels import registry as kernel_registry
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -105,6 +115,11 @@ class ExactMetadataOwner(Protocol):
     ) -> None: ...
 
 
+# Kernel calls of one layer forward: (first_row, end_row, num_splits,
+# max_seqlen_k); num_splits None = the kernel picks (debug switch).
+CallGroups = tuple[tuple[int, int, int | None, int], ...]
+
+
 @dataclass(eq=False)
 class ExactVerifyMetadata:
     """Per-step exact-verify description attached to FlashAttentionMetadata.
@@ -124,6 +139,37 @@ class ExactVerifyMetadata:
     block_table: torch.Tensor | None = None
     kv_offsets: torch.Tensor | None = None
     owner: ExactMetadataOwner | None = None
+    # The step's kernel calls per layer shape (see call_groups).
+    plans: dict[tuple[int, ...], CallGroups] = field(default_factory=dict)
+
+    def call_groups(
+        self, window_left: int, num_heads_q: int, num_heads_kv: int, block_size: int
+    ) -> "CallGroups":
+        """This step's kernel calls for one layer shape: computed at the
+        first layer forward, reused by the others (:func:`call_groups`).
+
+        The key holds the width and KV length too: a prebuilt object is the
+        same object step after step (refreshed in place), so a plan of an
+        earlier step is never reused for another one.
+        """
+        key = (
+            self.width,
+            self.seq_len,
+            window_left,
+            num_heads_q,
+            num_heads_kv,
+            block_size,
+            split_plan_enabled(),
+        )
+        groups = self.plans.get(key)
+        if groups is None:
+            if self.plans and next(iter(self.plans))[:2] != key[:2]:
+                self.plans.clear()  # a new step in a reused (prebuilt) object
+            groups = call_groups(
+                self, window_left, num_heads_q, num_heads_kv, block_size
+            )
+            self.plans[key] = groups
+        return groups
 
 
 @dataclass
@@ -135,12 +181,15 @@ class ExactVerifyCounters:
     kernel_calls_by_width: Counter = field(default_factory=Counter)
     prebuilt_calls: int = 0
     longest_seq_len: int = 0
+    # KV split plans computed (call_groups): one per step and layer shape.
+    plans: int = 0
 
     def reset(self) -> None:
         self.calls_by_width.clear()
         self.kernel_calls_by_width.clear()
         self.prebuilt_calls = 0
         self.longest_seq_len = 0
+        self.plans = 0
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -152,6 +201,7 @@ class ExactVerifyCounters:
             },
             "prebuilt_calls": self.prebuilt_calls,
             "longest_seq_len": self.longest_seq_len,
+            "plans": self.plans,
         }
 
 
@@ -159,8 +209,9 @@ counters = ExactVerifyCounters()
 
 
 def kernel_seam_name() -> str:
-    """``"xpu"`` on XPU, else ``"reference"`` (pure torch)."""
-    return "xpu" if current_platform.is_xpu() else "reference"
+    """``"xpu"`` on XPU, else the registered kernels' name (``"reference"``:
+    the CPU runtime's pure-torch kernels), ``"none"`` when none are."""
+    return kernel_registry.registered_name() or "none"
 
 
 _available: bool | None = None
@@ -334,26 +385,13 @@ def cache_write_dtype(
     )
 
 
-_varlen_fn: Any = None
-
-
 def varlen_attention(**kwargs: Any) -> torch.Tensor:
-    """The kernel seam: XPU ``flash_attn_varlen_func`` or the reference.
+    """The kernel seam: the registry's ``flash_attn_varlen_func``.
 
     ``num_splits_kv`` is the decode kernel's split count (None: it picks);
     forwarded by ``vllm._xpu_ops`` (series patch).
     """
-    global _varlen_fn
-    if _varlen_fn is None:
-        if current_platform.is_xpu():
-            from vllm._xpu_ops import xpu_ops
-
-            _varlen_fn = xpu_ops.flash_attn_varlen_func
-        else:
-            from vllm.v1.attention.ops import xpu_laguna_reference
-
-            _varlen_fn = xpu_laguna_reference.flash_attn_varlen_func
-    return _varlen_fn(**kwargs)
+    return kernel_registry.get().flash_attn_varlen_func(**kwargs)
 
 
 # Layer-level eligibility, computed once per impl (impls are created once per
@@ -386,9 +424,11 @@ def call_groups(
     num_heads_q: int,
     num_heads_kv: int,
     block_size: int,
-) -> tuple[tuple[int, int, int | None, int], ...]:
-    """Kernel calls of one layer forward: ``(first_row, end_row, num_splits,
-    max_seqlen_k)``; ``num_splits`` None = the kernel picks (debug switch)."""
+) -> CallGroups:
+    """Compute the kernel calls of one layer forward (the KV split plan;
+    counted in ``counters.plans``). Layers take them from
+    :meth:`ExactVerifyMetadata.call_groups`, once per step."""
+    counters.plans += 1
     q, seq_len = exact.width, exact.seq_len
     if not split_plan_enabled():
         return ((0, q, None, seq_len),)
@@ -435,8 +475,8 @@ def run_exact_verify(
     # The layer's own window, as upstream's forward uses it.
     window = impl.sliding_window
     window_left = int(window[0]) if window is not None else -1
-    groups = call_groups(
-        exact, window_left, impl.num_heads, key_cache.shape[2], key_cache.shape[1]
+    groups = exact.call_groups(
+        window_left, impl.num_heads, key_cache.shape[2], key_cache.shape[1]
     )
     for first, end, num_splits, longest in groups:
         rows = end - first
@@ -477,8 +517,16 @@ def run_exact_verify(
     return True
 
 
-def fa_version_or_reference(version: int | None) -> int | None:
-    """FA version for the impl; 2 where the backend runs on the reference."""
+def checked_fa_version(version: int | None) -> int | None:
+    """Impl hook: the FA version for the impl, once the kernels the series
+    calls are known to be there (one clear error otherwise): on XPU with the
+    exact path on, ``vllm_xpu_kernels`` at its pinned version; on a platform
+    without FlashAttention kernels, registered ones (then version 2)."""
+    if current_platform.is_xpu():
+        if exact_verify_width():
+            kernel_registry.get()
+        return version
     if version is None and exact_path_available():
+        kernel_registry.get()
         return 2
     return version

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Pure-torch reference kernels for the FlashAttention backend on XPU.
+"""Pure-torch reference kernels of the XPU FlashAttention entry points (test-side stand-in).
 
 These functions mirror the two kernel entry points that
 ``vllm/v1/attention/backends/flash_attn.py`` uses on XPU:
@@ -14,9 +14,12 @@ These functions mirror the two kernel entry points that
   accepts only ``"auto"`` (native cache dtype) or an FP8 dtype string.
 
 They serve two purposes: the FlashAttention backend's code (including the
-XPU Laguna exact-verify path) runs and is tested on machines without an XPU,
-and they are the oracle against which the XPU kernels are checked
-(``scripts/device/xpu_attention_check.py``).
+XPU Laguna exact-verify path) runs and is tested on machines without an XPU
+(registered with the overlay's kernel registry by this package's
+:func:`xpu_laguna_standins.register`, on CPU only), and they are the oracle
+against which the XPU kernels are checked
+(``scripts/device/xpu_attention_check.py``). A test-side stand-in: never in
+the wheel, never reached on XPU.
 
 Numerics: every sequence is computed on its own, scores and softmax in
 float32, the result cast to the output dtype.
@@ -49,7 +52,6 @@ batch.
 import math
 
 import torch
-
 from vllm.logger import init_logger
 from vllm.v1.attention.ops import xpu_laguna_split_plan as split_plan
 
@@ -92,9 +94,7 @@ def _attend_one(
     ql, num_heads, head_size = q.shape
     kv_len, num_kv_heads, _ = k.shape
     if num_heads % num_kv_heads != 0:
-        raise ValueError(
-            f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
-        )
+        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
     group = num_heads // num_kv_heads
     # (Hk, group, ql, D) x (Hk, 1, D, L) -> (Hk, group, ql, L)
     qg = q.reshape(ql, num_kv_heads, group, head_size).permute(1, 2, 0, 3)
@@ -241,9 +241,7 @@ def paged_attention(
         v_seq = _dequant(v[:kv_len], v_scale)
         if decode and end - start == 1:
             ranges = split_plan.split_ranges(kv_len, splits, block_size, int(left))
-            res = _attend_split_k(
-                q_seq, k_seq, v_seq, float(softmax_scale), int(left), ranges, out.dtype
-            )
+            res = _attend_split_k(q_seq, k_seq, v_seq, float(softmax_scale), int(left), ranges, out.dtype)
         else:
             res = _attend_one(
                 q_seq,
@@ -307,9 +305,7 @@ def flash_attn_varlen_func(
     }
     bad = [name for name, used in unsupported.items() if used]
     if bad:
-        raise NotImplementedError(
-            f"reference flash_attn_varlen_func does not support {', '.join(bad)}"
-        )
+        raise NotImplementedError(f"reference flash_attn_varlen_func does not support {', '.join(bad)}")
     if (cu_seqlens_k is None) == (seqused_k is None):
         raise ValueError("exactly one of cu_seqlens_k and seqused_k is required")
     if softmax_scale is None:

@@ -7,7 +7,10 @@ Device graphs do not exist on CPU. :class:`RecordingGraph` stands in for
 breakable capture depends on, so that the whole serving path (runner,
 DFlash drafter, wrapper, guards) can run through the same capture/replay
 logic as on a device. Results obtained this way are *emulated* and must be
-labelled so.
+labelled so. A test-side stand-in (never in the wheel): it reaches vLLM only
+through the overlay's hook
+(:func:`vllm.compilation.xpu_breakable_graph.backends.set_device_graph_backend_override`),
+called by :func:`install_cpu_emulation` where a CPU run asks for emulation.
 
 What the stand-in reproduces (read against ``torch.cuda.CUDAGraph`` /
 ``torch.xpu.XPUGraph`` and vLLM 0.26.0's breakable capture):
@@ -46,13 +49,10 @@ from typing import Any, ClassVar
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-
 from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
 
 # Ops that are eager breaks when a breakable capture is active.
-BREAK_OPS = frozenset(
-    {"vllm::unified_attention_with_output", "vllm::unified_mla_attention_with_output"}
-)
+BREAK_OPS = frozenset({"vllm::unified_attention_with_output", "vllm::unified_mla_attention_with_output"})
 # Host-only ops (make an alias, launch nothing): never recorded.
 HOST_ONLY_OPS = frozenset({"_C::weak_ref_tensor"})
 # Custom ops whose Python body reads per-step host state that a device
@@ -67,9 +67,7 @@ RECORD_INSIDE_OPS = {
 GRAPH_CLASS_NAME = "RecordingGraph (emulated device graph)"
 
 
-def _written_tensors(
-    func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> list[torch.Tensor]:
+def _written_tensors(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """The tensors a mutating op writes (``Tensor(a!)`` arguments)."""
     out: list[torch.Tensor] = []
     for i, arg in enumerate(func._schema.arguments):
@@ -82,11 +80,7 @@ def _written_tensors(
 
 
 def _storages(tensors: Any) -> set[int]:
-    return {
-        t.untyped_storage().data_ptr()
-        for t in tree_flatten(tensors)[0]
-        if isinstance(t, torch.Tensor)
-    }
+    return {t.untyped_storage().data_ptr() for t in tree_flatten(tensors)[0] if isinstance(t, torch.Tensor)}
 
 
 def _poison(out: Any, inputs: tuple[Any, ...]) -> None:

@@ -1,0 +1,51 @@
+"""Test-side stand-ins of the XPU Laguna series: what the CPU runtime and the tests run instead of
+the device, kept out of the wheel (nothing under ``vllm/`` imports this package).
+
+* :mod:`.reference_attention`: pure-torch reference kernels for the FlashAttention backend (the
+  XPU paged-decode kernel's split-K, the cache write), and the oracle of the device checks;
+* :mod:`.emulated_graphs`: emulated device graphs for breakable-graph runs on CPU, installed only
+  where a run asks for them (``install_cpu_emulation``: the matrix's and the e2e tests' graph
+  legs, a CPU server with ``--emulate-graphs``, the device graph check's self test).
+
+How it gets there: ``python -m scripts.cpu_runtime sync`` (so ``ensure`` too) copies this folder
+and ``xpu_laguna_standins-0.dist-info`` into the CPU runtime's site-packages (a pristine runtime
+never syncs, and never gets it). The dist-info names :func:`register` in vLLM's
+``vllm.general_plugins`` group, which vLLM calls in every process it builds an engine in (the
+API server, the engine core, every worker) before any model is built.
+
+:func:`register` registers the reference kernels with the overlay's kernel registry
+(``vllm.v1.attention.ops.xpu_laguna_kernels.registry``) on the CPU platform only; on any other
+platform, and in a vLLM without the series (no registry), it does nothing. Registering does not
+choose the FlashAttention backend: a CPU engine still takes upstream's ``CPU_ATTN`` unless a test
+registers FlashAttention under it. A process that never builds an engine (a unit test) calls
+:func:`register` itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+KERNELS_NAME = "reference"
+
+
+def register() -> bool:
+    """The ``vllm.general_plugins`` entry point (may run more than once): True when the reference
+    kernels are registered in this process."""
+    if importlib.util.find_spec("vllm.v1.attention.ops.xpu_laguna_kernels") is None:
+        return False  # a vLLM without the series
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    from vllm.v1.attention.ops.xpu_laguna_kernels import AttentionKernels, registry
+
+    from . import reference_attention
+
+    registry.register(
+        AttentionKernels(
+            name=KERNELS_NAME,
+            flash_attn_varlen_func=reference_attention.flash_attn_varlen_func,
+            reshape_and_cache_flash=reference_attention.reshape_and_cache_flash,
+        )
+    )
+    return True
