@@ -1,0 +1,171 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Shared parts of the configuration-contract tests (test_contract.py,
+test_contract_modes.py): tiny config-only Laguna checkpoints, the series
+state, a recorder of the contract's log lines, and a real ``VllmConfig``
+built through vLLM's ``EngineArgs.create_engine_config``. The patch tests
+run without conftest files, so the test modules import the fixtures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from laguna_model_testlib import VOCAB, tiny_laguna_config
+
+from vllm.v1.executor.abstract import Executor
+
+SERIES_TOGGLE = "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"
+COMPILE_LINE = (
+    "XPU Laguna series: compilation mode NONE and cudagraph_mode NONE on the "
+    "exact path (Inductor's fused reductions and device graphs' captured split "
+    "counts would make verify rows differ from the decode; "
+    "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1 for graphs)"
+)
+TARGET_LAYERS = 4
+
+
+class RayLikeExecutor(Executor):
+    """A custom executor that orchestrates through Ray (``uses_ray``)."""
+
+    uses_ray = True
+
+
+# ------------------------------------------------------------------ models
+
+
+def _laguna_config(path: Path, *, layers: int, moe: bool) -> dict:
+    moe_layers = list(range(1, layers)) if moe else []
+    cfg = tiny_laguna_config(layers, moe_layers, max_position_embeddings=1024)
+    cfg.save_pretrained(path)
+    return json.loads((path / "config.json").read_text())
+
+
+def _write(path: Path, cfg: dict) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+INT4_QUANTIZATION = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {
+                "num_bits": 4,
+                "type": "int",
+                "symmetric": True,
+                "group_size": 32,
+                "strategy": "group",
+            },
+        }
+    },
+    "ignore": ["lm_head"],
+    "kv_cache_scheme": {
+        "num_bits": 8,
+        "type": "float",
+        "strategy": "tensor",
+        "dynamic": False,
+        "symmetric": True,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("contract-models")
+    target = _laguna_config(root / "target", layers=TARGET_LAYERS, moe=True)
+    draft = _laguna_config(root / "scratch", layers=1, moe=False)
+    draft.update(
+        architectures=["DFlashLagunaForCausalLM"],
+        draft_vocab_size=VOCAB,
+        layer_types=["full_attention"],
+        mlp_only_layers=[0],
+        dflash_config={"target_layer_ids": [0, 2], "mask_token_id": 255},
+    )
+    out = {"target": root / "target"}
+    out["int4"] = _write(
+        root / "target-int4", dict(target, quantization_config=INT4_QUANTIZATION)
+    )
+    out["draft"] = _write(root / "draft", draft)
+    out["draft_int4_name"] = _write(root / "Tiny-DFlash-INT4", draft)
+    out["draft_wide"] = _write(root / "draft-wide", dict(draft, hidden_size=128))
+    out["draft_vocab"] = _write(root / "draft-vocab", dict(draft, draft_vocab_size=512))
+    out["draft_layers"] = _write(
+        root / "draft-layers",
+        dict(draft, dflash_config={"target_layer_ids": [0, 4], "mask_token_id": 255}),
+    )
+    return out
+
+
+@pytest.fixture(autouse=True)
+def series_on(monkeypatch):
+    """A known series state: prebuilt metadata on (series active on CPU),
+    exact verify on, width 8, graphs off."""
+    for name in (
+        "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH",
+        "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
+        "VLLM_XPU_LAGUNA_EXACT_VERIFY",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(SERIES_TOGGLE, "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
+
+    yield
+    reset_series_scope()
+
+
+@pytest.fixture
+def log_lines(monkeypatch):
+    """The contract's log lines. vLLM's logging setup (run again by every
+    ``create_engine_config``) drops handlers of its child loggers, so the
+    contract's logger is replaced by a recorder of its once-only methods."""
+    from vllm.config import xpu_laguna_contract
+
+    lines: list[str] = []
+
+    class _Recorder:
+        def info_once(self, msg: str, *args) -> None:
+            lines.append(msg % args)
+
+        warning_once = info_once
+
+    monkeypatch.setattr(xpu_laguna_contract, "logger", _Recorder())
+    return lines
+
+
+def make_config(models, target="target", draft="draft", spec=None, **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    speculative = {
+        "method": "dflash",
+        "model": str(models[draft]),
+        "num_speculative_tokens": 7,
+    }
+    speculative.update(spec or {})
+    kwargs.setdefault("dtype", "bfloat16" if target == "int4" else "float32")
+    if target == "int4":
+        kwargs.setdefault("kv_cache_dtype", "bfloat16")
+    kwargs.setdefault("max_num_seqs", 1)
+    args = EngineArgs(
+        model=str(models[target]),
+        max_model_len=512,
+        skip_tokenizer_init=True,
+        speculative_config=speculative if draft else None,
+        **kwargs,
+    )
+    return args.create_engine_config()
+
+
+def refused_line(models, **kwargs) -> str:
+    with pytest.raises(ValueError) as err:
+        make_config(models, **kwargs)
+    text = str(err.value)
+    assert "XPU Laguna series: " in text, text
+    # pydantic wraps the error; the contract's own message is one line
+    (line,) = [ln for ln in text.splitlines() if "XPU Laguna series: " in ln]
+    return line.split("Value error, ", 1)[-1].split(" [type=value_error", 1)[0]
