@@ -3,8 +3,9 @@
 ``nox -s build`` packages the patched tree's ``vllm*`` packages (the tree's ``pyproject.toml``:
 ``[tool.setuptools.packages.find] include = ["vllm*"]``), so what the series adds to the wheel is
 every overlay file and every patched file under those packages. The test-side stand-ins (the
-reference attention kernels, the emulated device graphs: :mod:`scripts.cpu_standins`) must not be
-among them, by name or by import: a production install must not be able to fall into them.
+reference attention kernels, the emulated device graphs, the XCCL ring all-reduce:
+:mod:`scripts.cpu_standins`) must not be among them, by name or by import: a production install
+must not be able to fall into them.
 Checked without building, from ``patches/`` and ``overlay/`` (:func:`standin_problems`, part of
 ``nox -s lint``).
 """
@@ -19,8 +20,9 @@ from scripts.series import parse_diff
 from scripts.worktree import Inputs
 
 WHEEL_PACKAGE_PREFIX = "vllm"  # setuptools packages.find include "vllm*"
-# The stand-ins' earlier homes inside the wheel (up to the vLLM 0.34.0 port): never again.
-FORMER_STANDIN_MODULES = frozenset({"xpu_laguna_reference", "xpu_breakable_graph_emulation"})
+# The stand-ins' earlier homes (inside the wheel up to the vLLM 0.34.0 port; the XCCL ring's in
+# the patch tests, as xccl_ring_standin): never in the wheel.
+FORMER_STANDIN_MODULES = frozenset({"xpu_laguna_reference", "xpu_breakable_graph_emulation", "xccl_ring_standin"})
 _TEST_SIDE_IMPORT = re.compile(rf"^\s*(?:from|import)\s+(?:{cpu_standins.PACKAGE}|scripts)\b", re.MULTILINE)
 
 

@@ -231,7 +231,7 @@ def test_sync_lays_the_test_side_standins_next_to_the_package(tree_and_site: tup
     site = package.parent
     sync(tree, package=package)
     standins = site / cpu_standins.PACKAGE
-    for module in ("__init__.py", "reference_attention.py", "emulated_graphs.py"):
+    for module in ("__init__.py", "reference_attention.py", "emulated_graphs.py", "xccl_ring.py"):
         assert (standins / module).read_bytes() == (cpu_standins.HERE / cpu_standins.PACKAGE / module).read_bytes()
     entry_points = (site / cpu_standins.DIST_INFO / "entry_points.txt").read_text()
     assert "[vllm.general_plugins]\nxpu_laguna_standins = xpu_laguna_standins:register" in entry_points

@@ -5,16 +5,19 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from scripts import cpu_standins
 from scripts.cpu_slots import OMP_BIND_ENV
 from scripts.matrix.cli import main
 from scripts.matrix.evaluate import evaluate
 from scripts.matrix.legs import EQUAL_BY_ARITHMETIC, LEGS, STANDIN_ENV, TP4_LEGS, TP_REDUCE_ENV
-from scripts.matrix.runner import leg_environment, standin_dir
+from scripts.matrix.runner import leg_environment
 from scripts.measure.emulation import PLUGIN_DIR
 from tests.test_matrix_logprobs import TEACHER, _out
 
@@ -37,21 +40,89 @@ def test_tp_legs_install_the_series_hooks_in_their_workers() -> None:
     assert "XPU_LAGUNA_CPU_SERIES_ATTENTION" not in leg_environment(LEG["teacher"], 1, "cpu", {})
 
 
-def test_ring_legs_reach_the_test_side_xccl_standin() -> None:
-    """The ring stand-in is test code in the tree's tests/xpu_laguna; a TP leg with it on gets that
-    folder on PYTHONPATH (the series-attention folder's plugin registers it in each worker), and the
-    plugin folder names the entry point."""
+# A stand-in vllm package for the plugin probe: the platform (CPU unless FAKE_PLATFORM says
+# otherwise), the kernel registry the plugin also fills, and the overlay's real
+# xpu_laguna_collectives (its registration point and its one-line error) over stub envs/logger.
+FAKE_VLLM = {
+    "envs.py": "",
+    "logger.py": "import logging\ndef init_logger(name):\n    return logging.getLogger(name)\n",
+    "platforms/__init__.py": (
+        "import os\n"
+        "class _P:\n"
+        "    def is_cpu(self):\n"
+        "        return os.environ.get('FAKE_PLATFORM', 'cpu') == 'cpu'\n"
+        "current_platform = _P()\n"
+    ),
+    "v1/attention/ops/xpu_laguna_kernels.py": (
+        "class AttentionKernels:\n"
+        "    def __init__(self, **kw):\n        self.__dict__.update(kw)\n"
+        "class _R:\n    def register(self, kernels):\n        self.kernels = kernels\n"
+        "registry = _R()\n"
+    ),
+    "v1/attention/ops/xpu_laguna_split_plan.py": "",  # imported by the reference kernels' module
+    "distributed/xpu_laguna_collectives.py": (REPO / "overlay/vllm/distributed/xpu_laguna_collectives.py").read_text(),
+}
+
+# What vLLM's load_general_plugins does in every engine process and mp-executor worker: load each
+# vllm.general_plugins entry point and call it. Then what the CPU communicator asks for under the
+# toggle: the registered ring, or the one-line error.
+PLUGIN_PROBE = """
+import json
+from importlib.metadata import entry_points
+for plugin in entry_points(group="vllm.general_plugins"):
+    plugin.load()()
+from vllm.distributed import xpu_laguna_collectives
+from xpu_laguna_standins import xccl_ring
+try:
+    ring, error = xpu_laguna_collectives.cpu_stand_ins.xccl_ring(), None
+except RuntimeError as exc:
+    ring, error = None, str(exc)
+names = sorted(p.name for p in entry_points(group="vllm.general_plugins"))
+print(json.dumps({"plugins": names, "ring": ring is xccl_ring.xccl_ring_all_reduce, "error": error}))
+"""
+
+
+def _probe_plugins(tmp_path: Path, **env: str) -> dict[str, object]:
+    """:data:`PLUGIN_PROBE` in a fresh interpreter whose site folder holds what ``cpu_runtime sync``
+    lays there (:func:`scripts.cpu_standins.lay`) next to the stand-in vllm package."""
+    site = tmp_path / "site"
+    if not site.exists():
+        site.mkdir()
+        cpu_standins.lay(site)
+        for rel, text in FAKE_VLLM.items():
+            path = site / "vllm" / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        for folder in [p for p in (site / "vllm").rglob("*") if p.is_dir()] + [site / "vllm"]:
+            (folder / "__init__.py").touch(exist_ok=True)
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_PLUGINS", "FAKE_PLATFORM")}
+    done = subprocess.run(
+        [sys.executable, "-c", PLUGIN_PROBE],
+        env={**clean, **env, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_ring_legs_get_the_xccl_standin_from_the_runtime_plugin(tmp_path: Path) -> None:
+    """The ring stand-in is the runtime's test-side package (scripts/cpu_standins, laid by sync):
+    its general plugin registers the ring on CPU in every process vLLM loads plugins in (the TP
+    legs' mp-executor workers among them), so a leg only sets the toggle, adds no path, and no
+    other plugin registers it. Negative control: off CPU nothing is registered and the toggle's
+    ring is the one-line error."""
     ring = leg_environment(LEG["dflash-ring-tp2-diagnostic"], 1, "cpu", {})
-    assert ring[STANDIN_ENV] == "1" and TP_REDUCE_ENV in ring
-    folders = ring["PYTHONPATH"].split(os.pathsep)
-    assert str(standin_dir()) in folders and any("series_attention" in f for f in folders)
-    assert (REPO / "overlay" / "tests" / "xpu_laguna" / "xccl_ring_standin.py").is_file()
-    assert standin_dir().parts[-2:] == ("tests", "xpu_laguna")
-    entry = next(PLUGIN_DIR.glob("*.dist-info")) / "entry_points.txt"
-    assert "xpu_laguna_cpu_xccl_standin = xpu_laguna_cpu_xccl_standin:register" in entry.read_text()
-    # negative control: a TP leg without the stand-in gets no test folder
     plain = leg_environment(replace(LEG["dflash-ring-tp2-diagnostic"], xccl_standin=False), 1, "cpu", {})
-    assert str(standin_dir()) not in plain["PYTHONPATH"].split(os.pathsep)
+    assert ring[STANDIN_ENV] == "1" and TP_REDUCE_ENV in ring and ring["PYTHONPATH"] == plain["PYTHONPATH"]
+    assert "xccl" not in (next(PLUGIN_DIR.glob("*.dist-info")) / "entry_points.txt").read_text()
+    assert (cpu_standins.HERE / cpu_standins.PACKAGE / "xccl_ring.py").is_file()
+    on_cpu = _probe_plugins(tmp_path)
+    assert on_cpu == {"plugins": [cpu_standins.PACKAGE], "ring": True, "error": None}
+    off_cpu = _probe_plugins(tmp_path, FAKE_PLATFORM="xpu")
+    assert off_cpu["ring"] is False and "\n" not in off_cpu["error"]
+    assert off_cpu["error"].startswith("VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1 needs the XCCL ring stand-in")
 
 
 def test_each_leg_is_gated_against_its_own_teacher() -> None:

@@ -15,6 +15,8 @@ from synthetic import ENVS, Change
 
 REFERENCE = "vllm/v1/attention/ops/xpu_laguna_reference.py"
 EMULATION = "vllm/compilation/xpu_breakable_graph_emulation.py"
+XCCL_RING = "vllm/distributed/xccl_ring.py"  # the XCCL ring stand-in under its own name...
+XCCL_RING_FORMER = "vllm/distributed/xccl_ring_standin.py"  # ...and its name in the patch tests
 
 
 def test_the_repository_wheel_has_no_standins() -> None:
@@ -33,7 +35,7 @@ def test_the_repository_wheel_has_no_standins() -> None:
     assert not [p for p in files if Path(p).stem in standin_module_names()]
     assert standin_problems(inputs) == []
     assert not in_wheel(f"{cpu_standins.PACKAGE}/reference_attention.py")
-    assert {"reference_attention", "emulated_graphs"} <= standin_module_names()
+    assert {"reference_attention", "emulated_graphs", "xccl_ring", "xccl_ring_standin"} <= standin_module_names()
     # the patch tests may use them: tests/ is laid into the tree but never packaged
     assert not in_wheel("tests/xpu_laguna/test_exact_verify.py")
 
@@ -42,10 +44,17 @@ def test_a_standin_back_in_the_overlay_is_a_lint_problem(vxl_project: synthetic.
     """Negative control: the layout before the move (the stand-ins under vllm/) fails lint."""
     project = vxl_project
     assert lint_static(project.layout()) == []
-    project.write_overlay({REFERENCE: "def flash_attn_varlen_func(): ...\n", EMULATION: "X = 1\n"})
+    project.write_overlay(
+        {
+            REFERENCE: "def flash_attn_varlen_func(): ...\n",
+            EMULATION: "X = 1\n",
+            XCCL_RING: "def ring_chunk_bounds(): ...\n",
+            XCCL_RING_FORMER: "def register(): ...\n",
+        }
+    )
     problems = lint_static(project.layout())
-    assert f"{REFERENCE}: a test stand-in in the wheel (it belongs in scripts/cpu_standins/)" in problems
-    assert f"{EMULATION}: a test stand-in in the wheel (it belongs in scripts/cpu_standins/)" in problems
+    for path in (REFERENCE, EMULATION, XCCL_RING, XCCL_RING_FORMER):
+        assert f"{path}: a test stand-in in the wheel (it belongs in scripts/cpu_standins/)" in problems
 
 
 def test_a_wheel_file_importing_the_test_side_is_a_lint_problem(vxl_project: synthetic.SyntheticProject) -> None:

@@ -1,9 +1,9 @@
 """The series' test-side stand-ins (``xpu_laguna_standins/``) and how they reach a CPU runtime.
 
-The package holds the pure-torch reference attention kernels and the emulated device graphs; it
-is never part of the wheel (``nox -s build`` packages ``vllm/`` only, and nothing there imports
-it). :func:`lay` copies it with its ``.dist-info`` (a ``vllm.general_plugins`` entry point that
-registers the reference kernels with the overlay's kernel registry on CPU) into a runtime's
+The package holds the pure-torch reference attention kernels, the emulated device graphs and the
+XCCL ring all-reduce; it is never part of the wheel (``nox -s build`` packages ``vllm/`` only, and
+nothing there imports it). :func:`lay` copies it with its ``.dist-info`` (a ``vllm.general_plugins``
+entry point that registers the reference kernels and the XCCL ring on CPU) into a runtime's
 site-packages; ``python -m scripts.cpu_runtime sync`` calls it. Code of this repository that runs
 outside such a runtime (the device checks on an XPU machine, tooling tests) imports the same
 modules from this folder through :func:`standin_module`.

@@ -72,20 +72,13 @@ class LegProcess:
 MATRIX_LEG = LegProcess()
 
 
-def standin_dir() -> Path:
-    """The patched tree's test folder: ``xccl_ring_standin.py``, the XCCL ring stand-in the
-    series-attention folder's plugin registers in a TP leg's workers (``xpu_laguna_cpu_xccl_standin``)."""
-    from scripts.layout import Layout
-
-    return Layout().worktree / "tests" / "xpu_laguna"
-
-
 def leg_environment(leg: Leg, default_tp: int, device: str, base: dict[str, str]) -> dict[str, str]:
     """The leg process's environment. On CPU the engine runs in-process (the backend override
     applies); past TP 1 the ranks are worker processes of vLLM's mp executor, so the series'
     attention (and for a graph leg the graph emulation) is installed in each of them through
-    the hooks a CPU server uses (:func:`scripts.measure.emulation.server_hooks_env`), and for a
-    leg with the XCCL ring stand-in on, the tree's test folder that holds it (:func:`standin_dir`)."""
+    the hooks a CPU server uses (:func:`scripts.measure.emulation.server_hooks_env`). The XCCL
+    ring stand-in a leg turns on needs nothing here: the runtime's ``xpu_laguna_standins`` plugin
+    registers it in every worker (``scripts/cpu_standins``)."""
     env = {**base, **leg.env(default_tp)}
     if device != "cpu":
         return env
@@ -94,8 +87,6 @@ def leg_environment(leg: Leg, default_tp: int, device: str, base: dict[str, str]
         from scripts.measure.emulation import server_hooks_env
 
         hooks = server_hooks_env(series_attention=True, emulate_graphs=leg.graph)
-        if leg.xccl_standin:  # the test-side ring stand-in, registered in the workers by the plugin
-            hooks["PYTHONPATH"] = os.pathsep.join((hooks["PYTHONPATH"], str(standin_dir())))
         if base.get("PYTHONPATH"):
             hooks["PYTHONPATH"] = os.pathsep.join((hooks["PYTHONPATH"], base["PYTHONPATH"]))
         env.update(hooks)

@@ -6,7 +6,8 @@ Real multi-process gloo groups on CPU (2 and 4 ranks, forked from this
 process so that torch and vLLM are imported once). A verify step all-reduces
 an 8-row message, the teacher's decode of the same token a 1-row message; a
 row is exact when its bits are the same in both. The XCCL ring stand-in
-(``xccl_ring_standin.py``, test code registered in the ranks) must show rows
+(``xpu_laguna_standins.xccl_ring``, the CPU runtime's test-side stand-in,
+registered in the ranks) must show rows
 that are not (at 4 ranks: this is the device's behaviour the fix exists for),
 the fixed rank-order sum none. The production forms of the rank-order sum
 (adds into the output; each rank's slice summed on that rank, then gathered)
@@ -32,7 +33,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import xccl_ring_standin as standin
+import xpu_laguna_standins
+from xpu_laguna_standins import xccl_ring as standin
 
 import vllm._custom_ops  # noqa: F401  (loads the CPU SHM ops before the fork)
 import vllm.config  # noqa: F401  (imported by the communicators; before the fork)
@@ -839,7 +841,23 @@ def test_unregistered_standin_fails_in_one_line(toggles, monkeypatch):
     assert calls == [("plain", "GROUP")]
 
 
-def test_registered_standin_is_what_the_cpu_communicator_runs(toggles, monkeypatch):
+def test_the_runtime_plugin_registers_the_ring_on_cpu_only(monkeypatch):
+    """``xpu_laguna_standins.register`` (the CPU runtime's general plugin)
+    registers the ring on CPU; off CPU nothing is registered and the toggle
+    fails in one line (negative control)."""
+    from vllm.v1.attention.ops import xpu_laguna_kernels as kernels
+
+    monkeypatch.setattr(kernels, "registry", kernels.AttentionKernelRegistry())
     monkeypatch.setattr(xc, "cpu_stand_ins", xc.CpuStandIns())
-    standin.register()
+    monkeypatch.setattr(
+        "vllm.platforms.current_platform.is_cpu", lambda: False, raising=True
+    )
+    assert xpu_laguna_standins.register() is False
+    with pytest.raises(RuntimeError, match="XCCL_STANDIN=1") as err:
+        xc.cpu_stand_ins.xccl_ring()
+    assert "\n" not in str(err.value)
+    monkeypatch.undo()
+    monkeypatch.setattr(kernels, "registry", kernels.AttentionKernelRegistry())
+    monkeypatch.setattr(xc, "cpu_stand_ins", xc.CpuStandIns())
+    assert xpu_laguna_standins.register() is True
     assert xc.cpu_stand_ins.xccl_ring() is standin.xccl_ring_all_reduce

@@ -43,9 +43,9 @@ What this module provides:
   all-reduce, or a registered test stand-in), decided once per group.
 * :data:`cpu_stand_ins`: where test code registers a CPU stand-in of the
   device's XCCL ring (the debug toggle ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN``
-  of CPU runs). No stand-in ships here: the patch tests and the CPU runtime's
-  test-side plugin register one; with none registered the toggle fails in one
-  line.
+  of CPU runs). No stand-in ships here: the CPU runtime's test-side stand-ins
+  (``xpu_laguna_standins``) register one; with none registered the toggle
+  fails in one line.
 """
 
 from __future__ import annotations
@@ -163,9 +163,9 @@ class CpuStandIns:
 
     ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN`` (the ``XCCL_STANDIN`` mode) makes
     the CPU all-reduce follow XCCL's ring order, so that CPU runs show the
-    device's message-size dependence. That stand-in is test code: the patch
-    tests (``tests/xpu_laguna/xccl_ring_standin.py``) and the CPU runtime's
-    test-side plugin register it here; nothing in vLLM does.
+    device's message-size dependence. That stand-in is test code, never in
+    vLLM: the CPU runtime's test-side stand-ins (``xpu_laguna_standins``)
+    register it here, in the patch tests and in every engine process.
     """
 
     def __init__(self) -> None:
@@ -180,8 +180,8 @@ class CpuStandIns:
         if self._xccl_ring is None:
             raise RuntimeError(
                 "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1 needs the XCCL ring "
-                "stand-in, which only the tests and the CPU runtime's test-side "
-                "plugin register (none is registered in this process): unset it"
+                "stand-in, which only the CPU runtime's test-side stand-ins "
+                "register (none is registered in this process): unset it"
             )
         return self._xccl_ring
 

@@ -5,7 +5,10 @@ the device, kept out of the wheel (nothing under ``vllm/`` imports this package)
   XPU paged-decode kernel's split-K, the cache write), and the oracle of the device checks;
 * :mod:`.emulated_graphs`: emulated device graphs for breakable-graph runs on CPU, installed only
   where a run asks for them (``install_cpu_emulation``: the matrix's and the e2e tests' graph
-  legs, a CPU server with ``--emulate-graphs``, the device graph check's self test).
+  legs, a CPU server with ``--emulate-graphs``, the device graph check's self test);
+* :mod:`.xccl_ring`: XCCL's ring all-reduce (oneCCL's chunk split, sum order and rounding) for
+  the CPU communicator's ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN`` mode (the matrix's ring legs and
+  the patch tests' negative controls).
 
 How it gets there: ``python -m scripts.cpu_runtime sync`` (so ``ensure`` too) copies this folder
 and ``xpu_laguna_standins-0.dist-info`` into the CPU runtime's site-packages (a pristine runtime
@@ -13,12 +16,14 @@ never syncs, and never gets it). The dist-info names :func:`register` in vLLM's
 ``vllm.general_plugins`` group, which vLLM calls in every process it builds an engine in (the
 API server, the engine core, every worker) before any model is built.
 
-:func:`register` registers the reference kernels with the overlay's kernel registry
-(``vllm.v1.attention.ops.xpu_laguna_kernels.registry``) on the CPU platform only; on any other
-platform, and in a vLLM without the series (no registry), it does nothing. Registering does not
-choose the FlashAttention backend: a CPU engine still takes upstream's ``CPU_ATTN`` unless a test
-registers FlashAttention under it. A process that never builds an engine (a unit test) calls
-:func:`register` itself.
+:func:`register`, on the CPU platform only, registers the reference kernels with the overlay's
+kernel registry (``vllm.v1.attention.ops.xpu_laguna_kernels.registry``) and the XCCL ring with the
+CPU communicator's stand-in registry (``vllm.distributed.xpu_laguna_collectives.cpu_stand_ins``);
+on any other platform, and in a vLLM without the series (no registries), it does nothing.
+Registering turns nothing on: a CPU engine still takes upstream's ``CPU_ATTN`` unless a test
+registers FlashAttention under it, and the all-reduce runs the ring only under
+``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1`` (without a registered ring that toggle fails in one
+line). A process that never builds an engine (a unit test) calls :func:`register` itself.
 """
 
 from __future__ import annotations
@@ -30,16 +35,17 @@ KERNELS_NAME = "reference"
 
 def register() -> bool:
     """The ``vllm.general_plugins`` entry point (may run more than once): True when the reference
-    kernels are registered in this process."""
+    kernels and the XCCL ring are registered in this process."""
     if importlib.util.find_spec("vllm.v1.attention.ops.xpu_laguna_kernels") is None:
         return False  # a vLLM without the series
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return False
+    from vllm.distributed import xpu_laguna_collectives
     from vllm.v1.attention.ops.xpu_laguna_kernels import AttentionKernels, registry
 
-    from . import reference_attention
+    from . import reference_attention, xccl_ring
 
     registry.register(
         AttentionKernels(
@@ -48,4 +54,5 @@ def register() -> bool:
             reshape_and_cache_flash=reference_attention.reshape_and_cache_flash,
         )
     )
+    xpu_laguna_collectives.cpu_stand_ins.register_xccl_ring(xccl_ring.xccl_ring_all_reduce)
     return True

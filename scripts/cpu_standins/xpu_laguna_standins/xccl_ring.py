@@ -1,16 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Test stand-in of XCCL's ring all-reduce on CPU (test code, not in vLLM).
+"""Test-side stand-in of XCCL's ring all-reduce on CPU (never in the wheel).
 
 With ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1`` where the exact reduction is
-off, the CPU communicator's tensor-parallel all-reduce runs the stand-in that
-test code registered in ``xpu_laguna_collectives.cpu_stand_ins``
-(:func:`register`), so that CPU runs show the device's message-size
-dependence: ``test_tp_collectives.py`` registers it in its gloo ranks, and the
-CPU runtime's test-side plugin (``scripts/measure/series_attention/
-xpu_laguna_cpu_xccl_standin.py``, loaded in every worker of the matrix's TP
-legs, which put this folder on ``PYTHONPATH``) in the workers of the matrix's
-ring legs. It is a CPU stand-in only: no device ever runs it.
+off, the CPU communicator's tensor-parallel all-reduce runs the stand-in
+registered in ``xpu_laguna_collectives.cpu_stand_ins``, so that CPU runs show
+the device's message-size dependence. :func:`xpu_laguna_standins.register`
+(the CPU runtime's general plugin, so every engine process and every worker
+of the mp executor) registers :func:`xccl_ring_all_reduce` there on the CPU
+platform; registering does not turn it on, only the toggle does. The patch
+tests (``tests/xpu_laguna/test_tp_collectives.py``) register it in their gloo
+ranks. It is a CPU stand-in only: no device ever runs it.
 
 Stand-in: what it reproduces of the device and what not (oneCCL
 ``uxlfoundation/oneCCL``, ``deps/libccl/src/coll/algorithms``, 2026 sources,
@@ -74,8 +74,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from vllm.distributed import xpu_laguna_collectives
-
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
@@ -95,8 +93,7 @@ def ring_chunk_bounds(
     """
     if nranks < 1 or elem_size < 1 or message_bytes < 1 or numel < 0:
         raise ValueError(
-            f"bad ring split: numel={numel} elem_size={elem_size} "
-            f"nranks={nranks} message_bytes={message_bytes}"
+            f"bad ring split: numel={numel} elem_size={elem_size} nranks={nranks} message_bytes={message_bytes}"
         )
     size = numel * elem_size
     basic = (size // message_bytes // nranks) * message_bytes
@@ -140,9 +137,7 @@ def xccl_ring_all_reduce(
     dist.all_gather_single(rows, flat, group=group)
     rows = rows.view(world, numel)
     acc = torch.empty_like(flat)
-    for chunk, (offset, count) in enumerate(
-        ring_chunk_bounds(numel, flat.element_size(), world)
-    ):
+    for chunk, (offset, count) in enumerate(ring_chunk_bounds(numel, flat.element_size(), world)):
         if count == 0:
             continue
         piece = acc[offset : offset + count]
@@ -153,8 +148,3 @@ def xccl_ring_all_reduce(
         return acc.view(input_.shape)
     out.copy_(acc.view(input_.shape))
     return out
-
-
-def register() -> None:
-    """Make :func:`xccl_ring_all_reduce` this process's XCCL ring stand-in."""
-    xpu_laguna_collectives.cpu_stand_ins.register_xccl_ring(xccl_ring_all_reduce)
