@@ -822,6 +822,31 @@ def test_another_model_keeps_its_configuration(
     ]
 
 
+def test_a_config_without_a_model_is_left_alone(monkeypatch, log_lines) -> None:
+    """A ``VllmConfig()`` built without a model (vLLM's own tests and tools
+    do) with the toggles set: the same configuration as with none set, and
+    no line (the exact rules used to act on it: prefix caching off, modes
+    NONE, the max_num_seqs warning)."""
+    from vllm.config import VllmConfig
+
+    def resolved() -> tuple:
+        cfg = VllmConfig()
+        cc, comp = cfg.cache_config, cfg.compilation_config
+        return (
+            cc.enable_prefix_caching,
+            cc.cache_dtype,
+            comp.mode,
+            comp.cudagraph_mode,
+        )
+
+    monkeypatch.delenv(SERIES_TOGGLE)
+    upstream = resolved()
+    monkeypatch.setenv(SERIES_TOGGLE, "1")
+    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
+    assert resolved() == upstream
+    assert log_lines == []
+
+
 def test_laguna_on_cpu_needs_a_toggle_set(models, monkeypatch) -> None:
     """On CPU the series acts only when a run asks (a toggle set to 1 in the
     environment); the defaults alone leave a Laguna target upstream's."""
