@@ -67,6 +67,11 @@ class Layout:
         return self.build / "tiny-laguna"
 
     @property
+    def tiny_llama(self) -> Path:
+        """A tiny random Llama, a model the series is not made for (scripts.tiny_llama)."""
+        return self.build / "tiny-llama"
+
+    @property
     def upstream_handoff(self) -> Path:
         """Standalone upstream-ready patches (``git format-patch``) and the release they target."""
         return self.root / "docs" / "upstream"

@@ -221,6 +221,31 @@ def test_debug_switches_pass_with_a_warning(models, monkeypatch, log_lines) -> N
 # ----------------------------------------------------------- Laguna only
 
 
+def test_a_config_without_a_model_is_left_alone(monkeypatch, log_lines) -> None:
+    """A ``VllmConfig()`` built without a model (vLLM's own tests and tools
+    do) with the toggles set: the same configuration as with none set, and
+    no line (the exact rules used to act on it: prefix caching off, modes
+    NONE, the max_num_seqs warning)."""
+    from vllm.config import VllmConfig
+
+    def resolved() -> tuple:
+        cfg = VllmConfig()
+        cc, comp = cfg.cache_config, cfg.compilation_config
+        return (
+            cc.enable_prefix_caching,
+            cc.cache_dtype,
+            comp.mode,
+            comp.cudagraph_mode,
+        )
+
+    monkeypatch.delenv(SERIES_TOGGLE)
+    upstream = resolved()
+    monkeypatch.setenv(SERIES_TOGGLE, "1")
+    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
+    assert resolved() == upstream
+    assert log_lines == []
+
+
 def _tiny_llama(root: Path) -> Path:
     from transformers import LlamaConfig
 

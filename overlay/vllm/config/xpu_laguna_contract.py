@@ -96,9 +96,13 @@ def _fail(setting: str, fix: str) -> None:
 
 def check_series_contract(vllm_config: VllmConfig) -> None:
     """Refuse (one line, ``ValueError``) or set what the series needs; no-op
-    while every series toggle is off or the target is not Laguna."""
+    while every series toggle is off, the target is not Laguna, or there is
+    no target (a ``VllmConfig()`` built without a model, as vLLM's own tests
+    and tools do)."""
     mc = vllm_config.model_config
-    if mc is not None and is_laguna_target(mc):
+    if mc is None:
+        return
+    if is_laguna_target(mc):
         _check_toggle_values()
     if not series_active(vllm_config):
         _note_inactive(vllm_config)

@@ -96,7 +96,9 @@ _MODES: dict[tuple[str, int], TpReduceMode] = {}
 
 
 def tp_reduce_mode(unique_name: str, world_size: int) -> TpReduceMode:
-    """The all-reduce mode of the group ``unique_name`` (cached per group).
+    """The all-reduce mode of the group ``unique_name`` (cached per group;
+    the CPU and XPU communicators decide it when they are created, under
+    the worker's VllmConfig).
 
     ``PLAIN`` wherever the series is not in scope (``series_in_scope``: a
     Laguna target on XPU, or a CPU run that asks). Else ``RANK_ORDER`` for a

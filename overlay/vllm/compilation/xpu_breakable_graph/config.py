@@ -50,9 +50,12 @@ class _SeriesScope:
     """Whether the series applies in this process: decided from the
     VllmConfig (the target's architecture and the platform) wherever one is
     at hand, remembered for the calls that have none (a worker's forward
-    pass runs outside ``set_current_vllm_config``). Engine processes forked
-    from the one that built the config inherit its decision; spawned workers
-    decide again under their config at init/load/profile."""
+    pass, and on CPU its warm-up, run outside ``set_current_vllm_config``).
+    Engine processes forked from the one that built the config inherit its
+    decision; a spawned worker decides under its config when its device
+    communicators are created (``init_device``: each decides its group's
+    all-reduce mode, ``tp_reduce_mode``), and again wherever a predicate is
+    called under the current config (attention builders, load)."""
 
     def __init__(self) -> None:
         self.decided: bool | None = None
