@@ -33,6 +33,7 @@ import pytest
 from contract_testlib import (
     COMPILE_LINE,
     SERIES_TOGGLE,
+    RayLikeExecutor,
     make_config,
     refused_line,
 )
@@ -50,6 +51,12 @@ from vllm.config import CompilationMode, CUDAGraphMode
 
 # the fixtures (models, series_on, log_lines); no conftest in the patch tests
 pytest_plugins = ("contract_testlib",)
+
+
+@pytest.fixture(autouse=True)
+def _series_state(series_on) -> None:
+    """Every test here starts from the series state of ``series_on``."""
+
 
 # ------------------------------------------------------------------- rules
 
@@ -364,7 +371,7 @@ RAY_MESSAGE = (
 
 
 def test_an_executor_that_uses_ray_is_refused(models) -> None:
-    backend = f"{__name__}.RayLikeExecutor"
+    backend = f"{RayLikeExecutor.__module__}.RayLikeExecutor"
     assert refused_line(models, distributed_executor_backend=backend) == RAY_MESSAGE
     assert make_config(models, distributed_executor_backend="mp")
     assert make_config(models, distributed_executor_backend="uni")

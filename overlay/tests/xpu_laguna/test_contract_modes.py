@@ -23,6 +23,12 @@ from vllm.config import CompilationMode, CUDAGraphMode
 # the fixtures (models, series_on, log_lines); no conftest in the patch tests
 pytest_plugins = ("contract_testlib",)
 
+
+@pytest.fixture(autouse=True)
+def _series_state(series_on) -> None:
+    """Every test here starts from the series state of ``series_on``."""
+
+
 # ------------------------------------------------ compilation and graph modes
 
 
