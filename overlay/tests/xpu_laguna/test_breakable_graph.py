@@ -351,3 +351,35 @@ def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
         assert "RecordingGraph" in device_graph_backend().graph_class_name
     finally:
         set_device_graph_backend_override(None)
+
+
+@pytest.mark.parametrize(
+    "architecture,configured",
+    [("LlamaForCausalLM", False), ("LagunaForCausalLM", True)],
+)
+def test_breakable_graphs_configure_only_a_laguna_target(
+    monkeypatch, architecture, configured
+) -> None:
+    """The toggle set explicitly (as the XPU recipe does) leaves another
+    model's configuration as upstream resolves it; the Laguna row is the
+    control (the same call configures the graphs)."""
+    from types import SimpleNamespace
+
+    from vllm.compilation.xpu_breakable_graph.config import (
+        configure_breakable_graph,
+        reset_series_scope,
+    )
+
+    monkeypatch.setenv("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", "1")
+    monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
+    cfg = _config_stand_in()
+    cfg.model_config = SimpleNamespace(
+        architectures=[architecture], enforce_eager=False
+    )
+    try:
+        configure_breakable_graph(cfg, _PlatformStandIn("cuda"))
+    finally:
+        reset_series_scope()
+    sizes = cfg.compilation_config.prefill_cudagraph_capture_token_sizes
+    assert (sizes == [8]) is configured
+    assert ("VLLM_USE_BREAKABLE_CUDAGRAPH" in os.environ) is configured

@@ -117,8 +117,14 @@ def configure_breakable_graph(
 ) -> None:
     """Turn ``vllm_config`` into the breakable-graph configuration: mode
     NONE, ``cudagraph_mode`` PIECEWISE, one capture size equal to the
-    verifier width. Raises :class:`BreakableGraphConfigError` (one line) for
+    verifier width. A target the series is not for (:func:`series_in_scope`)
+    keeps upstream's configuration. Raises :class:`BreakableGraphConfigError` (one line) for
     combinations that cannot work."""
+    if not series_in_scope(vllm_config):
+        # Another model (or Laguna on CPU without an explicit toggle): the
+        # configuration stays upstream's (series_in_scope logs nothing here;
+        # the contract's one line says the series is inactive).
+        return
     if platform is None:
         from vllm.platforms import current_platform
 
