@@ -48,7 +48,6 @@ import importlib
 import importlib.util
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -57,6 +56,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from scripts.device import _all_reduce_ranks as all_reduce_ranks
 
 OPS = ("qk_norm", "linear", "int4", "fused_moe", "all_reduce", "elementwise")
 NOT_RUN = "not run"
@@ -446,72 +447,6 @@ def check_elementwise(ctx: Ctx) -> list[Row]:
 # --------------------------------------------------------------------------------- all-reduce
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _all_reduce_worker(
-    rank: int, world: int, port: int, device: str, rows: int, width: int, trials: int, out: str
-) -> None:
-    os.setsid()  # a group of its own: the parent stops the rank with whatever it started
-    import torch
-    import torch.distributed as dist
-
-    backend = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl"}[device]
-    dev = torch.device("cpu") if device == "cpu" else torch.device(device, rank)
-    if device != "cpu":
-        getattr(torch, device).set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
-
-    def reduce_default(x: Any) -> Any:
-        y = x.clone()
-        dist.all_reduce(y)
-        return y
-
-    def reduce_rank_order(x: Any) -> Any:
-        gathered = torch.empty((world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(gathered, x.contiguous())
-        parts = gathered.view(world, *x.shape)
-        total = parts[0].clone()
-        for r in range(1, world):
-            total.add_(parts[r])  # BF16 adds in rank order 0, 1, ..., world-1
-        return total
-
-    result: dict[str, list[int]] = {}
-    for name, fn in (("dist.all_reduce", reduce_default), ("gather+rank-sum", reduce_rank_order)):
-        compared = equal = agree = 0
-        for trial in range(trials):
-            gen = torch.Generator().manual_seed(1000 * trial + rank)
-            x = torch.randn(rows, width, generator=gen).to(torch.bfloat16).to(dev)
-            full = fn(x)
-            for i in range(rows):
-                one = fn(x[i : i + 1].clone())
-                equal += bool(torch.equal(full[i], one[0]))
-                compared += 1
-            copies = [torch.empty_like(full) for _ in range(world)]
-            dist.all_gather(copies, full)
-            agree += all(bool(torch.equal(copies[0], c)) for c in copies)
-        result[name] = [compared, equal, agree, trials]
-    if rank == 0:
-        Path(out).write_text(json.dumps(result), encoding="utf-8")
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def _stop_ranks(processes: list[Any]) -> None:
-    """Each rank is a process group of its own (``os.setsid()`` first thing): stop them as groups
-    (:mod:`scripts.procs`), and a rank stopped before its ``setsid`` directly."""
-    from scripts import procs
-
-    procs.stop_groups([p.pid for p in processes], steps=procs.steps_for(5.0))
-    for p in processes:
-        if p.is_alive():
-            p.kill()
-        p.join(5)
-
-
 def check_all_reduce(ctx: Ctx, ranks: int, timeout: float) -> list[Row]:
     t = ctx.torch
     shape = f"[{ctx.rows},{ctx.s.hidden}] bf16 x {ranks} ranks"
@@ -527,8 +462,9 @@ def check_all_reduce(ctx: Ctx, ranks: int, timeout: float) -> list[Row]:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        args = (ranks, _free_port(), ctx.device, ctx.rows, ctx.s.hidden, ctx.trials, out)
-        workers = mp.start_processes(_all_reduce_worker, args=args, nprocs=ranks, join=False, start_method="spawn")
+        args = (ranks, all_reduce_ranks.free_port(), ctx.device, ctx.rows, ctx.s.hidden, ctx.trials, out)
+        worker = all_reduce_ranks.all_reduce_worker
+        workers = mp.start_processes(worker, args=args, nprocs=ranks, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
             while not workers.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
@@ -538,7 +474,7 @@ def check_all_reduce(ctx: Ctx, ranks: int, timeout: float) -> list[Row]:
             reason = f"rank failed: {str(e).strip().splitlines()[-1][:120]}"
             return [not_run("all_reduce", shape, sw, reason) for sw in switches]
         finally:  # timed out, failed or interrupted: every rank's group goes (no-op when they ended)
-            _stop_ranks(workers.processes)
+            all_reduce_ranks.stop_ranks(workers.processes)
         result = json.loads(Path(out).read_text(encoding="utf-8"))
     rows = []
     for sw in switches:
