@@ -2,8 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Routing of the communicators' all-reduce (0010, ``xpu_laguna_collectives``):
 which path the CPU and XPU communicators take for each toggle combination,
-at the monkeypatch level, and the XCCL ring stand-in's split rule (recorders instead of collectives; the real gloo
-runs are in test_tp_collectives.py)."""
+at the monkeypatch level (recorders instead of collectives; the real gloo
+runs are in test_tp_collectives.py), and the XCCL ring stand-in's split
+rule."""
 
 from __future__ import annotations
 
@@ -173,6 +174,21 @@ def test_all_reduce_into_only_on_the_exact_path(toggles, monkeypatch):
     assert xc.all_reduce_into(x, out, group) is out
     assert calls[-1] == ("standin", "GROUP")
     assert xc.all_reduce_into(x.to("meta"), out.to("meta"), group) is None
+
+
+def test_unregistered_standin_fails_in_one_line(toggles, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(xc, "cpu_stand_ins", xc.CpuStandIns())
+    toggles(VLLM_XPU_LAGUNA_EXACT_TP_REDUCE="0", VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN="1")
+    with pytest.raises(
+        RuntimeError, match="VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1"
+    ) as err:
+        _cpu_comm(calls).all_reduce(torch.ones(2))
+    assert "\n" not in str(err.value) and calls == []
+    # the plain path (toggle off) needs no stand-in
+    toggles(VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN="0")
+    _cpu_comm(calls).all_reduce(torch.ones(2))
+    assert calls == [("plain", "GROUP")]
 
 
 # -- ring split (oneCCL WorkSizeData, NoOverlap) ----------------------------

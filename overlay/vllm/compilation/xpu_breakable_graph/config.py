@@ -118,8 +118,8 @@ def configure_breakable_graph(
     """Turn ``vllm_config`` into the breakable-graph configuration: mode
     NONE, ``cudagraph_mode`` PIECEWISE, one capture size equal to the
     verifier width. A target the series is not for (:func:`series_in_scope`)
-    keeps upstream's configuration. Raises :class:`BreakableGraphConfigError` (one line) for
-    combinations that cannot work."""
+    keeps upstream's configuration. Raises :class:`BreakableGraphConfigError`
+    (one line) for combinations that cannot work."""
     if not series_in_scope(vllm_config):
         # Another model (or Laguna on CPU without an explicit toggle): the
         # configuration stays upstream's (series_in_scope logs nothing here;
