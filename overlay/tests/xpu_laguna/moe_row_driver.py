@@ -30,6 +30,8 @@ from collections import defaultdict
 from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# a CPU run asks for the series by setting a toggle (series_in_scope)
+os.environ.setdefault("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -152,10 +154,15 @@ def _record(name: str, obj: Any, attr: str) -> None:
 def set_toggles(**values: str) -> None:
     from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
 
+    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
+
     for name in TOGGLES:
         os.environ.pop(name, None)
+    # a CPU run asks for the series by setting a toggle (series_in_scope)
+    os.environ["VLLM_XPU_LAGUNA_EXACT_VERIFY"] = "1"
     for key, value in values.items():
         os.environ[f"VLLM_XPU_LAGUNA_{key}"] = value
+    reset_series_scope()
     rim.moe_settings.cache_clear()
     rim.counters.reset()
 

@@ -34,6 +34,8 @@ from collections import defaultdict
 from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# a CPU run asks for the series by setting a toggle (series_in_scope)
+os.environ.setdefault("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -162,10 +164,15 @@ class StubAttention(nn.Module):
 def set_toggles(**values: str) -> None:
     from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
 
+    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
+
     for name in ROW_DISPATCH_TOGGLES:
         os.environ.pop(name, None)
+    # a CPU run asks for the series by setting a toggle (series_in_scope)
+    os.environ["VLLM_XPU_LAGUNA_EXACT_VERIFY"] = "1"
     for key, value in values.items():
         os.environ[f"VLLM_XPU_LAGUNA_{key}"] = value
+    reset_series_scope()
     rd.refresh()
     rd.counters.reset()
 
