@@ -59,6 +59,9 @@ def vllm_config(num_heads: int = 12) -> VllmConfig:
         intermediate_size=64,
         vocab_size=256,
         max_position_embeddings=8192,
+        # the series acts on a Laguna target only (series_in_scope); the
+        # attention tests need no Laguna layer, only its architecture name
+        architectures=["LagunaForCausalLM"],
     ).save_pretrained(path)
     model_config = ModelConfig(
         model=path, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=8192
@@ -279,6 +282,8 @@ def set_toggles(
     split_plan: bool = True,
 ) -> None:
     monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_EXACT_VERIFY", exact, raising=False)
+    # a CPU run asks for the series by setting a toggle (series_in_scope)
+    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1" if exact else "0")
     monkeypatch.setattr(
         envs, "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN", not split_plan, raising=False
     )

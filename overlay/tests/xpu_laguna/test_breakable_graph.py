@@ -271,6 +271,15 @@ def test_v2_manager_builds_the_series_wrapper(monkeypatch, toggle) -> None:
     assert isinstance(runner, XpuBreakableGraphWrapper) is toggle
 
 
+@pytest.fixture(autouse=True)
+def _breakable_switch_restored(monkeypatch):
+    """configure_breakable_graph sets VLLM_USE_BREAKABLE_CUDAGRAPH in
+    os.environ (as VllmConfig does); each test here starts without it and
+    leaves none behind (it changes how later configs resolve compilation)."""
+    monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "0")
+    monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH")
+
+
 def _config_stand_in():
     from types import SimpleNamespace
 

@@ -321,8 +321,13 @@ def _hook_through_cpu_communicator(x: torch.Tensor, group) -> dict:
 
 
 def _worker(rank: int, world: int, port: int, results) -> None:
+    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
+
     try:
         torch.set_num_threads(1)
+        # a rank decides the series' scope as a fresh process does (no config:
+        # the toggles decide), whatever an earlier test in this process left
+        reset_series_scope()
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
         )
