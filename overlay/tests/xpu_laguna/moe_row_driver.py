@@ -152,9 +152,8 @@ def _record(name: str, obj: Any, attr: str) -> None:
 
 
 def set_toggles(**values: str) -> None:
-    from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
-
     from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
+    from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
 
     for name in TOGGLES:
         os.environ.pop(name, None)

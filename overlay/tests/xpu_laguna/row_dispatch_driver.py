@@ -162,9 +162,8 @@ class StubAttention(nn.Module):
 
 
 def set_toggles(**values: str) -> None:
-    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
-
     from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
+    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
 
     for name in ROW_DISPATCH_TOGGLES:
         os.environ.pop(name, None)
