@@ -281,6 +281,9 @@ def _hook_through_cpu_communicator(x: torch.Tensor, group) -> dict:
     seen: dict = {"transport": type(comm.dist_module).__name__}
     try:
         # the debug toggle with no stand-in registered: one line, no reduction
+        # (an empty registry: an earlier test in this process may have run the
+        # runtime's plugin, which registers the ring)
+        xc.cpu_stand_ins = xc.CpuStandIns()
         os.environ["VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"] = "0"
         os.environ["VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN"] = "1"
         xc.reset_tp_reduce_mode_cache()
