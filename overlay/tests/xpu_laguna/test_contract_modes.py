@@ -162,6 +162,7 @@ def test_a_bad_row_invariant_value_fails_at_config_time(models, monkeypatch) -> 
         ("VLLM_XPU_LAGUNA_EXACT_TP_REDUCE", "yes"),
         ("VLLM_XPU_LAGUNA_VERIFY_WIDTH", "17"),
         ("VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN", "on"),
+        ("VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE", "lanes"),
     ],
 )
 def test_a_bad_series_value_fails_at_config_time(

@@ -74,9 +74,11 @@ _SERIES_ENV = (
     "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN",
     "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN",
     "VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD",
+    "VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE",
 )
-"""The series' own switches read here; the row-invariant ones are read and
-validated by ``xpu_laguna_row_dispatch.read_settings``."""
+"""The series' own switches read here (and the routed experts' form); the
+other row-invariant ones are read and validated by
+``xpu_laguna_row_dispatch.read_settings``."""
 
 
 class SeriesConfigError(ValueError):
