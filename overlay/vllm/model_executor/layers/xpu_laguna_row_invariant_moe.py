@@ -151,7 +151,7 @@ class RowInvariantExperts:
         shared_experts: "SharedExperts | None" = None,
         shared_experts_input: torch.Tensor | None = None,
     ) -> Any:
-        if not self._form(x, shared_experts):
+        def plain() -> Any:
             return self.inner(
                 layer=layer,
                 x=x,
@@ -160,6 +160,9 @@ class RowInvariantExperts:
                 shared_experts=shared_experts,
                 shared_experts_input=shared_experts_input,
             )
+
+        if not self._form(x, shared_experts):
+            return plain()
 
         def one(row: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> Any:
             # Shared experts are not run by the kernel here (checked above);
@@ -179,14 +182,7 @@ class RowInvariantExperts:
                 "XPU Laguna routed experts: the kernel deferred its finalize; "
                 "verify rows take the plain experts call"
             )
-            return self.inner(
-                layer=layer,
-                x=x,
-                topk_weights=topk_weights,
-                topk_ids=topk_ids,
-                shared_experts=shared_experts,
-                shared_experts_input=shared_experts_input,
-            )
+            return plain()
         counters.calls["calls"] += 1
         counters.calls["rows"] += x.shape[0]
         return torch.cat(outs)
