@@ -2,7 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Shared helpers for the XPU Laguna tests that build tiny Laguna models on
 CPU: the config-only checkpoints, the engine arguments of the in-process
-configs, and the one-rank gloo group.
+configs, the one-rank gloo group, and the driver processes (a driver builds
+a random tiny target and DFlash drafter, prints one JSON object of
+observations on its last stdout line; its test runs it once).
 
 Imports no vLLM or transformers at module level: the drivers set their
 toggles before anything imports vLLM.
@@ -10,8 +12,15 @@ toggles before anything imports vLLM.
 
 from __future__ import annotations
 
+import json
+import os
 import socket
-from collections.abc import Sequence
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 HIDDEN = 64
@@ -115,3 +124,110 @@ def init_one_rank(vllm_config: Any) -> None:
             backend="gloo",
         )
         initialize_model_parallel(1, 1)
+
+
+def write_target_and_draft(tmp: str, *, draft_mlp: str) -> tuple[str, str]:
+    """Config-only checkpoints in ``tmp``: a 2-layer target (layer 1 sparse,
+    sliding then full attention) and a 1-layer DFlash drafter reading both
+    target layers, whose MLP is ``draft_mlp`` (``dense`` or ``sparse``)."""
+    target, draft = os.path.join(tmp, "target"), os.path.join(tmp, "draft")
+    cfg = tiny_laguna_config(
+        2, (1,), layer_types=["sliding_attention", "full_attention"]
+    )
+    cfg.save_pretrained(target)
+    cfg.architectures = ["DFlashLagunaForCausalLM"]
+    cfg.num_hidden_layers = 1
+    cfg.num_attention_heads_per_layer = None
+    cfg.layer_types = ["full_attention"]
+    cfg.mlp_only_layers = [0] if draft_mlp == "dense" else []
+    cfg.mlp_layer_types = [draft_mlp]
+    cfg.save_pretrained(draft)
+    with open(os.path.join(draft, "config.json")) as f:
+        raw = json.load(f)
+    raw.update(
+        draft_vocab_size=256,
+        dflash_config={"target_layer_ids": [0, 1], "mask_token_id": 255},
+    )
+    with open(os.path.join(draft, "config.json"), "w") as f:
+        json.dump(raw, f)
+    return target, draft
+
+
+def build_target_and_drafter(
+    width: int, *, draft_mlp: str, tmp_prefix: str
+) -> tuple[Any, Any, Any]:
+    """The vLLM config (DFlash, ``width - 1`` speculative tokens) of
+    :func:`write_target_and_draft`'s checkpoints under a one-rank group, and
+    its ``LagunaForCausalLM`` target and ``DFlashLagunaForCausalLM`` drafter
+    on CPU with seeded random weights (N(0, 0.2^2))."""
+    import torch
+
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.models.laguna import LagunaForCausalLM
+    from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
+
+    torch._dynamo.config.disable = True
+    target_dir, draft_dir = write_target_and_draft(
+        tempfile.mkdtemp(prefix=tmp_prefix), draft_mlp=draft_mlp
+    )
+    config = tiny_engine_args(
+        target_dir,
+        {"method": "dflash", "model": draft_dir, "num_speculative_tokens": width - 1},
+    ).create_engine_config()
+    init_one_rank(config)
+    with set_current_vllm_config(config), torch.device("cpu"):
+        target = LagunaForCausalLM(vllm_config=config, prefix="")
+        drafter = DFlashLagunaForCausalLM(vllm_config=config, prefix="")
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for model in (target, drafter):
+            for p in model.parameters():
+                if p.dtype.is_floating_point:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    return config, target, drafter
+
+
+def set_series_env(names: Sequence[str], **values: str) -> None:
+    """Clear ``names``, ask for the series (a CPU run sets a toggle:
+    ``series_in_scope``), set ``VLLM_XPU_LAGUNA_<key>`` for each value and
+    forget the scope decision."""
+    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
+
+    for name in names:
+        os.environ.pop(name, None)
+    os.environ["VLLM_XPU_LAGUNA_EXACT_VERIFY"] = "1"
+    for key, value in values.items():
+        os.environ[f"VLLM_XPU_LAGUNA_{key}"] = value
+    reset_series_scope()
+
+
+def emit(observe: Callable[[], dict[str, Any]]) -> int:
+    """A driver's main: print ``observe()`` (or the traceback as ``crash``)
+    as one JSON object on the last stdout line."""
+    try:
+        results = observe()
+    except Exception:  # noqa: BLE001
+        results = {"crash": traceback.format_exc()}
+    sys.stdout.write("\n" + json.dumps(results) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def run_driver(driver: Path, cwd: Path, *args: str, **toggles: str) -> dict[str, Any]:
+    """Run a driver with ``args`` in its own process, with no series toggle
+    inherited but ``VLLM_XPU_LAGUNA_<key>`` from ``toggles``, and return its
+    observations (a crash fails the caller)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_XPU_LAGUNA_")}
+    env.update({f"VLLM_XPU_LAGUNA_{k}": v for k, v in toggles.items()})
+    proc = subprocess.run(
+        [sys.executable, str(driver), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "crash" not in result, result["crash"]
+    return result

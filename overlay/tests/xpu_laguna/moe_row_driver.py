@@ -21,11 +21,8 @@ sharing an expert, as the XPU remap and grouped GEMM make it).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import tempfile
-import traceback
 from collections import defaultdict
 from typing import Any
 
@@ -40,9 +37,9 @@ from torch.nn import functional as F  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from laguna_model_testlib import (  # noqa: E402
     HIDDEN,
-    init_one_rank,
-    tiny_engine_args,
-    tiny_laguna_config,
+    build_target_and_drafter,
+    emit,
+    set_series_env,
 )
 from moe_row_standins import grouped_experts  # noqa: E402
 
@@ -56,51 +53,13 @@ CALLS: dict[str, list[int]] = defaultdict(list)
 MODE = {"experts": "real"}
 
 
-def write_configs(tmp: str) -> tuple[str, str]:
-    target, draft = os.path.join(tmp, "target"), os.path.join(tmp, "draft")
-    cfg = tiny_laguna_config(
-        2, (1,), layer_types=["sliding_attention", "full_attention"]
-    )
-    cfg.save_pretrained(target)
-    cfg.architectures = ["DFlashLagunaForCausalLM"]
-    cfg.num_hidden_layers = 1
-    cfg.num_attention_heads_per_layer = None
-    cfg.layer_types = ["full_attention"]
-    cfg.mlp_only_layers = []
-    cfg.mlp_layer_types = ["sparse"]  # a drafter MoE, to show it is not wrapped
-    cfg.save_pretrained(draft)
-    with open(os.path.join(draft, "config.json")) as f:
-        raw = json.load(f)
-    raw.update(
-        draft_vocab_size=256,
-        dflash_config={"target_layer_ids": [0, 1], "mask_token_id": 255},
-    )
-    with open(os.path.join(draft, "config.json"), "w") as f:
-        json.dump(raw, f)
-    return target, draft
-
-
 def build() -> tuple[Any, nn.Module, nn.Module]:
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.models.laguna import LagunaForCausalLM
-    from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
 
-    torch._dynamo.config.disable = True
-    target_dir, draft_dir = write_configs(tempfile.mkdtemp(prefix="moe-rows-"))
-    config = tiny_engine_args(
-        target_dir,
-        {"method": "dflash", "model": draft_dir, "num_speculative_tokens": WIDTH - 1},
-    ).create_engine_config()
-    init_one_rank(config)
-    with set_current_vllm_config(config), torch.device("cpu"):
-        target = LagunaForCausalLM(vllm_config=config, prefix="")
-        drafter = DFlashLagunaForCausalLM(vllm_config=config, prefix="")
-    gen = torch.Generator().manual_seed(1234)
-    with torch.no_grad():
-        for model in (target, drafter):
-            for p in model.parameters():
-                if p.dtype.is_floating_point:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    # a drafter MoE, to show it is not wrapped
+    config, target, drafter = build_target_and_drafter(
+        WIDTH, draft_mlp="sparse", tmp_prefix="moe-rows-"
+    )
     with set_current_vllm_config(config):
         for prefix, moe in (("target", _moe(target)), ("draft", _moe(drafter))):
             _instrument(prefix, moe)
@@ -152,16 +111,9 @@ def _record(name: str, obj: Any, attr: str) -> None:
 
 
 def set_toggles(**values: str) -> None:
-    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
     from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
 
-    for name in TOGGLES:
-        os.environ.pop(name, None)
-    # a CPU run asks for the series by setting a toggle (series_in_scope)
-    os.environ["VLLM_XPU_LAGUNA_EXACT_VERIFY"] = "1"
-    for key, value in values.items():
-        os.environ[f"VLLM_XPU_LAGUNA_{key}"] = value
-    reset_series_scope()
+    set_series_env(TOGGLES, **values)
     rim.moe_settings.cache_clear()
     rim.counters.reset()
 
@@ -239,14 +191,7 @@ def run(config: Any, target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
 
 
 def main() -> int:
-    try:
-        config, target, drafter = build()
-        results = run(config, target, drafter)
-    except Exception:  # noqa: BLE001
-        results = {"crash": traceback.format_exc()}
-    sys.stdout.write("\n" + json.dumps(results) + "\n")
-    sys.stdout.flush()
-    return 0
+    return emit(lambda: run(*build()))
 
 
 if __name__ == "__main__":

@@ -25,11 +25,8 @@ the attention kernel is a stub returning q (no KV cache on this path).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import tempfile
-import traceback
 from collections import defaultdict
 from typing import Any
 
@@ -45,9 +42,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from laguna_model_testlib import (  # noqa: E402
     HIDDEN,
     ROW_DISPATCH_TOGGLES,
-    init_one_rank,
-    tiny_engine_args,
-    tiny_laguna_config,
+    build_target_and_drafter,
+    emit,
+    set_series_env,
 )
 from row_invariant_standins import (  # noqa: E402
     m_dependent_linear,
@@ -60,51 +57,10 @@ CALLS: dict[str, list[int]] = defaultdict(list)
 MODE = {"gemm": "flinear", "norm": "real"}
 
 
-def write_configs(tmp: str) -> tuple[str, str]:
-    target, draft = os.path.join(tmp, "target"), os.path.join(tmp, "draft")
-    cfg = tiny_laguna_config(
-        2, (1,), layer_types=["sliding_attention", "full_attention"]
-    )
-    cfg.save_pretrained(target)
-    cfg.architectures = ["DFlashLagunaForCausalLM"]
-    cfg.num_hidden_layers = 1
-    cfg.num_attention_heads_per_layer = None
-    cfg.layer_types = ["full_attention"]
-    cfg.mlp_only_layers = [0]
-    cfg.mlp_layer_types = ["dense"]
-    cfg.save_pretrained(draft)
-    with open(os.path.join(draft, "config.json")) as f:
-        raw = json.load(f)
-    raw.update(
-        draft_vocab_size=256,
-        dflash_config={"target_layer_ids": [0, 1], "mask_token_id": 255},
-    )
-    with open(os.path.join(draft, "config.json"), "w") as f:
-        json.dump(raw, f)
-    return target, draft
-
-
 def build() -> tuple[Any, nn.Module, nn.Module]:
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.models.laguna import LagunaForCausalLM
-    from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
-
-    torch._dynamo.config.disable = True
-    target_dir, draft_dir = write_configs(tempfile.mkdtemp(prefix="row-dispatch-"))
-    config = tiny_engine_args(
-        target_dir,
-        {"method": "dflash", "model": draft_dir, "num_speculative_tokens": WIDTH - 1},
-    ).create_engine_config()
-    init_one_rank(config)
-    with set_current_vllm_config(config), torch.device("cpu"):
-        target = LagunaForCausalLM(vllm_config=config, prefix="")
-        drafter = DFlashLagunaForCausalLM(vllm_config=config, prefix="")
-    gen = torch.Generator().manual_seed(1234)
-    with torch.no_grad():
-        for model in (target, drafter):
-            for p in model.parameters():
-                if p.dtype.is_floating_point:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    config, target, drafter = build_target_and_drafter(
+        WIDTH, draft_mlp="dense", tmp_prefix="row-dispatch-"
+    )
     for prefix, model in (("target", target), ("draft", drafter)):
         _instrument(prefix, model)
     drafter.lm_head = target.lm_head  # what the DFlash proposer does
@@ -162,16 +118,9 @@ class StubAttention(nn.Module):
 
 
 def set_toggles(**values: str) -> None:
-    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
     from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
 
-    for name in ROW_DISPATCH_TOGGLES:
-        os.environ.pop(name, None)
-    # a CPU run asks for the series by setting a toggle (series_in_scope)
-    os.environ["VLLM_XPU_LAGUNA_EXACT_VERIFY"] = "1"
-    for key, value in values.items():
-        os.environ[f"VLLM_XPU_LAGUNA_{key}"] = value
-    reset_series_scope()
+    set_series_env(ROW_DISPATCH_TOGGLES, **values)
     rd.refresh()
     rd.counters.reset()
 
@@ -342,14 +291,7 @@ def run(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
 
 
 def main() -> int:
-    try:
-        _, target, drafter = build()
-        results = run(target, drafter)
-    except Exception:  # noqa: BLE001
-        results = {"crash": traceback.format_exc()}
-    sys.stdout.write("\n" + json.dumps(results) + "\n")
-    sys.stdout.flush()
-    return 0
+    return emit(lambda: run(*build()[1:]))
 
 
 if __name__ == "__main__":

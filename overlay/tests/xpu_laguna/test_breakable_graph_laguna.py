@@ -15,14 +15,11 @@ reached; device graphs are a stand-in that logs capture and replay.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from laguna_model_testlib import run_driver
 
 DRIVER = Path(__file__).with_name("breakable_graph_driver.py")
 LAYERS = (1, 2, 3)
@@ -36,29 +33,19 @@ DRAFTER_LAYERS = (1, 2)
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    cwd = tmp_path_factory.mktemp("breakable-graph")
-    env = dict(os.environ, VLLM_XPU_LAGUNA_BREAKABLE_GRAPH="1")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(DRIVER),
-            "--layers",
-            *map(str, LAYERS),
-            "--tp",
-            *map(str, TP_SIZES),
-            "--moe-tp",
-            *map(str, MOE_TP_SIZES),
-            "--drafter-layers",
-            *map(str, DRAFTER_LAYERS),
-        ],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    return run_driver(
+        DRIVER,
+        tmp_path_factory.mktemp("breakable-graph"),
+        "--layers",
+        *map(str, LAYERS),
+        "--tp",
+        *map(str, TP_SIZES),
+        "--moe-tp",
+        *map(str, MOE_TP_SIZES),
+        "--drafter-layers",
+        *map(str, DRAFTER_LAYERS),
+        BREAKABLE_GRAPH="1",
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _ok(result: dict[str, Any]) -> dict[str, Any]:

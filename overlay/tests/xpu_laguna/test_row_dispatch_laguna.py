@@ -13,14 +13,11 @@ process (it initialises a one-rank distributed group).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from laguna_model_testlib import run_driver
 
 from vllm.model_executor.layers.xpu_laguna_row_dispatch import KINDS
 
@@ -36,19 +33,7 @@ DRAFT_UNITS = (
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_XPU_LAGUNA_")}
-    proc = subprocess.run(
-        [sys.executable, str(DRIVER)],
-        cwd=tmp_path_factory.mktemp("row-dispatch"),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "crash" not in result, result["crash"]
-    return result
+    return run_driver(DRIVER, tmp_path_factory.mktemp("row-dispatch"))
 
 
 def test_installed_on_target_layers_only(observed) -> None:

@@ -18,15 +18,12 @@ target's verify rows equal its 1-row forwards with the stand-in kernel.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from laguna_model_testlib import run_driver
 from moe_row_standins import grouped_experts
 
 from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
@@ -204,19 +201,7 @@ def test_install_wraps_once() -> None:
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_XPU_LAGUNA_")}
-    proc = subprocess.run(
-        [sys.executable, str(DRIVER)],
-        cwd=tmp_path_factory.mktemp("moe-rows"),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "crash" not in result, result["crash"]
-    return result
+    return run_driver(DRIVER, tmp_path_factory.mktemp("moe-rows"))
 
 
 def test_installed_on_the_target_moe_only(observed) -> None:
