@@ -19,6 +19,7 @@ import torch.distributed
 
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
 from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
+from vllm.compilation.xpu_breakable_graph.config import series_in_scope
 from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphError
 from vllm.compilation.xpu_breakable_graph.topology import BreakKind
 from vllm.config import CUDAGraphMode
@@ -65,6 +66,11 @@ def breakable_all_reduce(input_: torch.Tensor, group: GroupCoordinator) -> torch
     ):
         return group.all_reduce(input_)
     if not isinstance(capture, XpuBreakableGraphCapture):
+        if not series_in_scope():
+            # upstream's breakable capture of a model the series is not for
+            # (upstream's own breakable graphs turned on): upstream's
+            # all-reduce, as without the series
+            return group.all_reduce(input_)
         raise BreakableGraphError(
             "collective break inside an upstream breakable capture: "
             "wrap the model with XpuBreakableGraphWrapper"
