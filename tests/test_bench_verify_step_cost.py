@@ -95,16 +95,21 @@ def problems(text: str, parts: tuple[str, ...], rows: int = 8) -> list[str]:
     if not summary:
         return [*out, "no per-step summary"]
     header, *body = summary
-    if len(body) != 2 or len(header) != 9:
+    n = len(vsc.SERIES)
+    if len(body) != 2 or len(header) != 3 + 3 * n:
         return [*out, f"summary: {len(body)} rows, {len(header)} columns"]
+    for i, (name, modes_of) in enumerate(vsc.SERIES):
+        if header[3 + i] != f"series {name} ({', '.join(modes_of.values())}) ms":
+            out.append(f"summary: column {header[3 + i]!r}")
     for row in body:
         if row[1] != ", ".join(wanted):
             out.append(f"summary {row[0]}: parts {row[1]}")
-        plain, xpu, cpu = (_fastest(row[i]) for i in (2, 3, 4))
-        if not (_close(row[5], xpu, plain) and _close(row[6], cpu, plain)):
-            out.append(f"summary {row[0]}: ratios {row[5:7]}")
-        if abs(float(row[7]) - (xpu - plain)) > 0.0011 or abs(float(row[8]) - (cpu - plain)) > 0.0011:
-            out.append(f"summary {row[0]}: differences {row[7:9]}")
+        plain, *series = (_fastest(row[i]) for i in range(2, 3 + n))
+        ratios, differences = row[3 + n : 3 + 2 * n], row[3 + 2 * n :]
+        if not all(_close(r, v, plain) for r, v in zip(ratios, series, strict=True)):
+            out.append(f"summary {row[0]}: ratios {ratios}")
+        if any(abs(float(d) - (v - plain)) > 0.0011 for d, v in zip(differences, series, strict=True)):
+            out.append(f"summary {row[0]}: differences {differences}")
     if "expected on the device: an ESTIMATE" not in text or "0.181520 ms (device)" not in text:
         out.append("no device estimate with the lab's rank-sum figure")
     return out

@@ -16,9 +16,15 @@ one q/k RMSNorm call, the backend's all-reduce.
   norm owns one; the default) vs ``tokens`` (``per_row``), on
   ``[M, heads, head_dim]`` views of a QKV output; the RMSNorm is op_invariance_check's (torch,
   fp32 math, on CPU).
-* Collectives (patch 0010): ``plain`` (``dist.all_reduce`` of a copy) vs ``rank-order``
+* Collectives (patch 0010): ``plain`` (``dist.all_reduce`` of a copy) vs ``before`` (the exact
+  form before issue 29: a gather, a clone, the adds and a copy) vs ``rank-order``
   (``rank_order_all_reduce``) of ``[M, hidden]`` bf16 on ``--world`` CPU gloo ranks (loopback),
   timed by ``scripts.bench.tp_collectives``' code in worker processes kept alive across rounds.
+* The series before issue 29, for "before and after in one run": the linears' ``lanes`` (the
+  removed XPU default, re-created here as it was: one ``bmm`` of M=1 lanes over the weight's
+  transpose expanded with batch stride 0; on XPU oneDNN folds it into the plain M=8 GEMM, so
+  its CPU figure is the CPU ``bmm``'s, not the device's), the q/k norm's ``pad-alloc`` (a fresh
+  padded tensor per call, before each norm owned a buffer) and the collectives' ``before``.
 
 Every figure is time on this machine's CPU. At ``--shapes laguna-s-tp4`` (Laguna-S-2.1 TP 4
 per-rank shapes) the forms' times are host dispatch plus CPU arithmetic; the same call pattern at
@@ -64,11 +70,13 @@ HOST_SHAPES = "small"
 STEP_ROW = "per verify step, ms"  # the last row of every table: calls x us per call, summed per round
 ANSWER_TIMEOUT_S = 900  # one round of the collective ranks
 PARTS = ("forms", "collectives")
-LINEAR_MODES = ("plain", "rows", "batch_invariant")
-NORM_MODES = ("plain", "pad", "tokens")
-COLLECTIVE_MODES = ("plain", "rank-order")
+LINEAR_MODES = ("plain", "lanes", "rows", "batch_invariant")
+NORM_MODES = ("plain", "pad-alloc", "pad", "tokens")
+COLLECTIVE_MODES = ("plain", "before", "rank-order")
+BEFORE_XPU_FORMS = {"linears": "lanes", "q/k norm": "pad-alloc", "collectives": "before"}  # the series before issue 29
 XPU_FORMS = {"linears": "batch_invariant", "q/k norm": "pad", "collectives": "rank-order"}
 CPU_FORMS = {"linears": "rows", "q/k norm": "pad", "collectives": "rank-order"}
+SERIES = (("XPU before", BEFORE_XPU_FORMS), ("XPU", XPU_FORMS), ("CPU", CPU_FORMS))
 
 # The reference lab's figures (research note lab-exactness.md, section 4 "Question 4: costs and
 # speeds"; lab note N/2026-07-22-dflash-depth-sweep-and-profile-decomposition.md).
@@ -108,6 +116,12 @@ def linear_calls(kind: str, label: str) -> int:
     return counts.get(kind, per_layer)[label]
 
 
+def linear_lanes(x: Any, weight: Any) -> Any:
+    """The removed "lanes" form as it was: ``F.linear(x, weight)`` as M stride-zero batched M=1 lanes."""
+    w_t = weight.t()
+    return x.unsqueeze(1).bmm(w_t.unsqueeze(0).expand(x.shape[0], *w_t.shape)).squeeze(1)
+
+
 def form_tables(shapes_name: str, host: bool, rows: int, steps: int, forms: Any) -> list[Table]:
     import torch
 
@@ -119,6 +133,7 @@ def form_tables(shapes_name: str, host: bool, rows: int, steps: int, forms: Any)
         w, x = ctx.randn(n, k, seed=k + n, scale=k**-0.5), ctx.randn(rows, k, seed=1)
         modes: dict[str, Callable[[], Any]] = {
             "plain": lambda x=x, w=w: torch.nn.functional.linear(x, w),
+            "lanes": lambda x=x, w=w: linear_lanes(x, w),
             "rows": lambda x=x, w=w: forms.per_row(lambda r: torch.nn.functional.linear(r, w), x),
             "batch_invariant": lambda x=x, w=w: pad(lambda r: torch.nn.functional.linear(r, w), x),
         }
@@ -137,6 +152,7 @@ def form_tables(shapes_name: str, host: bool, rows: int, steps: int, forms: Any)
         pad_buffer = forms.NormPadBuffer(rows + 1)  # each installed q/k norm owns one
         modes = {
             "plain": lambda v=view: norm(v, weight),
+            "pad-alloc": lambda v=view: forms.norm_padded(lambda t: norm(t, weight), v),
             "pad": lambda v=view, b=pad_buffer: forms.norm_padded(lambda t: norm(t, weight), v, b),
             "tokens": lambda v=view: forms.per_row(lambda t: norm(t, weight), v),
         }
@@ -258,10 +274,10 @@ def measure(args: argparse.Namespace, forms: Any) -> list[Table]:
 
 def weight_bytes_per_step(shapes_name: str, rows: int) -> dict[str, int]:
     """BF16 weight bytes the target linears read per verify step, per form (each call reads its
-    whole [N, K] weight: once for plain and batch_invariant, whose width-row tile covers every
-    row, once per row for rows)."""
+    whole [N, K] weight: once for plain, lanes (the plain GEMM on XPU) and batch_invariant, whose
+    width-row tile covers every row, once per row for rows)."""
     once = sum(2 * k * n * linear_calls(kind, label) for kind, label, k, n in oc.linear_shapes(oc.SHAPES[shapes_name]))
-    return {"plain": once, "batch_invariant": once, "rows": rows * once}
+    return {"plain": once, "lanes": once, "batch_invariant": once, "rows": rows * once}
 
 
 def step_totals(table: Table) -> dict[str, list[float]]:
@@ -310,7 +326,7 @@ def render(tables: list[Table], args: argparse.Namespace) -> list[str]:
         f"{args.threads} intra-op thread(s)); {args.rounds} interleaved rounds; calls per mode and round: "
         f"forms {args.steps} ({args.shapes}) and {args.host_steps} ({HOST_SHAPES}), collectives "
         f"{args.collective_steps}; us per call and ms per step: fastest round (median round); ratios on the "
-        "fastest rounds; plain = without patches 0010/0011"
+        "fastest rounds; plain = without patches 0010/0011; XPU before = the series' XPU forms before issue 29"
     ]
     for table in tables:
         head = [f"{mode} us" for mode in table.modes] + [f"{mode}/plain" for mode in table.modes[1:]]
@@ -324,14 +340,13 @@ def render(tables: list[Table], args: argparse.Namespace) -> list[str]:
             cells += [_ratio(samples[m], samples["plain"]) for m in table.modes[1:]]
             lines.append(f"| {label} | {calls} | " + " | ".join(cells) + " |")
     lines += ["", "## per verify step, the parts measured summed per round", ""]
-    series = [("XPU", XPU_FORMS), ("CPU", CPU_FORMS)]
-    head = ["plain ms"] + [f"series {n} ({', '.join(f.values())}) ms" for n, f in series]
-    head += [f"series {n}/plain" for n, _ in series] + [f"series {n} - plain ms" for n, _ in series]
+    head = ["plain ms"] + [f"series {n} ({', '.join(f.values())}) ms" for n, f in SERIES]
+    head += [f"series {n}/plain" for n, _ in SERIES] + [f"series {n} - plain ms" for n, _ in SERIES]
     lines += ["| shapes | parts | " + " | ".join(head) + " |", "|" + " --- |" * (2 + len(head))]
     for host in (False, True):
         mine = [t for t in tables if t.host == host]
         plain = step_sum(mine, {part: "plain" for part in XPU_FORMS})
-        forms = [step_sum(mine, f) for _, f in series]
+        forms = [step_sum(mine, f) for _, f in SERIES]
         cells = [_cell(plain, ms=True)] + [_cell(v, ms=True) for v in forms] + [_ratio(v, plain) for v in forms]
         cells += [f"{(min(v) - min(plain)) / 1000:.3f}" for v in forms]
         shapes_name = f"{HOST_SHAPES} (host part)" if host else args.shapes

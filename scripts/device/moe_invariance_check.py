@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
+
+from scripts.device import _report as report
 
 FORMS = ("plain", "rows")
 SERIES_FORM = "vllm.model_executor.layers.xpu_laguna_row_invariant_moe"
@@ -219,8 +219,6 @@ class Bench:
 
 
 def print_table(rows: list[Row], header: list[str]) -> None:
-    for line in header:
-        print(line)
     cols = ("M", "form", "rows compared", "rows bitwise equal", "verdict", "experts read", "plain repeat equal", "ms")
     cells = [
         [
@@ -235,10 +233,7 @@ def print_table(rows: list[Row], header: list[str]) -> None:
         ]
         for r in rows
     ]
-    widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
-    for cell in cells:
-        print("  ".join(x.ljust(w) for x, w in zip(cell, widths)).rstrip())
+    report.print_table(header, cols, cells)
 
 
 def _device(choice: str, torch: Any) -> str:
@@ -305,10 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu":
         header.append("device cpu: a smoke test of this script, not a measurement of the XPU kernel")
     print_table(rows, header)
-    if a.json:
-        Path(a.json).write_text(
-            json.dumps({"header": header, "rows": [asdict(r) for r in rows]}, indent=1), encoding="utf-8"
-        )
+    report.write_json(a.json, header, rows)
     return 0
 
 

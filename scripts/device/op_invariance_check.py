@@ -52,12 +52,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from scripts.device import _all_reduce_ranks as all_reduce_ranks
+from scripts.device import _report as report
 
 OPS = ("qk_norm", "linear", "int4", "fused_moe", "all_reduce", "elementwise")
 NOT_RUN = "not run"
@@ -552,8 +553,6 @@ def recommend(rows: list[Row], defaults: dict[str, str] | None, device: str) -> 
 
 
 def print_table(rows: list[Row], header: list[str]) -> None:
-    for line in header:
-        print(line)
     cols = ("op", "shape", "switch", "rows compared", "rows bitwise equal", "verdict", "change default?")
     cells = [
         [
@@ -567,11 +566,7 @@ def print_table(rows: list[Row], header: list[str]) -> None:
         ]
         for r in rows
     ]
-    widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)]
-    widths[-1] = len(cols[-1])  # last column unpadded
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
-    for cell in cells:
-        print("  ".join(x.ljust(w) for x, w in zip(cell, widths)).rstrip())
+    report.print_table(header, cols, cells, pad_last=False)
 
 
 def _device(choice: str, torch: Any) -> str:
@@ -658,10 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, header)
     ran = [r for r in rows if r.compared is not None]
     print(f"summary: {len(ran)} of {len(rows)} rows measured, {len(rows) - len(ran)} not run")
-    if a.json:
-        Path(a.json).write_text(
-            json.dumps({"header": header, "rows": [asdict(r) for r in rows]}, indent=1), encoding="utf-8"
-        )
+    report.write_json(a.json, header, rows)
     return 0
 
 
