@@ -223,22 +223,37 @@ def test_device_graph_choice() -> None:
 def test_runner_wrapper_choice_follows_the_toggle(monkeypatch) -> None:
     import vllm.envs as envs
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
     from vllm.compilation.xpu_breakable_graph.wrapper import (
         XpuBreakableGraphWrapper,
         breakable_graph_wrapper_cls,
     )
 
+    reset_series_scope()  # no config and no decision: the toggle alone decides
     monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", False, raising=False)
     assert breakable_graph_wrapper_cls() is BreakableCUDAGraphWrapper
     monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", True, raising=False)
     assert breakable_graph_wrapper_cls() is XpuBreakableGraphWrapper
 
 
-@pytest.mark.parametrize("toggle", [False, True])
-def test_v2_manager_builds_the_series_wrapper(monkeypatch, toggle) -> None:
+@pytest.mark.parametrize(
+    "toggle,architecture,series",
+    [
+        (False, None, False),
+        (True, None, True),
+        (True, "LagunaForCausalLM", True),
+        (True, "LlamaForCausalLM", False),
+    ],
+)
+def test_v2_manager_builds_the_series_wrapper(
+    monkeypatch, toggle, architecture, series
+) -> None:
     """Patch 0006: Model Runner V2's CudaGraphManager builds its breakable
-    runner from the series' wrapper while the toggle is on, upstream's
-    otherwise (the negative control: the choice is the patch's)."""
+    runner from the series' wrapper while the toggle is on and the target is
+    one the series is for, upstream's otherwise: the toggle off is the
+    negative control of the choice being the patch's, the Laguna row the
+    control of the Llama row (a model out of scope keeps upstream's wrapper
+    under upstream's own breakable graphs)."""
     from types import SimpleNamespace
 
     from xpu_laguna_standins.emulated_graphs import recording_backend
@@ -248,27 +263,34 @@ def test_v2_manager_builds_the_series_wrapper(monkeypatch, toggle) -> None:
     from vllm.compilation.xpu_breakable_graph.backends import (
         set_device_graph_backend_override,
     )
+    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
     from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
     from vllm.config import CompilationConfig
     from vllm.platforms import current_platform
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 
+    monkeypatch.setenv("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", str(int(toggle)))
     monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", toggle, raising=False)
     monkeypatch.setattr(type(current_platform), "_global_graph_pool", "pool")
+    model_config = None
+    if architecture is not None:
+        model_config = SimpleNamespace(architectures=[architecture])
+    reset_series_scope()
     set_device_graph_backend_override(recording_backend())
     try:
         vllm_config = SimpleNamespace(
             compilation_config=CompilationConfig(cudagraph_capture_sizes=[8]),
             parallel_config=SimpleNamespace(tensor_parallel_size=1),
-            model_config=None,
+            model_config=model_config,
         )
         manager = SimpleNamespace(breakable_cg_runner=None, vllm_config=vllm_config)
         CudaGraphManager.init_breakable_cg_runner(manager, torch.nn.Identity())
     finally:
         set_device_graph_backend_override(None)
+        reset_series_scope()
     runner = manager.breakable_cg_runner
     assert isinstance(runner, BreakableCUDAGraphWrapper)
-    assert isinstance(runner, XpuBreakableGraphWrapper) is toggle
+    assert isinstance(runner, XpuBreakableGraphWrapper) is series
 
 
 @pytest.fixture(autouse=True)
