@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
+import pytest
+
 from scripts.matrix.evaluate import evaluate
 from scripts.matrix.legs import LEGS
 from scripts.matrix.logprobs import collect_logprobs, compare_logprobs, gate
@@ -113,6 +115,10 @@ def test_evaluate_gates_exact_and_diagnostic_legs() -> None:
     assert results["dflash-graph0-meta0"].logprobs["logprobs_bitwise_equal"] == 3
     assert results["dflash-graph0-meta0"].longest_context == 4102
     assert results["dflash-exact0-diagnostic"].status == "passed"  # differs: the control holds
+    # a diagnostic leg's own figures are reported like any leg's (they were left at 0)
+    diagnostic = results["dflash-exact0-diagnostic"]
+    assert diagnostic.seconds == pytest.approx(0.1 * len(TEACHER))  # its rows' seconds, summed
+    assert (diagnostic.draft_tokens, diagnostic.accepted_tokens) == (7, 1)
     # the no-plan leg is a negative control too: equal to the teacher means the gate is blind
     assert results["dflash-noplan-diagnostic"].status == "failed"
     assert results["dflash-noplan-diagnostic"].logprobs["verdict"] == "negative control FAILED"

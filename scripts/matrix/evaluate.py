@@ -175,6 +175,9 @@ def evaluate(
         result.accepted_per_depth = list(acceptance.get("per_depth", []))
         result.drafts = int(acceptance.get("drafts", 0))
         result.acceptance_rate = data.get("acceptance_rate")
+        result.draft_tokens = data.get("draft_tokens", 0)
+        result.accepted_tokens = data.get("accepted_tokens", 0)
+        result.seconds = sum(r["seconds"] for r in data["rows"])
         if leg.diagnostic and not leg.equal_by_arithmetic(default_tp):
             # tokens reported, only its negative control gates
             logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context, default_tp)
@@ -196,9 +199,6 @@ def evaluate(
         result.cached_tokens_zero = f"{zero}/{n_prompts}"
         if zero != n_prompts:
             result.mismatches.append(f"cached tokens: {n_prompts - zero} prompt(s) reused cached tokens")
-        result.draft_tokens = data.get("draft_tokens", 0)
-        result.accepted_tokens = data.get("accepted_tokens", 0)
-        result.seconds = sum(r["seconds"] for r in data["rows"])
         result.attention = data.get("attention", {})
         emulated = False
         if leg.graph:
