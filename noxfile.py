@@ -46,6 +46,10 @@ def apply(session: nox.Session) -> None:
     _scripts(session, "apply")
 
 
+SLOWEST = ["--durations=25", "--durations-min=1.0"]
+"""Every test session prints its 25 slowest tests (set-up and tear-down included), so a slower test
+shows in the log of the change that made it slower."""
+
 PARALLEL = ["-n", "auto"]
 """pytest-xdist for the tooling tests: one worker per core (118 s instead of 156 s on 2 cores). The
 patch tests stay in one process: each worker would import torch and vLLM again (93 s with two
@@ -103,7 +107,7 @@ def tests(session: nox.Session) -> None:
     # the real-sdist tests build the wheel: its build requirements installed before the workers start
     session.run("python", "-m", "scripts", "build-deps", "--pinned")
     session.run(
-        "python", "-m", "pytest", "-q", "-ra", "--timeout=1200", *PARALLEL, "tests", "--ignore=tests/e2e",
+        "python", "-m", "pytest", "-q", "-ra", "--timeout=1200", *SLOWEST, *PARALLEL, "tests", "--ignore=tests/e2e",
         "--ignore=tests/stand_in", *session.posargs,
     )  # fmt: skip
 
@@ -155,6 +159,7 @@ def cpu_tests(session: nox.Session) -> None:
         "-p",
         "no:cacheprovider",
         "--timeout=1200",
+        *SLOWEST,
         tree_tests,
         *session.posargs,
         env={"PYTHONPATH": ""},
@@ -162,7 +167,7 @@ def cpu_tests(session: nox.Session) -> None:
         success_codes=[0, 5] if session.posargs else [0],
     )
     session.run(
-        python, "-m", "pytest", "-q", "-ra", "--timeout=1800", *_e2e_parallel(), "tests/e2e", *session.posargs,
+        python, "-m", "pytest", "-q", "-ra", "--timeout=1800", *SLOWEST, *_e2e_parallel(), "tests/e2e", *session.posargs,
         external=True,
     )  # fmt: skip
 
@@ -204,7 +209,7 @@ def stand_in(session: nox.Session) -> None:
     session.run("python", "-m", "scripts.cpu_runtime", "ensure", "--pristine")
     python = session.run("python", "-m", "scripts.cpu_runtime", "where", "--pristine", silent=True).strip()
     session.run(
-        python, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "--timeout=1200", "tests/stand_in",
+        python, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "--timeout=1200", *SLOWEST, "tests/stand_in",
         *session.posargs, external=True,
     )  # fmt: skip
 

@@ -21,25 +21,39 @@ from scripts.errors import ToolError
 from scripts.layout import Layout
 from scripts.log import detail, info
 
-if TYPE_CHECKING:  # packaging is imported where it is used
+if TYPE_CHECKING:  # packaging and the pins are imported where they are used
     from packaging.requirements import Requirement
+
+    from scripts.pins import Pins
 
 
 @dataclass(frozen=True)
 class Override:
     """A reviewed replacement of one of the tree's build requirements."""
 
-    requirement: str  # what is installed and checked instead (a PEP 508 string)
+    requirement: str  # what is checked instead (a PEP 508 string; pip checks it again at build time)
     reason: str  # why, in one line: shown on every build that uses it
+    install_version: Callable[[Pins], str] | None = None  # the pinned version installed when it is unmet
 
 
-BUILD_OVERRIDES: dict[str, Override] = {}
-"""Canonical project name -> its reviewed replacement. Empty: vLLM 0.32.0's ``[build-system]`` asks
-``torch == 2.13.0``, which pip's configuration gives on this machine (the local CPU build
-2.13.0+cpu satisfies it), and the XPU build compiles nothing against torch (setup.py adds no
-extension for VLLM_TARGET_DEVICE=xpu; it imports torch only to read ``torch.version``). An entry
-such as ``"torch": Override("torch==2.13.0", "2.14.0 here is the CUDA build, GBs; the XPU build
-compiles nothing against torch")`` is the way to build a tree whose torch pip cannot install here."""
+BUILD_OVERRIDES: dict[str, Override] = {
+    "torch": Override(
+        "torch",
+        "the XPU wheel is built as upstream builds it (docker/Dockerfile.xpu: requirements/xpu.txt's XPU torch, "
+        "no build isolation, not [build-system]'s torch): setup.py adds no extension for VLLM_TARGET_DEVICE=xpu "
+        "and imports torch only to read torch.version, so any torch builds the same wheel",
+        install_version=lambda pins: pins.cpu_runtime.torch,
+    ),
+}
+"""Canonical project name -> its reviewed replacement. vLLM 0.34.0's ``[build-system]`` asks
+``torch == 2.14.0``: on an index without XPU or CPU builds that is the CUDA build with its nvidia
+packages (about 3.5 GB) for a wheel that compiles nothing against torch. Upstream's XPU image does
+not use it either (``uv pip install -r requirements/xpu.txt`` then ``setup.py bdist_wheel`` in that
+environment). So any installed torch satisfies the build (an XPU machine's torch for XPU included);
+where none is installed, the CPU runtime's pinned torch goes in (``[cpu_runtime].torch`` of
+pins.toml, the machine's local CPU build here). The wheel's bytes do not depend on which torch is
+installed: built with torch 2.14.0 (CUDA) and with 2.13.0+cpu the wheel is byte-identical
+(docs/cpu-runs.md, "The XPU wheel's build requirements")."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +129,17 @@ def rewrite_requires(text: str, requirements: Iterable[BuildRequirement], where:
     return text
 
 
+def install_spec(item: BuildRequirement) -> str:
+    """What is installed for an unmet requirement: the requirement itself, or for an override that
+    names a pinned version, that project at the version pins.toml gives (``install_version``)."""
+    version = item.override.install_version if item.override is not None else None
+    if version is None:
+        return str(item.requirement)
+    from scripts.pins import load_pins
+
+    return f"{item.requirement.name}=={version(load_pins(Layout().pins))}"
+
+
 def satisfy(requirements: list[BuildRequirement], where: str, install: Callable[..., None] | None = None) -> None:
     """Install the unmet ``requirements`` into this interpreter (pip's configuration), then refuse in
     one line if any is still unmet."""
@@ -123,7 +148,7 @@ def satisfy(requirements: list[BuildRequirement], where: str, install: Callable[
         if install is None:
             from scripts.wheels import install
         detail(f"build requirements to install: {', '.join(missing)}")
-        install(*[str(item.requirement) for item in requirements if unmet([item])])
+        install(*[install_spec(item) for item in requirements if unmet([item])])
         missing = unmet(requirements)
     if missing:
         raise ToolError(

@@ -83,9 +83,37 @@ def test_an_override_is_installed_and_written_into_the_builds_copy(tmp_path: Pat
 
 
 def test_the_shipped_override_list_is_reviewed() -> None:
-    """Each override names its reason; the pinned tree's torch needs none here (2.13.0 installs)."""
+    """Each override names its reason; torch is the only one (the XPU build compiles nothing against it)."""
     for name, override in build_deps.BUILD_OVERRIDES.items():
         assert override.reason.strip() and name in override.requirement.lower()
+    assert set(build_deps.BUILD_OVERRIDES) == {"torch"}
+
+
+def test_the_xpu_build_takes_any_installed_torch_and_installs_the_cpu_pin_when_none_is() -> None:
+    """0.34.0's [build-system] asks torch == 2.14.0 (the CUDA build on this index, GBs); the XPU wheel
+    is built as upstream builds it, with whatever torch is installed (an XPU machine's torch for XPU),
+    and where none is, with the CPU runtime's pinned torch; every other requirement stays as declared."""
+    from scripts.layout import Layout
+    from scripts.pins import load_pins
+
+    text = (FIXTURES / "vllm-0.34.0" / "pyproject.toml").read_text(encoding="utf-8")
+    reqs = build_requirements(text, "pyproject.toml")
+    found = {str(item.requirement.name): item for item in reqs}
+    torch = found["torch"]
+    assert torch.declared == "torch == 2.14.0" and str(torch.requirement) == "torch"
+    installed = {name: "99" for name in found} | {"setuptools": "80.0.0", "cmake": "3.31.0"}
+    for build in ("2.15.0+xpu", "2.13.0+cpu", "2.14.0"):  # an XPU machine's, this machine's, the declared one
+        installed["torch"] = build
+        assert unmet(reqs, installed.__getitem__) == [], build
+    assert build_deps.install_spec(torch) == f"torch=={load_pins(Layout().pins).cpu_runtime.torch}"
+    assert build_deps.install_spec(found["cmake"]) == "cmake>=3.26.1"  # no override: as declared
+    # the other requirements still hold the build: a too new setuptools is unmet
+    installed["setuptools"] = "81.0.0"
+    assert unmet(reqs, installed.__getitem__) == ["setuptools<81.0.0,>=77.0.3 (setuptools 81.0.0 installed)"]
+    # control: without the override the declared torch is unmet by the CPU build
+    plain = build_requirements(text, "pyproject.toml", overrides={})
+    installed.update(setuptools="80.0.0", torch="2.13.0+cpu")
+    assert unmet(plain, installed.__getitem__) == ["torch==2.14.0 (torch 2.13.0+cpu installed)"]
 
 
 def test_pip_itself_refuses_a_stale_build_dependency(tmp_path: Path) -> None:

@@ -170,3 +170,25 @@ def test_graph_leg_with_a_drafter_topology_needs_the_drafter_wrapped() -> None:
     assert _graph_leg(both, EXPECT_WRAPPED_DRAFTER).status == PASSED_EMULATED_GRAPHS
     missing = _graph_leg({"target": _graph_accounting()}, EXPECT_WRAPPED_DRAFTER)
     assert missing.status == "failed" and "for the drafter" in missing.mismatches[0]
+
+
+def test_the_time_table_splits_each_legs_wall_time_into_start_up_generation_and_the_rest() -> None:
+    """The matrix prints where each leg's time went, so a slower start-up or generation shows in the
+    log of the change that caused it; a leg that did not run has no row."""
+    from scripts.matrix.report import time_table
+
+    teacher = [[1, 2, 3], [4, 5, 6]]
+    timed = _rows(teacher) | {"startup_seconds": 30.0, "wall_seconds": 42.5}
+    outputs = {
+        "teacher": timed,
+        "dflash-graph0-meta0": _rows(teacher),
+        "dflash-graph1-meta0": {"status": NOT_RUN_NO_GRAPHS},
+    }
+    results = {r.name: r for r in evaluate(outputs, LEGS, 2)}
+    assert (results["teacher"].startup_seconds, results["teacher"].wall_seconds) == (30.0, 42.5)
+    text = time_table(list(results.values())).splitlines()
+    assert text[0].split() == ["leg", "wall", "s", "start-up", "s", "generate", "s", "other", "s"]
+    rows = {line.split()[0]: line.split()[1:] for line in text[2:]}
+    assert rows["teacher"] == ["42.5", "30.0", "0.2", "12.3"]  # 2 prompts x 0.1 s generating
+    assert rows["dflash-graph0-meta0"] == ["0.0", "0.0", "0.2", "0.0"]  # no process timing reported
+    assert "dflash-graph1-meta0" not in rows

@@ -54,7 +54,9 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         # Triton kernels, which only moves their first compile out of the first request and costs
         # start-up time on the stand-in runtime (Triton interpreted).
         kwargs["kernel_config"] = {"enable_jit_warmup": False}
+    began = time.monotonic()
     llm = LLM(**kwargs)
+    startup_seconds = time.monotonic() - began
     if leg.graph and config.get("fault"):
         _inject_stale_input(llm, guarded=config["fault"] == "stale-input")
     if config.get("mutation"):
@@ -104,6 +106,7 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         gc.collect()
     return {
         "rows": rows,
+        "startup_seconds": startup_seconds,
         "draft_tokens": drafts,
         "accepted_tokens": accepted,
         "acceptance_rate": (accepted / drafts) if drafts else None,

@@ -24,7 +24,9 @@ class LegResult:
     cross_leg_exact: str = ""
     cached_tokens_zero: str = ""
     mismatches: list[str] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = 0.0  # generation: the prompts' generate calls
+    startup_seconds: float = 0.0  # the engine's construction (weights, KV cache, warm-up, graphs)
+    wall_seconds: float = 0.0  # the leg's process, start to exit
     attention: dict[str, Any] = field(default_factory=dict)
     logprobs: dict[str, Any] = field(default_factory=dict)  # see logprob_verdict()
     longest_context: int = 0  # prompt + generated tokens of the longest request
@@ -178,6 +180,8 @@ def evaluate(
         result.draft_tokens = data.get("draft_tokens", 0)
         result.accepted_tokens = data.get("accepted_tokens", 0)
         result.seconds = sum(r["seconds"] for r in data["rows"])
+        result.startup_seconds = float(data.get("startup_seconds", 0.0))
+        result.wall_seconds = float(data.get("wall_seconds", 0.0))
         if leg.diagnostic and not leg.equal_by_arithmetic(default_tp):
             # tokens reported, only its negative control gates
             logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context, default_tp)

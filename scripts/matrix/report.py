@@ -83,6 +83,19 @@ def table(results: list[LegResult]) -> str:
     return "\n".join(lines)
 
 
+def time_table(results: list[LegResult]) -> str:
+    """Where each leg's time went: its process (wall), the engine's start-up, the generate calls,
+    and the rest (imports, shutdown, the evaluation's own work); seconds."""
+    head = f"{'leg':<28} {'wall s':>8} {'start-up s':>10} {'generate s':>10} {'other s':>8}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        if not (r.wall_seconds or r.startup_seconds or r.seconds):
+            continue
+        other = max(r.wall_seconds - r.startup_seconds - r.seconds, 0.0) if r.wall_seconds else 0.0
+        lines.append(f"{r.name:<28} {r.wall_seconds:>8.1f} {r.startup_seconds:>10.1f} {r.seconds:>10.1f} {other:>8.1f}")
+    return "\n".join(lines)
+
+
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     from importlib.metadata import PackageNotFoundError, version
@@ -167,6 +180,7 @@ def finish(
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     print(table(results))
+    print(time_table(results))
     if runtime:
         print(f"CPU runtime: {runtime['line']}")
     print(

@@ -170,6 +170,7 @@ def _run_one(
             return {"status": f"error: leg process exited {returncode}"}
         result: dict[str, Any] = json.loads(out.read_text())
         result["leg_start"] = start
+        result["wall_seconds"] = done.seconds
         if lease is not None:
             result["cpu_bind"] = lease.bind(tp)
         return result
