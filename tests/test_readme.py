@@ -222,3 +222,50 @@ def test_old_line_snippet_names_the_commit_ci_builds(version: str) -> None:
     assert instruction(version) == snippet(name).strip()
     pins = git(REPO_ROOT, "show", f"{LINES[version]}:pins.toml")
     assert re.search(rf'^version = "{re.escape(version)}"$', pins, re.M)
+
+
+# "session 7", "sessions 10 and 11", "session-10": a figure numbered by a working session of this project
+# ("the `tests` session 4 min" is a nox session's time, not a label)
+SESSION_LABEL = re.compile(r"\bsessions?[ -]\d+(?![\d.]*\s*(?:min|s\b|seconds))", re.IGNORECASE)
+
+
+def _session_labels(paths: list[Path]) -> list[str]:
+    """Each line of ``paths`` that labels something by session number, as ``path:line: text``."""
+    found = []
+    for path in paths:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if SESSION_LABEL.search(line):
+                found.append(f"{path.name}:{number}: {line.strip()[:100]}")
+    return found
+
+
+def test_no_page_numbers_its_figures_by_session(tmp_path: Path) -> None:
+    """A figure is dated and tied to a commit and a command; "session 9" means nothing to a reader."""
+    pages = [README, *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+    labels = _session_labels(pages)
+    assert not labels, "\n".join(labels)
+    # negative control: each spelling the check exists for is caught; a nox session's name is not
+    page = tmp_path / "page.md"
+    page.write_text("in session 11 it took\nsessions 10 and 11\nthe session-10 code\nthe `tests` session 4 min\n")
+    assert [hit.split(":")[1] for hit in _session_labels([page])] == ["1", "2", "3"]
+
+
+def _fenced_commands(text: str) -> list[str]:
+    return [b.strip() for b in re.findall(r"```bash\n(.*?)\n```", text, re.DOTALL)]
+
+
+def test_the_readme_commands_are_the_noxfile_and_ci_commands() -> None:
+    """The README's two commands are its only commands; the main job is nox's default sessions, the
+    test command is what .ci/run runs, verbatim, and the noxfile's docstring names both."""
+    commands = _fenced_commands(README.read_text(encoding="utf-8"))
+    assert commands == [
+        "python3 -m pip install nox && nox -s apply build",
+        "python3 -m pip install nox && nox -s tests cpu_tests",
+    ]
+    main_job, test_command = (c.split("&& ")[1] for c in commands)
+    noxfile = (REPO_ROOT / "noxfile.py").read_text(encoding="utf-8")
+    assert f"Main job:   {main_job}" in noxfile and f"Tests:      {test_command}" in noxfile
+    assert 'nox.options.sessions = ["apply", "build"]' in noxfile
+    ci = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert commands[1] in ci, ".ci/run does not run the README's test command verbatim"
+    assert {"apply", "build", "tests", "cpu_tests"} <= nox_sessions()
