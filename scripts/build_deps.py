@@ -53,7 +53,7 @@ environment). So any installed torch satisfies the build (an XPU machine's torch
 where none is installed, the CPU runtime's pinned torch goes in (``[cpu_runtime].torch`` of
 pins.toml, the machine's local CPU build here). The wheel's bytes do not depend on which torch is
 installed: built with torch 2.14.0 (CUDA) and with 2.13.0+cpu the wheel is byte-identical
-(docs/cpu-runs.md, "The XPU wheel's build requirements")."""
+(docs/sessions.md, "The XPU wheel's build requirements")."""
 
 
 @dataclass(frozen=True)
