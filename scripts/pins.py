@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import urllib.parse
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,26 @@ class PinsFile:
     models: _ModelsTable
 
 
+def url_names_version(url: str, version: str) -> bool:
+    """Whether the kernels' ``url`` stands for ``version``: an index URL (its path ends in ``/``)
+    serves every version (``vllm_xpu_kernels==VERSION``, 0.32.0 on); a wheel URL's file name
+    carries the version (its public part: the rebase writes that); any other URL names it as one
+    whole path segment (``.../0.1.1/...`` names 0.1.1, never 0.1.15)."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+    from packaging.version import InvalidVersion, Version
+
+    path = urllib.parse.urlsplit(url).path
+    if path.endswith("/"):
+        return True
+    segments = [urllib.parse.unquote(part) for part in path.split("/")]
+    if segments[-1].endswith(".whl"):
+        try:
+            return parse_wheel_filename(segments[-1])[1].public == Version(version).public
+        except (InvalidWheelFilename, InvalidVersion):
+            return False
+    return version in segments
+
+
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ToolError(message)
@@ -150,9 +171,8 @@ def parse_pins(text: str, path: Path = PINS_PATH) -> Pins:
     for key in ("torch", "vllm_xpu_kernels"):
         value = getattr(xpu, key)
         _check(bool(re.match(r"^\d+(\.\d+){1,3}$", value)), f"pins [xpu_runtime].{key}: malformed version {value!r}")
-    # a wheel URL names the version; an index URL (ending in /) serves vllm_xpu_kernels==VERSION (0.32.0 on)
     _check(
-        xpu.vllm_xpu_kernels in xpu.vllm_xpu_kernels_url or xpu.vllm_xpu_kernels_url.endswith("/"),
+        url_names_version(xpu.vllm_xpu_kernels_url, xpu.vllm_xpu_kernels),
         "pins [xpu_runtime].vllm_xpu_kernels_url does not name version " + xpu.vllm_xpu_kernels,
     )
     if xpu.triton or xpu.triton_index_url:

@@ -5,16 +5,16 @@ Read the documented way: ``python -m pip config list`` lists every configuration
 (``global.``, ``install.``, ``download.`` ...) and the ``PIP_*`` environment (``:env:.``), each
 file's values already merged in pip's file order. pip then applies, for one command,
 ``global`` < the command's own section < the environment; :func:`resolve` does the same. No
-index host is written here: when no ``index-url`` is configured, pip's own default is read from
-its ``--help`` text (:func:`pip_default_index_url`).
+index host is written here: when no ``index-url`` is configured, pip's own default is asked of
+pip (:func:`pip_default_index_url`).
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import os
-import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -137,13 +137,23 @@ def pip_config(command: str) -> PipConfig:
     return resolve(_listing(_environment()), command)
 
 
+# Where pip keeps its built-in index. pip has no public Python API and no command prints its default
+# index (`pip config list` shows configured values only; `pip index`, `pip inspect`, `pip download
+# --report` show none; `--help` text is prose, not an interface). `PyPI.simple_url` in this module
+# is the value pip's own `--index-url` option takes as its default (pip/_internal/cli/cmdoptions.py);
+# it is read from the pip `python -m pip` runs here (this interpreter's), and if a later pip moves
+# it, that is one clear line, not a guess.
+_PIP_INDEX_MODULE = "pip._internal.models.index"
+
+
 @functools.cache
 def pip_default_index_url() -> str:
-    """pip's built-in index URL, as its ``--help`` states it (no host name is written here)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--help"], capture_output=True, text=True, check=False
-    )
-    match = re.search(r"--index-url\s.*?\(default\s+(\S+?)\)", proc.stdout, re.DOTALL)
-    if not match:
-        raise ToolError("pip has no index-url configured and its --help names no default; set PIP_INDEX_URL")
-    return match.group(1)
+    """pip's built-in index URL, the default of its ``--index-url`` (no host name is written here)."""
+    where = f"{_PIP_INDEX_MODULE}.PyPI.simple_url"
+    try:
+        url = importlib.import_module(_PIP_INDEX_MODULE).PyPI.simple_url
+    except (ImportError, AttributeError) as exc:
+        raise ToolError(f"cannot read pip's default index ({where}: {type(exc).__name__}); set PIP_INDEX_URL") from None
+    if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+        raise ToolError(f"pip's default index ({where}) is not a URL: {url!r}; set PIP_INDEX_URL")
+    return url

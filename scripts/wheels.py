@@ -1,6 +1,11 @@
 """Wheels through pip's configured index: download one (no deps) into a cache, read its Requires-Dist,
 install packages (:func:`install`: through uv where pip's configuration carries over to it).
 
+No configured index URL is ever put on a command line: a URL may carry ``user:password@``, and
+every user of the machine can read a process's arguments (``/proc/PID/cmdline``), not its
+environment. pip reads its own configuration, so its commands name no index; uv gets pip's
+configuration through the environment variables uv documents for it (:func:`uv_environment`).
+
 Shared by the CPU runtime install (:mod:`scripts.cpu_runtime`) and the rebase's ``[cpu_runtime]``
 update (:mod:`scripts.rebase.pins_update`).
 """
@@ -76,27 +81,32 @@ _COSMETIC = {
 }
 
 
-def uv_arguments(config: PipConfig) -> tuple[list[str], dict[str, str]] | None:
-    """The ``uv pip install`` options and environment that give what pip's ``config`` gives (every
-    index considered, like pip: ``--index-strategy unsafe-best-match``; modules compiled, like
-    pip); None when a key has no known uv meaning (then pip installs). Credentials in the index
-    URLs go along (uv reads the netrc file itself, as pip does)."""
-    # --compile-bytecode: pip compiles every installed module; without it each import would compile
-    # from source again wherever PYTHONDONTWRITEBYTECODE is set (this machine: 18.5 s against 8.3 s
-    # for `import vllm.entrypoints.llm`)
-    args, env = ["--index-strategy", "unsafe-best-match", "--compile-bytecode"], {}
+def uv_environment(config: PipConfig) -> dict[str, str] | None:
+    """The environment under which ``uv pip install`` does what pip's ``config`` does (every index
+    considered, like pip: ``UV_INDEX_STRATEGY=unsafe-best-match``; modules compiled, like pip);
+    None when a key has no known uv meaning (then pip installs).
+
+    Everything goes through uv's documented variables, never its options: credentials in an index,
+    find-links or constraint URL stay out of the process list (uv reads the netrc file itself, as
+    pip does). Each variable replaces one the caller's environment had, as an option would."""
     if any(key not in _COSMETIC for key, _ in config.other):
         return None
-    options = (
-        ("--index-url", [config.index_url] if config.index_url else []),
-        ("--extra-index-url", config.extra_index_urls),
-        ("--find-links", config.find_links),
-        ("--constraint", config.constraints),
-        ("--allow-insecure-host", config.trusted_hosts),
+    # UV_COMPILE_BYTECODE: pip compiles every installed module; without it each import would compile
+    # from source again wherever PYTHONDONTWRITEBYTECODE is set (this machine: 18.5 s against 8.3 s
+    # for `import vllm.entrypoints.llm`)
+    env = {"UV_INDEX_STRATEGY": "unsafe-best-match", "UV_COMPILE_BYTECODE": "1"}
+    # uv's separators: space for indexes, constraints and hosts, comma for find-links (pip splits
+    # its values on whitespace, so none holds a space)
+    lists = (
+        ("UV_INDEX_URL", " ", [config.index_url] if config.index_url else []),
+        ("UV_EXTRA_INDEX_URL", " ", config.extra_index_urls),
+        ("UV_FIND_LINKS", ",", config.find_links),
+        ("UV_CONSTRAINT", " ", config.constraints),
+        ("UV_INSECURE_HOST", " ", config.trusted_hosts),
     )
-    for option, values in options:
-        for value in values:
-            args += [option, value]
+    for name, separator, values in lists:
+        if values:
+            env[name] = separator.join(values)
     if config.cert:
         env["SSL_CERT_DIR" if os.path.isdir(config.cert) else "SSL_CERT_FILE"] = config.cert
     if config.client_cert:
@@ -108,38 +118,28 @@ def uv_arguments(config: PipConfig) -> tuple[list[str], dict[str, str]] | None:
         env["UV_HTTP_TIMEOUT"] = str(math.ceil(config.timeout))
     if config.retries is not None:
         env["UV_HTTP_RETRIES"] = str(config.retries)
-    return args, env
+    return env
 
 
-def _uv_plan() -> tuple[list[str], dict[str, str]] | str:
-    """The uv command prefix and environment for installing into this interpreter (pip's
-    configuration as ``pip install`` sees it, read once: :func:`scripts.pipconf.pip_config`), or
-    why pip installs instead."""
+def _uv_command(args: tuple[str, ...]) -> tuple[list[str], dict[str, str]] | str:
+    """The uv command for ``pip install ARGS`` into this interpreter and the environment it runs
+    under (pip's configuration as ``pip install`` sees it, read once:
+    :func:`scripts.pipconf.pip_config`), or why pip installs instead."""
     if importlib.util.find_spec("uv") is None:
         return "uv is not installed here"
     try:
         config = pip_config("install")
     except ToolError as exc:
         return str(exc)
-    translated = uv_arguments(config)
-    if translated is None:
+    env = uv_environment(config)
+    if env is None:
         return "pip's configuration has a key uv is not told about"
-    options, env = translated
-    return [sys.executable, "-m", "uv", "pip", "install", "--python", sys.executable, *options], env
-
-
-def _uv_command(args: tuple[str, ...]) -> tuple[list[str], dict[str, str]] | str:
-    """The uv command for ``pip install ARGS`` into this interpreter, or why pip installs instead."""
-    plan = _uv_plan()
-    if isinstance(plan, str):
-        return plan
-    prefix, env = plan
-    return [*prefix, *args], env
+    return [sys.executable, "-m", "uv", "pip", "install", "--python", sys.executable, *args], env
 
 
 def install(*args: str) -> None:
     """``pip install ARGS`` into this interpreter's environment: through ``uv pip install`` with
-    pip's configuration (:func:`uv_arguments`) when uv is installed here (the CPU runtime from
+    pip's configuration (:func:`uv_environment`) when uv is installed here (the CPU runtime from
     empty caches: 35.7 s against about 125 s through pip), else, or when uv fails, through pip."""
     planned = _uv_command(args)
     if isinstance(planned, str):

@@ -6,9 +6,12 @@ failure is one line naming its cause, with no password in it."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
+import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -244,8 +247,52 @@ def test_pip_configuration_is_read_once_for_the_index_client_and_uv(vxl_net, mon
 
 
 def test_pips_default_index_comes_from_pip(vxl_net) -> None:
+    """The default read from pip's code is the one pip's own help states (a second route, read
+    here only: the help is prose, so the tooling does not parse it)."""
+    pipconf.pip_default_index_url.cache_clear()
     default = pipconf.pip_default_index_url()
+    helped = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    stated = re.search(r"--index-url\s.*?\(default\s+(\S+?)\)", helped, re.DOTALL)
+    assert stated and default == stated.group(1)
     assert default.startswith("https://") and pipconf.PipConfig().index_urls() == [default]
+
+
+class _MovedPip:
+    """pip's index module as a later pip might have it: no PyPI, or one whose URL is no URL."""
+
+    def __init__(self, simple_url: object = None) -> None:
+        if simple_url is not None:
+            self.PyPI = types.SimpleNamespace(simple_url=simple_url)
+
+
+@pytest.mark.parametrize(
+    "found,expect",
+    [
+        (
+            ImportError("No module named 'pip._internal.models.index'"),
+            "(pip._internal.models.index.PyPI.simple_url: ImportError)",
+        ),
+        (_MovedPip(), "(pip._internal.models.index.PyPI.simple_url: AttributeError)"),
+        (_MovedPip(simple_url=3), "is not a URL: 3"),
+    ],
+    ids=["module-gone", "name-gone", "not-a-url"],
+)
+def test_pips_default_index_that_moved_is_one_line(vxl_net, monkeypatch, found: object, expect: str) -> None:
+    def import_module(name: str) -> object:
+        assert name == "pip._internal.models.index"
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    pipconf.pip_default_index_url.cache_clear()
+    monkeypatch.setattr(pipconf.importlib, "import_module", import_module)
+    message = synthetic.tool_error(pipconf.pip_default_index_url)
+    assert expect in message and "set PIP_INDEX_URL" in message
+    message = synthetic.tool_error(pipconf.PipConfig().index_urls)  # what the index client meets
+    assert "set PIP_INDEX_URL" in message
+    pipconf.pip_default_index_url.cache_clear()
 
 
 def test_listed_values_are_read_as_pip_prints_them() -> None:

@@ -191,3 +191,49 @@ def test_drafter_identities_are_optional_and_reach_the_record() -> None:
 )
 def test_malformed_drafter_identities_are_errors(draft_extra: str, bf16_table: str, expect: str) -> None:
     assert expect in _error(_with_drafters(draft_extra, bf16_table))
+
+
+KERNELS_URL = "https://example.invalid/vllm_xpu_kernels-0.1.11.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+
+
+def _kernels(version: str, url: str) -> str:
+    assert f'vllm_xpu_kernels = "0.1.11.1"\nvllm_xpu_kernels_url = "{KERNELS_URL}"' in GOOD
+    return GOOD.replace('vllm_xpu_kernels = "0.1.11.1"', f'vllm_xpu_kernels = "{version}"', 1).replace(
+        KERNELS_URL, url, 1
+    )
+
+
+@pytest.mark.parametrize(
+    "version,url",
+    [
+        ("0.1.1", "https://example.invalid/kernels/0.1.15/"),  # an index (ends in /): serves every version
+        ("0.1.1", "https://example.invalid/kernels/0.1.1/download"),  # the version as one path segment
+        ("0.1.1", "https://example.invalid/kernels/0.1.1"),
+        ("0.1.1", "https://example.invalid/v0.1.15/vllm_xpu_kernels-0.1.1-cp38-abi3-linux_x86_64.whl"),
+        ("0.1.1", "https://example.invalid/w/vllm_xpu_kernels-0.1.1%2Bxpu-cp38-abi3-linux_x86_64.whl"),  # local
+        ("0.1.11.1", KERNELS_URL),
+    ],
+    ids=["index", "segment", "last-segment", "wheel", "wheel-local-version", "template"],
+)
+def test_kernels_url_naming_the_version_is_accepted(version: str, url: str) -> None:
+    pins = parse_pins(_kernels(version, url), Path("pins.toml"))
+    assert (pins.xpu_runtime.vllm_xpu_kernels, pins.xpu_runtime.vllm_xpu_kernels_url) == (version, url)
+
+
+@pytest.mark.parametrize(
+    "version,url",
+    [
+        # each holds the version as a substring (what the check once tested), none names it
+        ("0.1.1", "https://example.invalid/kernels/0.1.15/download"),
+        ("0.1.1", "https://example.invalid/kernels/v0.1.1"),
+        ("0.1.1", "https://example.invalid/0.1.1.tar/x"),
+        ("0.1.1", "https://example.invalid/0.1.1/vllm_xpu_kernels-0.1.15-cp38-abi3-linux_x86_64.whl"),
+        ("0.1.1", "https://example.invalid/vllm_xpu_kernels-0.1.1-broken.whl"),  # not a wheel file name
+        ("0.1.1", "https://example.invalid/kernels?v=0.1.1"),  # a query is no path segment
+    ],
+    ids=["longer-segment", "prefixed-segment", "segment-part", "wheel-of-another-version", "bad-wheel", "query"],
+)
+def test_kernels_url_not_naming_the_version_is_refused(version: str, url: str) -> None:
+    assert version in url
+    message = _error(_kernels(version, url))
+    assert message == "pins [xpu_runtime].vllm_xpu_kernels_url does not name version " + version

@@ -1,4 +1,6 @@
-"""scripts.wheels.install: uv with pip's own configuration where it carries over, pip otherwise."""
+"""scripts.wheels.install: uv with pip's own configuration (through uv's environment, never its
+command line) where it carries over, pip otherwise. The real install through an authenticated index,
+watched for the password in the process list: tests/test_no_secret_argv.py."""
 
 from __future__ import annotations
 
@@ -22,28 +24,37 @@ global.find-links='/opt/wheels'
 """
 
 
-def test_pip_configuration_becomes_uv_options() -> None:
+def test_pip_configuration_becomes_uv_environment() -> None:
     config = resolve(LISTED, "install")
     assert config.extra_index_urls == ("file:///opt/pypi/simple", "file:///opt/pypi-more/simple")
-    args, env = wheels.uv_arguments(config) or ([], {})
-    assert args[2] == "--compile-bytecode"  # as pip does: without it each import compiles again
-    rest = args[:2] + args[3:]
-    pairs = sorted(zip(rest[::2], rest[1::2], strict=True))
-    assert pairs == [
-        ("--constraint", "/etc/xdg/pip/constraints.txt"),
-        ("--extra-index-url", "file:///opt/pypi-more/simple"),
-        ("--extra-index-url", "file:///opt/pypi/simple"),
-        ("--find-links", "/opt/wheels"),
-        ("--index-strategy", "unsafe-best-match"),
-    ]
-    # pip's order of the extra indexes is kept (uv tries them in the order given)
-    assert args.index("file:///opt/pypi/simple") < args.index("file:///opt/pypi-more/simple")
-    assert env == {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt", "UV_HTTP_TIMEOUT": "180"}
+    env = wheels.uv_environment(config)
+    # pip's order of the extra indexes is kept (uv tries them in the order given); uv splits
+    # UV_EXTRA_INDEX_URL and UV_CONSTRAINT on spaces, UV_FIND_LINKS on commas
+    assert env == {
+        "UV_INDEX_STRATEGY": "unsafe-best-match",  # every index considered, as pip does
+        "UV_COMPILE_BYTECODE": "1",  # as pip does: without it each import compiles again
+        "UV_EXTRA_INDEX_URL": "file:///opt/pypi/simple file:///opt/pypi-more/simple",
+        "UV_FIND_LINKS": "/opt/wheels",
+        "UV_CONSTRAINT": "/etc/xdg/pip/constraints.txt",
+        "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt",
+        "UV_HTTP_TIMEOUT": "180",
+    }
+
+
+def test_the_uv_command_names_no_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    listed = "global.index-url='http://user:s3cret@127.0.0.1:9/simple/'\nglobal.find-links='/a /b'\n"
+    monkeypatch.setattr(wheels, "pip_config", lambda command: resolve(listed, command))
+    monkeypatch.setattr(wheels.importlib.util, "find_spec", lambda name: object())
+    planned = wheels._uv_command(("torch==2.13.0",))
+    assert not isinstance(planned, str)
+    command, env = planned
+    assert command[-1] == "torch==2.13.0" and not any("s3cret" in part or "/a" == part for part in command)
+    assert (env["UV_INDEX_URL"], env["UV_FIND_LINKS"]) == ("http://user:s3cret@127.0.0.1:9/simple/", "/a,/b")
 
 
 @pytest.mark.parametrize("line", ["install.no-index='1'", "global.pre='1'"])
 def test_a_key_uv_is_not_told_about_means_pip(line: str) -> None:
-    assert wheels.uv_arguments(resolve(LISTED + line + "\n", "install")) is None
+    assert wheels.uv_environment(resolve(LISTED + line + "\n", "install")) is None
 
 
 def test_network_keys_carry_over_to_uv() -> None:
@@ -55,8 +66,8 @@ def test_network_keys_carry_over_to_uv() -> None:
         "global.timeout='2.5'\n"
         ":env:.config-file='/dev/null'\n"
     )
-    args, env = wheels.uv_arguments(resolve(listed, "install")) or ([], {})
-    assert [v for k, v in zip(args, args[1:]) if k == "--allow-insecure-host"] == ["mirror.internal", "other:8443"]
+    env = wheels.uv_environment(resolve(listed, "install")) or {}
+    assert env["UV_INSECURE_HOST"] == "mirror.internal other:8443"
     assert env["SSL_CLIENT_CERT"] == "/etc/pip/client.pem"
     assert env["HTTPS_PROXY"] == env["HTTP_PROXY"] == "http://proxy.internal:3128"
     assert (env["UV_HTTP_RETRIES"], env["UV_HTTP_TIMEOUT"]) == ("7", "3")
@@ -77,10 +88,11 @@ def test_uv_reads_pips_install_section_and_the_environment_wins() -> None:
 
 
 def test_logged_uv_command_has_no_password(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
-    _record(monkeypatch, (["uv-cmd", "--index-url", "http://user:s3cret@127.0.0.1:9/simple/"], {}))
-    wheels.install("torch==2.13.0")
+    # a caller's own argument (a wheel's URL) is logged without its password
+    _record(monkeypatch, (["uv-cmd", "http://user:s3cret@127.0.0.1:9/x-1.0-py3-none-any.whl"], {}))
+    wheels.install("http://user:s3cret@127.0.0.1:9/x-1.0-py3-none-any.whl")
     err = capfd.readouterr().err
-    assert "s3cret" not in err and "http://127.0.0.1:9/simple/" in err
+    assert "s3cret" not in err and "http://127.0.0.1:9/x-1.0-py3-none-any.whl" in err
 
 
 def _record(monkeypatch: pytest.MonkeyPatch, planned: Any, uv_exit: int = 0) -> list[tuple[str, ...]]:
