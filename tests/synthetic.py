@@ -167,6 +167,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # keep test output clean
         pass
 
+    def do_HEAD(self) -> None:  # noqa: N802 (http.server API)
+        """405, as a static index without range support answers: uv probes a wheel with HEAD for
+        range requests, then downloads it whole."""
+        self._send(405, b"", "text/plain")
+
     def do_GET(self) -> None:  # noqa: N802 (http.server API)
         index = self.server.index  # type: ignore[attr-defined]
         index.requests.append(self.path)

@@ -95,14 +95,6 @@ class ArgvWatcher:
         return any(set(parts) <= set(argv) for argv in self.seen)
 
 
-class _NoHeadHandler(synthetic._Handler):
-    """The loopback index, answering HEAD (which uv sends to probe range requests on a wheel) with
-    405, after which uv downloads the whole wheel."""
-
-    def do_HEAD(self) -> None:  # noqa: N802 (http.server API)
-        self._send(405, b"", "text/plain")
-
-
 @pytest.fixture
 def vxl_secret_index(vxl_index: synthetic.SimpleIndex) -> Iterator[tuple[synthetic.SimpleIndex, str, str]]:
     """The loopback index serving the wheel to USER with a fresh password only; (index, password,
@@ -111,7 +103,6 @@ def vxl_secret_index(vxl_index: synthetic.SimpleIndex) -> Iterator[tuple[synthet
     name, body = _wheel()
     vxl_index.serve(name, body, listed_sha256=synthetic.sha256(body))
     vxl_index.auth = (USER, password)
-    vxl_index._server.RequestHandlerClass = _NoHeadHandler
     with pytest.raises(urllib.error.HTTPError) as refused:  # it really wants the credentials
         urllib.request.urlopen(vxl_index.url + "vllm/", timeout=10)
     assert refused.value.code == 401
