@@ -10,7 +10,10 @@ A shape is a dataclass (its fields with their type hints; a field without a defa
 required; ``field(metadata={KEY: "from"})`` names the key in the file), or one of ``str``,
 ``int``, ``float`` (an integer is taken and becomes a float), ``bool``, ``None``, ``Any``,
 ``list[X]``, ``dict[str, X]`` (any keys), ``Literal[...]`` and unions of these. ``bool`` is
-never a number.
+never a number. A JSON Lines file (:func:`read_jsonl`) is read line by line, each problem naming
+``file:line``::
+
+    rows-A1.jsonl:3: token_ids[2]: expected an integer, got string '7'
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -171,6 +175,28 @@ def read_json(path: Path, what: str = "file") -> Any:
         raise ToolError(f"{path}: not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise ToolError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def read_jsonl(path: Path, read_line: Callable[[Any, str], T], what: str = "file") -> list[T]:
+    """Every non-blank line of a JSON Lines file, each value read by ``read_line(value, where)``
+    (``where`` is ``path:line``; e.g. ``lambda v, w: build(Shape, v, w)``); a line that is not JSON
+    or does not fit is one line naming ``path:line`` (and the field)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ToolError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ToolError(f"{path}: not UTF-8 text") from None
+    out = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ToolError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        out.append(read_line(value, f"{path}:{number}"))
+    return out
 
 
 def parse_toml(text: str, where: str) -> dict[str, Any]:

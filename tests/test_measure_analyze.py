@@ -148,5 +148,5 @@ def test_rows_round_trip_through_jsonl(tmp_path) -> None:  # type: ignore[no-unt
     dump_rows(rows, tmp_path / "rows.jsonl")
     assert load_rows(tmp_path / "rows.jsonl") == rows
     (tmp_path / "bad.jsonl").write_text('{"leg": "A1"}\n')
-    with pytest.raises(ToolError, match="bad.jsonl:1: not a raw row"):
+    with pytest.raises(ToolError, match="bad.jsonl:1: index: missing required field"):
         load_rows(tmp_path / "bad.jsonl")

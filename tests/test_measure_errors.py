@@ -8,9 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _measure_run import manifest_for
 from test_measure_burst import burst_legs
 
-from _measure_synth import CONFIG, teacher
+from _measure_synth import teacher
 from scripts import REPO_ROOT
 from scripts.measure.artifacts import RECORD_FILE, finish_run, write_rows
 from scripts.measure.cli import analyze_run
@@ -36,11 +37,7 @@ def write_run(out: Path) -> dict:
         {},
         {},
     )
-    manifest = {
-        "config": CONFIG.to_json(),
-        "record_meta": meta.manifest_json(),
-    }
-    _, record = finish_run(out, manifest, raw, meta, load_gates())
+    _, record = finish_run(out, manifest_for(meta), raw, meta, load_gates())
     return record
 
 
@@ -67,7 +64,7 @@ def test_analyze_names_a_missing_artifact_in_one_line(tmp_path: Path, capsys) ->
     assert len(err) == 1 and "raw artifact(s) missing: b1_server_log (server-b1.log)" in err[0]
     (tmp_path / RECORD_FILE).unlink()
     assert analyze_run([str(tmp_path)]) == 1
-    assert "no readable record.json" in capsys.readouterr().err
+    assert f"cannot read record {tmp_path / RECORD_FILE}: No such file or directory" in capsys.readouterr().err
 
 
 def _run_module(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -77,7 +74,10 @@ def _run_module(*argv: str) -> subprocess.CompletedProcess[str]:
 
 def test_no_traceback_for_bad_options(tmp_path: Path) -> None:
     cases = [
-        (["scripts.measure", "analyze", str(tmp_path / "nope")], "no readable run.json"),
+        (
+            ["scripts.measure", "analyze", str(tmp_path / "nope")],
+            f"cannot read run manifest {tmp_path / 'nope' / 'run.json'}: No such file or directory",
+        ),
         (["scripts.measure", "crossover", "--treatment", "X=1", "--model", str(tmp_path)], "no config.json"),
         (
             ["scripts.matrix", "run", "--model-dir", "/nonexistent", "--draft-dir", "/nonexistent2"],

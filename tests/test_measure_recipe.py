@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _measure_run import manifest_for
 
-from _measure_synth import CONFIG, clean_legs, teacher
+from _measure_synth import clean_legs, teacher
 from scripts import REPO_ROOT
 from scripts.digest import sha256_file
 from scripts.errors import ToolError
@@ -176,8 +177,7 @@ def _write_run(out: Path, recipe: dict[str, str] | None, copies: dict[str, str])
         prior=Prior(20.0, "p"),
         recipe=recipe,
     )
-    manifest = {"config": CONFIG.to_json(), "record_meta": meta.manifest_json()}
-    _, record = finish_run(out, manifest, raw, meta, load_gates())
+    _, record = finish_run(out, manifest_for(meta), raw, meta, load_gates())
     return record
 
 

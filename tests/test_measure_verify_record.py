@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _measure_run import manifest_for
 
-from _measure_synth import CONFIG, clean_legs, legs, teacher
+from _measure_synth import clean_legs, legs, teacher
 from scripts.digest import sha256_file
 from scripts.measure.artifacts import RECORD_FILE, finish_run, write_rows
 from scripts.measure.cli import verify_record as verify_cli
@@ -222,8 +223,7 @@ def write_run(
         prior=prior,
         runtime=runtime,
     )
-    manifest = {"config": CONFIG.to_json(), "legs": ["A1", "B1", "B2", "A2", "teacher"]}
-    _, record = finish_run(out, manifest, raw, meta, load_gates())
+    _, record = finish_run(out, manifest_for(meta), raw, meta, load_gates())
     return record
 
 
@@ -354,3 +354,20 @@ def test_cli_notes_gates_that_differ_from_today(tmp_path: Path, capsys) -> None:
     (tmp_path / RECORD_FILE).write_text(json.dumps(record))
     assert verify_cli([str(tmp_path / RECORD_FILE), "--internal-only"]) == 0
     assert "differ from today's in: min_row_win_fraction" in capsys.readouterr().out
+
+
+def test_raw_level_names_a_tampered_manifest_field(tmp_path: Path) -> None:
+    """run.json is read through the strict reader at the raw level too: with its hash made to fit,
+    a mistyped field is the one failure, naming the file and the field."""
+    write_run(tmp_path, clean_legs(), prior=Prior(20.0, "p"))
+    record = load(tmp_path / RECORD_FILE)
+    assert verify(record, gates=load_gates(), artifacts_root=tmp_path).failures == []  # negative control
+    path = tmp_path / record["artifacts"]["manifest"]
+    data = json.loads(path.read_text())
+    data["runtime"]["torch"] = 2.15
+    path.write_text(json.dumps(data))
+    record["sha256"]["manifest"] = sha256_file(path)
+    failures = verify(record, gates=load_gates(), artifacts_root=tmp_path).failures
+    assert [str(f) for f in failures] == [
+        f"artifacts: cannot re-analyze the raw rows: {path}: runtime.torch: expected a string or null, got number 2.15"
+    ]

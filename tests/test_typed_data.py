@@ -12,12 +12,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from _measure_run import manifest_for
 from tool_run import run_module
 
 import synthetic
+from _measure_synth import legs as synth_legs
+from _measure_synth import teacher as synth_teacher
 from scripts.errors import ToolError
+from scripts.measure.artifacts import finish_run, write_rows
 from scripts.measure.gates import GATES_PATH, load_gates
-from scripts.measure.schema import AnalysisConfig
+from scripts.measure.manifest import MANIFEST_FILE, load_manifest, write_manifest
+from scripts.measure.record import Prior, RecordMeta
+from scripts.measure.schema import AnalysisConfig, dump_rows, load_rows
 from scripts.measure.verify_record import load_record, verify
 from scripts.overlay import read_replaces
 from scripts.pins import PINS_PATH, load_pins
@@ -295,6 +301,160 @@ def test_analysis_config_fields(case: str) -> None:
     else:
         assert expect in one_line_error(lambda: AnalysisConfig.from_json(data, "run.json", "config"))
     assert AnalysisConfig.from_json(good.to_json(), "run.json", "config") == good
+
+
+ROWS = {
+    "type": (
+        lambda d: d["token_ids"].__setitem__(1, "7"),
+        "rows-B1.jsonl:2: token_ids[1]: expected an integer, got string '7'",
+    ),
+    "type-nested": (
+        lambda d: d["spec_after"].update(drafts=1.5),
+        "rows-B1.jsonl:2: spec_after.drafts: expected an integer, got number 1.5",
+    ),
+    "kind": (
+        lambda d: d.update(kind="short"),
+        "rows-B1.jsonl:2: kind: expected one of 'normal', 'long', 'rollover', got string 'short'",
+    ),
+    "missing": (lambda d: d.pop("token_times_s"), "rows-B1.jsonl:2: token_times_s: missing required field"),
+    "unknown": (lambda d: d.update(colour="red"), "rows-B1.jsonl:2: colour: unknown field (allowed: leg, index,"),
+    "lengths": (
+        lambda d: d["token_times_s"].pop(),
+        "rows-B1.jsonl:2: token_times_s: 4 token times but 5 token ids",
+    ),
+}
+
+
+def _tampered_rows(tmp_path: Path, change: Callable[[dict[str, Any]], object]) -> Path:
+    """Leg B1's raw rows with line 2 changed."""
+    path = tmp_path / "rows-B1.jsonl"
+    dump_rows(synth_legs()["B1"], path)
+    lines = path.read_text().splitlines()
+    data = json.loads(lines[1])
+    change(data)
+    lines[1] = json.dumps(data, sort_keys=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(ROWS))
+def test_raw_rows_fields(case: str, tmp_path: Path) -> None:
+    """Raw rows (``rows-<leg>.jsonl``): each line read through typed_data, the one line naming
+    the file, the line and the field."""
+    change, expect = ROWS[case]
+    path = _tampered_rows(tmp_path, change)
+    message = one_line_error(lambda: load_rows(path))
+    assert message.startswith(f"{tmp_path}/{expect}"), message
+    path = _tampered_rows(tmp_path, lambda d: None)  # negative control: the file untampered
+    assert load_rows(path) == synth_legs()["B1"]
+
+
+def _meta(out: Path) -> RecordMeta:
+    return RecordMeta(
+        schema="test-record",
+        date="2026-11-29",
+        run_root=str(out),
+        source={"vllm_commit": "62d4bc3c7"},
+        treatment={"sole_difference": "X", "control_value": "0", "candidate_value": "1"},
+        speculative={"method": "dflash", "num_speculative_tokens": 3},
+        artifacts={},
+        sha256={},
+        prior=Prior(20.0, "p"),
+    )
+
+
+MANIFEST = {
+    "type": (
+        lambda d: d["servers"]["A1"].update(port="8000"),
+        "run.json: servers.A1.port: expected an integer, got string '8000'",
+    ),
+    "type-runtime": (
+        lambda d: d["runtime"].update(vllm_commit=62),
+        "run.json: runtime.vllm_commit: expected a string or null, got integer 62",
+    ),
+    "type-meta": (
+        lambda d: d["record_meta"]["prior"].update(tok_s="20"),
+        "run.json: record_meta.prior.tok_s: expected a number, got string '20'",
+    ),
+    "type-config": (
+        lambda d: d["config"].update(window="100"),
+        "run.json: config.window: expected an integer, got string '100'",
+    ),
+    "missing": (lambda d: d.pop("prompt_seed"), "run.json: prompt_seed: missing required field"),
+    "missing-nested": (
+        lambda d: d["request"].pop("retries"),
+        "run.json: request.retries: missing required field",
+    ),
+    "unknown": (lambda d: d.update(legs=["A1"]), "run.json: legs: unknown field (allowed: config, started_utc,"),
+    "unknown-nested": (
+        lambda d: d["record_meta"].update(colour="red"),
+        "run.json: record_meta.colour: unknown field",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MANIFEST))
+def test_run_manifest_fields(case: str, tmp_path: Path) -> None:
+    """The run manifest (``run.json``), every part of it, not only ``config``."""
+    change, expect = MANIFEST[case]
+    good = manifest_for(_meta(tmp_path))
+    path = tmp_path / MANIFEST_FILE
+    write_manifest(good, path)
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+    message = one_line_error(lambda: load_manifest(path))
+    assert message.startswith(f"{tmp_path}/{expect}"), message
+    write_manifest(good, path)  # negative control: what the crossover writes reads back whole
+    assert load_manifest(path) == good
+
+
+def test_a_manifest_older_than_its_optional_fields_reads(tmp_path: Path) -> None:
+    """``runtime.vllm_distribution``, ``cpu_runtime``, ``vllm_commit_source`` and
+    ``record_meta.graph``/``recipe``/``runtime`` came later: a manifest without them reads."""
+    path = tmp_path / MANIFEST_FILE
+    write_manifest(manifest_for(_meta(tmp_path)), path)
+    data = json.loads(path.read_text())
+    for key in ("vllm_distribution", "cpu_runtime", "vllm_commit_source"):
+        data["runtime"].pop(key)
+    for key in ("graph", "recipe", "runtime"):
+        data["record_meta"].pop(key)
+    path.write_text(json.dumps(data))
+    manifest = load_manifest(path)
+    assert (manifest.runtime.vllm_commit, manifest.runtime.vllm_commit_source) == ("62d4bc3c7", None)
+
+
+def _run_dir(out: Path) -> Path:
+    raw = write_rows(out, synth_legs(), synth_teacher())
+    meta = _meta(out)
+    finish_run(out, manifest_for(meta), raw, meta, load_gates())
+    return out
+
+
+def test_analyze_names_a_tampered_raw_file_in_one_line(tmp_path: Path) -> None:
+    """``python -m scripts.measure analyze RUN``: a tampered rows file and a tampered run.json
+    are one line each naming the file and the field, never a traceback."""
+    out = _run_dir(tmp_path)
+    done = run_module("scripts.measure", "analyze", str(out), "--no-plot", timeout=120)
+    assert (done.returncode, done.stderr.count("error")) == (0, 0), done.stderr  # negative control
+    rows = out / "rows-A2.jsonl"
+    good_rows = rows.read_text()
+    rows.write_text(good_rows.replace('"prompt_tokens": 40', '"prompt_tokens": "40"', 1))
+    done = run_module("scripts.measure", "analyze", str(out), "--no-plot", timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"analyze: error: {rows}:1: prompt_tokens: expected an integer or null, got string '40'"
+    )
+    rows.write_text(good_rows)
+    manifest = out / MANIFEST_FILE
+    data = json.loads(manifest.read_text())
+    data["request"]["temperature"] = "0"
+    manifest.write_text(json.dumps(data))
+    done = run_module("scripts.measure", "analyze", str(out), "--no-plot", timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"analyze: error: {manifest}: request.temperature: expected a number, got string '0'"
+    )
 
 
 # --- the command line ---------------------------------------------------------------------------

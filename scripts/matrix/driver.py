@@ -4,16 +4,18 @@ leg``), then the verdicts and the report."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from scripts.matrix.evaluate import evaluate
 from scripts.matrix.graphs import GraphExpectation, decoder_topology
 from scripts.matrix.legs import ALL_LEGS, device_kind, long_context_prompt, make_prompts
-from scripts.matrix.preloaded import leg_start, warm_up
+from scripts.matrix.preloaded import PreloadedInterpreter, leg_start
 from scripts.matrix.report import finish, series_info
 from scripts.matrix.runner import run_legs
 
@@ -70,8 +72,14 @@ def drive(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if start == "preloaded":
-        warm_up()  # vLLM's imports overlap with the tiny models and the prompts
+    # started now: vLLM's imports overlap with the tiny models and the prompts
+    with PreloadedInterpreter() if start == "preloaded" else contextlib.nullcontext() as interpreter:
+        return _drive(args, device, series, interpreter)
+
+
+def _drive(
+    args: argparse.Namespace, device: str, series: dict[str, Any], interpreter: PreloadedInterpreter | None
+) -> int:
     names = [n.strip() for n in args.legs.split(",") if n.strip()]
     known = {leg.name: leg for leg in ALL_LEGS}
     legs = tuple(known[n] for n in names)  # validate_run checked them
@@ -114,7 +122,7 @@ def drive(args: argparse.Namespace) -> int:
             "mutation": leg.mutation,
             "prompts": [asdict(p) for p in prompts],
         }
-    outputs = run_legs(legs, configs, args, device, Path(args.report))
+    outputs = run_legs(legs, configs, args, device, Path(args.report), interpreter=interpreter)
     for name in sorted({leg.teacher for leg in legs if leg.speculative} | {"teacher"} & set(names)):
         if "rows" not in outputs.get(name, {}):
             print(f"error: the teacher leg {name} did not run: {outputs.get(name)}", file=sys.stderr)

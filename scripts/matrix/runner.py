@@ -31,7 +31,7 @@ from typing import Any
 from scripts import procs
 from scripts.cpu_slots import cpu_lease_if, slot_count
 from scripts.matrix.legs import NOT_RUN_NO_GRAPHS, Leg
-from scripts.matrix.preloaded import LEG_ENTRY, PRELOAD, leg_start, run_preloaded
+from scripts.matrix.preloaded import LEG_ENTRY, PRELOAD, PreloadedInterpreter, leg_start
 
 LOG_TAIL_LINES = 40
 LEG_TIMEOUT_BASE_S = 600.0
@@ -60,7 +60,7 @@ def leg_timeout(args: argparse.Namespace) -> float:
 @dataclass(frozen=True)
 class LegProcess:
     """What a leg's process runs: ``python -m MODULE leg CONFIG OUTPUT`` (fresh) or ``ENTRY`` in
-    a fork of a forkserver that imported ``preload`` (preloaded). The defaults are the matrix's
+    a fork of an interpreter that imported ``preload`` (preloaded). The defaults are the matrix's
     own leg; tests put a stand-in leg here that needs no vLLM."""
 
     module: str = "scripts.matrix"
@@ -131,6 +131,7 @@ def _run_one(
     device: str,
     log: Path | None,
     how: LegProcess,
+    interpreter: PreloadedInterpreter | None,
 ) -> dict[str, Any]:
     tp = int(config["tp"])
     with (
@@ -153,8 +154,9 @@ def _run_one(
         start = leg_start(args.leg_start, device)
         limit = leg_timeout(args)
         if start == "preloaded":
+            assert interpreter is not None  # run_legs starts one for preloaded legs
             argv = ["leg", str(cfg), str(out)]
-            done = run_preloaded(argv, env, log, how.entry, timeout_s=limit, preload=how.preload, grace_s=how.grace_s)
+            done = interpreter.run(argv, env, log, how.entry, timeout_s=limit, grace_s=how.grace_s)
         else:
             done = _run_fresh(cfg, out, env, log, limit, how)
         returncode = done.returncode
@@ -183,10 +185,16 @@ def run_legs(
     device: str,
     report: Path,
     how: LegProcess = MATRIX_LEG,
+    interpreter: PreloadedInterpreter | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every leg of ``configs`` (the others are reported as not run); their outputs by name. When
     the wait is interrupted, the legs not started yet are dropped (the running ones are stopped
-    by :func:`scripts.procs.stopping_on_signals`, or by their own wait)."""
+    by :func:`scripts.procs.stopping_on_signals`, or by their own wait). Preloaded legs fork
+    ``interpreter`` (the caller's, started early and stopped by it; None: one importing
+    ``how.preload`` for these legs, stopped when they are done)."""
+    if interpreter is None and leg_start(args.leg_start, device) == "preloaded":
+        with PreloadedInterpreter(how.preload) as own:
+            return run_legs(legs, configs, args, device, report, how, own)
     outputs: dict[str, dict[str, Any]] = {}
     for number, leg in enumerate(legs, 1):
         if leg.name not in configs:
@@ -210,6 +218,7 @@ def run_legs(
                 device,
                 logs / f"{leg.name}.log" if jobs > 1 else None,
                 how,
+                interpreter,
             )
             for number, leg in enumerate(legs, 1)
             if leg.name in configs

@@ -20,8 +20,10 @@ Commands (``python -m scripts.measure ...``; nox sessions call :func:`cli.crosso
 
 Pure parts (importable without vLLM, torch or matplotlib): :mod:`.metrics`, :mod:`.analyze`,
 :mod:`.gates` (thresholds in ``gates.toml``), :mod:`.record`, :mod:`.verify_record`,
-:mod:`.rederive`, :mod:`.schema`, :mod:`.prompts`. Loopback I/O: :mod:`.client`, :mod:`.server`,
-:mod:`.crossover`. Plot: :mod:`.plot`.
+:mod:`.rederive`, :mod:`.schema` (raw rows), :mod:`.manifest` (``run.json``), :mod:`.prompts`; every
+file of a run is read through :mod:`scripts.typed_data`. Loopback I/O: :mod:`.client`,
+:mod:`.server`, :mod:`.crossover`; :mod:`.runtime_probe` asks the runtime's interpreter what it is.
+Plot: :mod:`.plot`.
 """
 
 from __future__ import annotations

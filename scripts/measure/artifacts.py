@@ -12,17 +12,16 @@ from scripts.digest import sha256_file
 from scripts.errors import ToolError
 from scripts.measure.analyze import analyze
 from scripts.measure.gates import Gates
+from scripts.measure.manifest import MANIFEST_FILE, Manifest, load_manifest, write_manifest
 from scripts.measure.record import RecordMeta, build_record
 from scripts.measure.schema import (
     LEG_ORDER,
     TEACHER,
-    AnalysisConfig,
     Row,
     dump_json,
     dump_rows,
     load_rows,
 )
-from scripts.typed_data import ShapeError, read_json
 
 # The run directory's artifacts, by name (the record's "artifacts" and "sha256" keys)
 RECORD_FILE = "record.json"
@@ -51,13 +50,13 @@ def analysis_documents(analysis: dict[str, Any]) -> dict[str, Any]:
     return {name: analysis if key is None else analysis[key] for name, key in ANALYSIS_FILES.items()}
 
 
-def load_run(root: Path, artifacts: dict[str, str]) -> tuple[dict[str, list[Row]], list[Row] | None, dict[str, Any]]:
+def load_run(root: Path, artifacts: dict[str, str]) -> tuple[dict[str, list[Row]], list[Row] | None, Manifest]:
+    """A run's raw rows per leg, the teacher's and its manifest, each file read through
+    :mod:`scripts.typed_data` (one line naming the file, the line of a rows file, and the field)."""
     manifest_rel = artifacts.get(MANIFEST)
     if manifest_rel is None:
         raise ToolError("record lists no manifest artifact")
-    manifest = read_json(root / manifest_rel, "run manifest")
-    if not isinstance(manifest, dict) or "config" not in manifest:
-        raise ShapeError(str(root / manifest_rel), "config", "missing required field")
+    manifest = load_manifest(root / manifest_rel)
     legs = {}
     for leg in LEG_ORDER:
         rel = artifacts.get(rows_artifact(leg))
@@ -85,7 +84,7 @@ def write_rows(out: Path, legs: Mapping[str, Sequence[Row]], teacher: Sequence[R
 
 def finish_run(
     out: Path,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     raw_artifacts: dict[str, str],
     meta: RecordMeta,
     gates: Gates,
@@ -94,11 +93,10 @@ def finish_run(
     """Analyze the rows already written under ``out`` and write manifest, analysis documents,
     the plot (when given) and ``record.json``. Returns ``(analysis, record)``."""
     artifacts = dict(raw_artifacts)
-    artifacts[MANIFEST] = "run.json"
-    dump_json(manifest, out / "run.json")
-    legs, teacher, _ = load_run(out, artifacts)
-    config = AnalysisConfig.from_json(manifest["config"], str(out / "run.json"), "config")
-    analysis = analyze(legs, teacher, config, gates)
+    artifacts[MANIFEST] = MANIFEST_FILE
+    write_manifest(manifest, out / MANIFEST_FILE)
+    legs, teacher, written = load_run(out, artifacts)
+    analysis = analyze(legs, teacher, written.config, gates)
     for name, document in analysis_documents(analysis).items():
         rel = f"{name.replace('_', '-')}.json"
         dump_json(document, out / rel)

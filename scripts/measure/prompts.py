@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from scripts.errors import ToolError
-from scripts.measure.schema import sha256_text
+from scripts.measure.schema import RowKind, sha256_text
 
 WORDS = (
     "river stone lantern harbor meadow copper orbit velvet signal garden thunder marble "
@@ -34,7 +34,7 @@ Counter = Callable[[str], int]
 class Prompt:
     index: int
     id: str
-    kind: str
+    kind: RowKind
     text: str
     target_tokens: int
 
@@ -43,11 +43,11 @@ class Prompt:
         return sha256_text(self.text)
 
 
-def plan_kinds(n: int) -> list[str]:
+def plan_kinds(n: int) -> list[RowKind]:
     """Row kinds: two long rows (each with a following row) and one rollover row."""
     if n < 1:
         raise ToolError(f"need at least one prompt per leg, got {n}")
-    kinds = ["normal"] * n
+    kinds: list[RowKind] = ["normal"] * n
     rollover = n - 2 if n >= 2 else None
     if rollover is not None:
         kinds[rollover] = "rollover"

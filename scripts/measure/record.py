@@ -43,38 +43,6 @@ class RecordMeta:
     (:func:`scripts.cpu_stand_in.this_runtime`, its ``line`` among them); None elsewhere. A record
     without it has no ``runtime`` key."""
 
-    def manifest_json(self) -> dict[str, Any]:
-        """What ``run.json`` keeps of it (``record_meta``), read back by :meth:`from_manifest`."""
-        return {
-            "schema": self.schema,
-            "date": self.date,
-            "source": self.source,
-            "treatment": self.treatment,
-            "speculative": self.speculative,
-            "prior": None if self.prior is None else self.prior.__dict__,
-            "graph": self.graph,
-            "recipe": self.recipe,
-            "runtime": self.runtime,
-        }
-
-    @staticmethod
-    def from_manifest(stored: dict[str, Any], run_root: str) -> RecordMeta:
-        """The meta of a run re-analyzed from its ``run.json`` (artifacts and hashes: filled in anew)."""
-        return RecordMeta(
-            schema=stored["schema"],
-            date=stored["date"],
-            run_root=run_root,
-            source=stored["source"],
-            treatment=stored["treatment"],
-            speculative=stored["speculative"],
-            artifacts={},
-            sha256={},
-            prior=None if stored["prior"] is None else Prior(**stored["prior"]),
-            graph=stored.get("graph"),
-            recipe=stored.get("recipe"),
-            runtime=stored.get("runtime"),
-        )
-
 
 def metric_name(window: int) -> str:
     return f"median_tok_s_1_{window}_after_ttft"

@@ -9,11 +9,10 @@ from typing import Any
 from scripts.digest import sha256_file
 from scripts.errors import ToolError
 from scripts.measure.analyze import analyze
-from scripts.measure.artifacts import MANIFEST, analysis_documents, load_run
+from scripts.measure.artifacts import analysis_documents, load_run
 from scripts.measure.checks import Failure, Report, close, is_number
 from scripts.measure.gates import Gates
 from scripts.measure.record import build_record, meta_from_record
-from scripts.measure.schema import AnalysisConfig
 
 DERIVED_SECTIONS = (
     "metric",
@@ -75,9 +74,8 @@ def raw_checks(record: dict[str, Any], root: Path, report: Report) -> None:
         return
     try:
         legs, teacher, manifest = load_run(root, artifacts)
-        config = AnalysisConfig.from_json(manifest["config"], str(root / artifacts[MANIFEST]), "config")
         gates = Gates.from_json(record["gates"], "record", "gates")
-        analysis = analyze(legs, teacher, config, gates)
+        analysis = analyze(legs, teacher, manifest.config, gates)
     except (ToolError, KeyError, ValueError, OSError) as exc:
         fail(("artifacts",), f"cannot re-analyze the raw rows: {exc}")
         return

@@ -10,12 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from scripts.errors import ToolError
-from scripts.typed_data import build
+from scripts.typed_data import ShapeError, build, read_jsonl
 
 SCHEMA_VERSION = 2
 """Version of the record layout written by this package. The reference records (no
@@ -28,7 +29,8 @@ CONTROL_LEGS = ("A1", "A2")
 CANDIDATE_LEGS = ("B1", "B2")
 PAIRS = (("B1", "A1"), ("B2", "A2"))
 TEACHER = "teacher"
-ROW_KINDS = ("normal", "long", "rollover")
+RowKind = Literal["normal", "long", "rollover"]
+ROW_KINDS: tuple[str, ...] = typing.get_args(RowKind)
 
 _FRACTION = re.compile(r"^(\d+)/(\d+)$")
 
@@ -74,7 +76,7 @@ class Row:
     leg: str
     index: int
     prompt_id: str
-    kind: str
+    kind: RowKind
     prompt_sha256: str
     prompt_tokens: int | None
     max_tokens: int
@@ -103,19 +105,13 @@ class Row:
         return asdict(self)
 
     @staticmethod
-    def from_json(data: dict[str, Any], where: str) -> Row:
-        try:
-            spec = {
-                key: SpecCounters(**data[key]) if data.get(key) is not None else None
-                for key in ("spec_before", "spec_after")
-            }
-            row = Row(**{**data, **spec})
-        except TypeError as exc:
-            raise ToolError(f"{where}: not a raw row ({exc})") from None
-        if row.kind not in ROW_KINDS:
-            raise ToolError(f"{where}: unknown row kind {row.kind!r}")
+    def from_json(data: Any, where: str) -> Row:
+        """A raw row as :func:`dump_rows` writes it: every field typed (:mod:`scripts.typed_data`),
+        unknown ones refused, as many token times as token ids."""
+        row = build(Row, data, where)
         if len(row.token_times_s) != len(row.token_ids):
-            raise ToolError(f"{where}: {len(row.token_times_s)} token times but {len(row.token_ids)} token ids")
+            problem = f"{len(row.token_times_s)} token times but {len(row.token_ids)} token ids"
+            raise ShapeError(where, "token_times_s", problem)
         return row
 
 
@@ -126,15 +122,9 @@ def dump_rows(rows: list[Row], path: Path) -> None:
 
 
 def load_rows(path: Path) -> list[Row]:
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ToolError(f"{path}:{number}: not JSON ({exc.msg})") from None
-            rows.append(Row.from_json(data, f"{path}:{number}"))
-    return rows
+    """A raw-rows file (``rows-<leg>.jsonl``), one :class:`Row` a line; a line of the wrong shape
+    is one line naming ``file:line`` and the field."""
+    return read_jsonl(path, Row.from_json, "raw rows")
 
 
 def dump_json(data: object, path: Path) -> None:

@@ -18,7 +18,12 @@ import xpu_laguna_standins
 from vllm.v1.attention.backends import xpu_laguna_exact
 from vllm.v1.attention.ops import xpu_laguna_kernels as kernels
 
-RECORD = {"pins": {"xpu_runtime": {"vllm_xpu_kernels": "0.1.17"}}}
+INDEX = "https://example.invalid/kernels/whl/"
+RECORD = {
+    "pins": {
+        "xpu_runtime": {"vllm_xpu_kernels": "0.1.17", "vllm_xpu_kernels_url": INDEX}
+    }
+}
 
 
 def _fresh(monkeypatch) -> kernels.AttentionKernelRegistry:
@@ -67,7 +72,8 @@ def test_on_xpu_a_missing_kernel_package_names_its_pin(monkeypatch):
         kernels.registry.get()
     message = str(err.value)
     assert message.startswith(
-        "XPU attention kernels missing: vllm_xpu_kernels==0.1.17 is not importable"
+        "XPU attention kernels missing: vllm_xpu_kernels==0.1.17 "
+        f"(index {INDEX}) is not installed"
     )
     assert "\n" not in message and "reference" not in message
 

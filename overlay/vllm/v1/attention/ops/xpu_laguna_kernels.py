@@ -9,8 +9,10 @@ the decode kernel's explicit ``num_splits_kv``) and ``reshape_and_cache_flash``
 * XPU: ``vllm_xpu_kernels`` through ``vllm._xpu_ops`` and
   ``vllm._custom_ops``, the functions upstream's backend calls. A missing or
   too old kernel package is one :class:`MissingAttentionKernelsError` naming
-  ``vllm_xpu_kernels`` and the version this wheel pins; nothing else is ever
-  used on XPU (:meth:`AttentionKernelRegistry.register` refuses there).
+  ``vllm_xpu_kernels`` and the version and index this wheel pins (a missing
+  one found before anything imports it:
+  :mod:`vllm.platforms.xpu_laguna_kernels_check`); nothing else is ever used
+  on XPU (:meth:`AttentionKernelRegistry.register` refuses there).
 * a platform without FlashAttention kernels (CPU): only kernels registered
   with :data:`registry`. The series' CPU runtime registers pure-torch
   reference kernels through its test-side vLLM general plugin
@@ -27,14 +29,16 @@ from typing import Any
 
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
+from vllm.platforms.xpu_laguna_kernels_check import (
+    PACKAGE as XPU_KERNELS_PACKAGE,
+)
+from vllm.platforms.xpu_laguna_kernels_check import (
+    MissingAttentionKernelsError,
+    missing,
+    require_xpu_kernels,
+)
 
 logger = init_logger(__name__)
-
-XPU_KERNELS_PACKAGE = "vllm_xpu_kernels"
-
-
-class MissingAttentionKernelsError(RuntimeError):
-    """The kernels the FlashAttention backend needs are not there."""
 
 
 @dataclass(frozen=True)
@@ -47,26 +51,11 @@ class AttentionKernels:
     reshape_and_cache_flash: Callable[..., Any]
 
 
-def _pinned_xpu_kernels() -> str:
-    """The ``vllm_xpu_kernels`` version this wheel pins (its provenance)."""
-    from vllm import xpu_laguna_provenance
-
-    record = xpu_laguna_provenance.load() or {}
-    pin = record.get("pins", {}).get("xpu_runtime", {}).get(XPU_KERNELS_PACKAGE)
-    if pin:
-        return f"{XPU_KERNELS_PACKAGE}=={pin}"
-    return f"{XPU_KERNELS_PACKAGE} (the version requirements/xpu.txt names)"
-
-
 def _xpu_kernels() -> AttentionKernels:
-    """``vllm_xpu_kernels``' entry points, checked once."""
-
-    def missing(why: str) -> MissingAttentionKernelsError:
-        return MissingAttentionKernelsError(
-            f"XPU attention kernels missing: {_pinned_xpu_kernels()} {why}; "
-            "install the pinned version (README: installing the wheel)"
-        )
-
+    """``vllm_xpu_kernels``' entry points, checked once: installed (found
+    without importing it), importable, with the split count the exact path
+    passes."""
+    require_xpu_kernels()
     try:
         from vllm_xpu_kernels.flash_attn_interface import (
             flash_attn_varlen_func as kernel,
