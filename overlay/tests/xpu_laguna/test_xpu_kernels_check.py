@@ -52,7 +52,7 @@ def test_a_missing_package_on_xpu_is_one_line_naming_the_pin(looked_up):
     assert str(err.value) == (
         "XPU attention kernels missing: vllm_xpu_kernels==0.1.17 "
         f"(index {INDEX}) is not installed; install the pinned version "
-        "(README: installing the wheel)"
+        "(docs/install-xpu.md)"
     )
     assert asked == ["vllm_xpu_kernels"]
     assert check.PACKAGE not in sys.modules  # looked for, never imported

@@ -45,7 +45,7 @@ def missing(why: str) -> MissingAttentionKernelsError:
     """The one-line error: the pinned kernels, then ``why``."""
     return MissingAttentionKernelsError(
         f"XPU attention kernels missing: {pinned()} {why}; "
-        "install the pinned version (README: installing the wheel)"
+        "install the pinned version (docs/install-xpu.md)"
     )
 
 
