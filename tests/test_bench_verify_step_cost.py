@@ -1,6 +1,7 @@
-"""``scripts.bench.verify_step_cost`` at tiny sizes: its options, the one-line errors, and the
-structure of its tables (every part, mode and shape present; calls per step as the model has
-them; ratios, sums and differences that follow from the printed times). Nothing is timed."""
+"""``scripts.bench.verify_step_cost`` at tiny sizes: its options (its one-line errors:
+tests/test_tool_usage_errors.py), and the structure of its tables (every part, mode and shape
+present; calls per step as the model has them; ratios, sums and differences that follow from the
+printed times). Nothing is timed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from scripts.bench import verify_step_cost as vsc
 from scripts.device import op_invariance_check as oc
-from tests.tool_run import run_module
+from tests.tool_run import assert_help_names, run_module
 
 OPTIONS = ("--shapes", "--rows", "--parts", "--rounds", "--steps", "--host-steps", "--collective-steps")
 TINY = ("--shapes", "small", "--rounds", "2", "--steps", "2", "--host-steps", "2", "--collective-steps", "2")
@@ -116,28 +117,7 @@ def problems(text: str, parts: tuple[str, ...], rows: int = 8) -> list[str]:
 
 
 def test_help_names_every_option() -> None:
-    proc = _run("--help")
-    assert proc.returncode == 0
-    for option in (*OPTIONS, "--world", "--threads"):
-        assert option in proc.stdout
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--rows", "1"], "--rows must be 2..16"),
-        (["--rows", "eight"], "argument --rows: invalid int value"),
-        (["--parts", "forms,bogus"], "--parts must be a comma list of forms, collectives"),
-        (["--steps", "0"], "--steps must be at least 1"),
-        (["--world", "1"], "--world must be 2..16"),
-        (["--shapes", "huge"], "argument --shapes: invalid choice"),
-    ],
-)
-def test_bad_option_is_one_line_and_exit_2(argv: list[str], message: str) -> None:
-    proc = _run(*argv)
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and message in proc.stderr
+    assert_help_names(_run("--help"), *OPTIONS, "--world", "--threads")
 
 
 @pytest.fixture(scope="module")

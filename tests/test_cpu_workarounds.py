@@ -7,21 +7,16 @@ each acts only behind its own switch and only on the CPU platform. The live proo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from scripts.measure.emulation import PLUGIN_DIR
 from scripts.measure.series_attention.xpu_laguna_cpu_workarounds import APPLIED_LINE, DFLASH_QKV_ENV, LAGUNA_BIAS_ENV
+from tests.fake_vllm import run_probe, write_fake_vllm
 
 FAKE = {
-    "platforms/__init__.py": (
-        "import os\nclass _P:\n    def is_cpu(self):\n        return os.environ.get('FAKE_PLATFORM', 'cpu') == 'cpu'\n"
-        "current_platform = _P()\n"
-    ),
     # upstream's bug B: the loader ignores the routing bias (a `_bias` suffix it does not map)
     "model_executor/models/laguna.py": (
         "class _T:\n    def __init__(self, v): self.v = v\n    def to(self, dtype): return self\n"
@@ -59,21 +54,8 @@ print(json.dumps({"bias": [layer.mlp.p.data.v for layer in m.layers], "loaded": 
 
 
 def _run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    for rel, text in FAKE.items():
-        path = tmp_path / "vllm" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    for folder in [p for p in (tmp_path / "vllm").rglob("*") if p.is_dir()] + [tmp_path / "vllm"]:
-        (folder / "__init__.py").touch(exist_ok=True)
-    clean = {k: v for k, v in os.environ.items() if k not in (DFLASH_QKV_ENV, LAGUNA_BIAS_ENV, "PYTHONPATH")}
-    path = os.pathsep.join([str(PLUGIN_DIR), str(tmp_path)])
-    return subprocess.run(
-        [sys.executable, "-c", PROBE],
-        env={**clean, **env, "PYTHONPATH": path},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    path = [PLUGIN_DIR, write_fake_vllm(tmp_path, FAKE)]
+    return run_probe(PROBE, path, drop=(DFLASH_QKV_ENV, LAGUNA_BIAS_ENV), **env)
 
 
 def test_without_switches_the_pristine_bugs_stay(tmp_path: Path) -> None:

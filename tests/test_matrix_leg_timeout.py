@@ -21,6 +21,7 @@ import pytest
 from scripts import cpu_slots, procs
 from scripts.matrix import runner
 from scripts.matrix.legs import LEGS
+from tests.test_procs import alive
 
 HANG = textwrap.dedent(
     """
@@ -54,19 +55,11 @@ LIMIT_S = 3.0
 GRACE_S = 1.0
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
-
-
 def _left(pids_file: Path) -> list[int]:
     """The stand-in leg's processes still alive (its group's members and those it recorded)."""
     pids = json.loads(pids_file.read_text())
     everyone = {pids["child"], *pids["grandchildren"], *procs.group_members(pids["pgid"])}
-    return sorted(p for p in everyone if _alive(p))
+    return sorted(p for p in everyone if alive(p))
 
 
 @pytest.fixture

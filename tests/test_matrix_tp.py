@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +16,7 @@ from scripts.matrix.evaluate import evaluate
 from scripts.matrix.legs import EQUAL_BY_ARITHMETIC, LEGS, STANDIN_ENV, TP4_LEGS, TP_REDUCE_ENV
 from scripts.matrix.runner import leg_environment
 from scripts.measure.emulation import PLUGIN_DIR
+from tests.fake_vllm import run_probe, write_fake_vllm
 from tests.test_matrix_logprobs import TEACHER, _out
 
 LEG = {leg.name: leg for leg in LEGS}
@@ -40,19 +38,12 @@ def test_tp_legs_install_the_series_hooks_in_their_workers() -> None:
     assert "XPU_LAGUNA_CPU_SERIES_ATTENTION" not in leg_environment(LEG["teacher"], 1, "cpu", {})
 
 
-# A stand-in vllm package for the plugin probe: the platform (CPU unless FAKE_PLATFORM says
-# otherwise), the kernel registry the plugin also fills, and the overlay's real
+# A stand-in vllm package for the plugin probe (tests/fake_vllm.py: the platform is CPU unless
+# FAKE_PLATFORM says otherwise): the kernel registry the plugin also fills, and the overlay's real
 # xpu_laguna_collectives (its registration point and its one-line error) over stub envs/logger.
 FAKE_VLLM = {
     "envs.py": "",
     "logger.py": "import logging\ndef init_logger(name):\n    return logging.getLogger(name)\n",
-    "platforms/__init__.py": (
-        "import os\n"
-        "class _P:\n"
-        "    def is_cpu(self):\n"
-        "        return os.environ.get('FAKE_PLATFORM', 'cpu') == 'cpu'\n"
-        "current_platform = _P()\n"
-    ),
     "v1/attention/ops/xpu_laguna_kernels.py": (
         "class AttentionKernels:\n"
         "    def __init__(self, **kw):\n        self.__dict__.update(kw)\n"
@@ -89,21 +80,8 @@ def _probe_plugins(tmp_path: Path, **env: str) -> dict[str, object]:
     if not site.exists():
         site.mkdir()
         cpu_standins.lay(site)
-        for rel, text in FAKE_VLLM.items():
-            path = site / "vllm" / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        for folder in [p for p in (site / "vllm").rglob("*") if p.is_dir()] + [site / "vllm"]:
-            (folder / "__init__.py").touch(exist_ok=True)
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_PLUGINS", "FAKE_PLATFORM")}
-    done = subprocess.run(
-        [sys.executable, "-c", PLUGIN_PROBE],
-        env={**clean, **env, "PYTHONPATH": str(site)},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
+        write_fake_vllm(site, FAKE_VLLM)
+    done = run_probe(PLUGIN_PROBE, [site], drop=("VLLM_PLUGINS",), **env)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -1,5 +1,6 @@
 """Run a tooling command line as a developer does: ``python -m MODULE ARGS`` from the repository
-root, output captured as text, the exit status left to the test.
+root, output captured as text, the exit status left to the test; and what every tooling command
+line owes its caller: ``--help`` naming its options, a bad command line refused with exit status 2.
 
 The command runs in a process group of its own (:mod:`scripts.procs`): what it starts (a matrix
 leg, a server, a device check's leg) would outlive a plain ``subprocess.run`` time limit, which
@@ -24,3 +25,22 @@ def run_module(
     if done.timed_out:
         raise subprocess.TimeoutExpired(command, timeout, output=done.stdout, stderr=done.stderr)
     return subprocess.CompletedProcess(command, done.returncode, done.stdout, done.stderr)
+
+
+def assert_help_names(proc: subprocess.CompletedProcess[str], *options: str) -> None:
+    """``proc`` ran ``--help``: exit status 0, each of ``options`` named on stdout."""
+    assert proc.returncode == 0, proc.stderr
+    missing = [option for option in options if option not in proc.stdout]
+    assert not missing, (missing, proc.stdout)
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess[str], message: str, *, alone: bool = False) -> None:
+    """``proc`` refused its command line: exit status 2, nothing on stdout, ``message`` on stderr's
+    last line; ``alone``: that line (``error: ...``) is all of stderr (the tool checked the value
+    itself, or its parser prints one line), else argparse's usage lines may stand above it."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stdout == "", proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert lines and message in lines[-1], proc.stderr
+    if alone:
+        assert len(lines) == 1 and proc.stderr.startswith("error: ") and proc.stderr.endswith("\n"), proc.stderr

@@ -2,9 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Shared parts of the configuration-contract tests (test_contract.py,
 test_contract_modes.py): tiny config-only Laguna checkpoints, the series
-state (``series_on``: each test module makes it autouse for its own tests;
-an autouse fixture of a plugin module would reach every test of the
-session), a recorder of the contract's log lines, and a real ``VllmConfig``
+state (``series_on``: each test module uses it for all its tests through
+``pytestmark``; an autouse fixture of a plugin module would reach every
+test of the session), a recorder of the contract's log lines, and a real ``VllmConfig``
 built through vLLM's ``EngineArgs.create_engine_config``. The patch tests
 run without conftest files, so the test modules import the fixtures."""
 

@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Shared helpers for the XPU Laguna tests that build tiny Laguna models on
-CPU: the config-only checkpoints, the engine arguments of the in-process
-configs, the one-rank gloo group, and the driver processes (a driver builds
-a random tiny target and DFlash drafter, prints one JSON object of
-observations on its last stdout line; its test runs it once).
+CPU: the config-only checkpoints (a tiny Llama too, for the models the
+series leaves alone), the engine arguments of the in-process configs, the
+one-rank gloo group, the series toggles (the ``toggles`` fixtures' body),
+and the driver processes (a driver builds a random tiny target and DFlash
+drafter, records the row counts of its stand-ins' calls, prints one JSON
+object of observations on its last stdout line; its test runs it once).
 
 Imports no vLLM or transformers at module level: the drivers set their
 toggles before anything imports vLLM.
@@ -19,15 +21,17 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 HIDDEN = 64
 HEADS = 8  # q rows per token: 8 (8 tokens: 64 rows, a multiple of 16)
 KV_HEADS = 4
 HEAD_DIM = 32
 VOCAB = 256
+WIDTH = 8  # the verify width the drivers build for (the series' default)
 # The row-invariant toggles the row dispatch tests switch (and clear).
 ROW_DISPATCH_TOGGLES = (
     "VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM",
@@ -37,6 +41,20 @@ ROW_DISPATCH_TOGGLES = (
     "VLLM_XPU_LAGUNA_EXACT_VERIFY",
     "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
 )
+# The toggles the row-invariant routed experts tests switch (and clear).
+MOE_TOGGLES = (
+    "VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE",
+    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
+    "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
+)
+# The series-wide switches each row-invariant driver runs its observations
+# under (next to its own): the defaults, exact verify off, a narrower width.
+SERIES_VARIANTS: dict[str, dict[str, str]] = {
+    "default": {},
+    "exact_off": {"EXACT_VERIFY": "0"},
+    "width_4": {"VERIFY_WIDTH": "4"},
+}
+SettingsT = TypeVar("SettingsT")
 
 
 def free_port() -> int:
@@ -87,6 +105,25 @@ def tiny_laguna_config(
     )
     cfg.architectures = ["LagunaForCausalLM"]
     return cfg
+
+
+def write_tiny_llama(path: Path, num_layers: int = 2) -> Path:
+    """A config-only ``LlamaForCausalLM`` checkpoint in ``path`` (``HIDDEN``
+    wide, 4 query and 2 KV heads, ``VOCAB`` tokens, 256 positions): a model
+    the series does not act on."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        architectures=["LlamaForCausalLM"],
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    ).save_pretrained(path)
+    return path
 
 
 def tiny_engine_args(model: str, speculative_config: dict | None = None) -> Any:
@@ -201,9 +238,49 @@ def set_series_env(names: Sequence[str], **values: str) -> None:
     reset_series_scope()
 
 
-def emit(observe: Callable[[], dict[str, Any]]) -> int:
-    """A driver's main: print ``observe()`` (or the traceback as ``crash``)
-    as one JSON object on the last stdout line."""
+def toggles_fixture(
+    monkeypatch: Any, names: Sequence[str], reload: Callable[[], SettingsT]
+) -> Iterator[Callable[..., SettingsT]]:
+    """The body of a ``toggles`` fixture (``yield from`` it): ``names``
+    cleared, then ``set_(**values)``, which sets ``VLLM_XPU_LAGUNA_<key>``
+    for each value and returns ``reload()`` (the module's settings read
+    again, its counters reset); at teardown the environment is restored and
+    ``reload()`` runs again."""
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+
+    def set_(**values: str) -> SettingsT:
+        for key, value in values.items():
+            monkeypatch.setenv(f"VLLM_XPU_LAGUNA_{key}", value)
+        return reload()
+
+    set_()
+    yield set_
+    monkeypatch.undo()
+    reload()
+
+
+class Recorder:
+    """What a driver's stand-ins record: the row count of each call, by the
+    recorded name (``calls``), and which implementation each stand-in runs
+    (``mode``)."""
+
+    def __init__(self, **mode: str) -> None:
+        self.calls: dict[str, list[int]] = defaultdict(list)
+        self.mode = mode
+
+    def rows(self, name: str, x: Any) -> None:
+        """A call of ``name`` on the rows of ``x``."""
+        self.calls[name].append(int(x.shape[0]))
+
+
+def driver_main(observe: Callable[[], dict[str, Any]]) -> int:
+    """A driver's main: quiet vLLM logging and the series asked for (a CPU
+    run sets a toggle: ``series_in_scope``) unless the environment says
+    otherwise, before ``observe`` imports vLLM; then print ``observe()`` (or
+    the traceback as ``crash``) as one JSON object on the last stdout line."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
     try:
         results = observe()
     except Exception:  # noqa: BLE001

@@ -21,36 +21,25 @@ sharing an expert, as the XPU remap and grouped GEMM make it).
 
 from __future__ import annotations
 
-import os
 import sys
-from collections import defaultdict
 from typing import Any
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-# a CPU run asks for the series by setting a toggle (series_in_scope)
-os.environ.setdefault("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from laguna_model_testlib import (  # noqa: E402
+import torch
+from laguna_model_testlib import (
     HIDDEN,
+    MOE_TOGGLES,
+    SERIES_VARIANTS,
+    WIDTH,
+    Recorder,
     build_target_and_drafter,
-    emit,
+    driver_main,
     set_series_env,
 )
-from moe_row_standins import grouped_experts  # noqa: E402
+from moe_row_standins import grouped_experts
+from torch import nn
+from torch.nn import functional as F
 
-WIDTH = 8
-TOGGLES = (
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE",
-    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
-    "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
-)
-CALLS: dict[str, list[int]] = defaultdict(list)
-MODE = {"experts": "real"}
+RECORD = Recorder(experts="real")
 
 
 def build() -> tuple[Any, nn.Module, nn.Module]:
@@ -86,8 +75,8 @@ def _instrument(prefix: str, moe: nn.Module) -> None:
 
     def apply(**kw: Any) -> Any:  # the modular kernel passes keywords
         x = kw["hidden_states"]
-        CALLS[f"{prefix}.experts"].append(int(x.shape[0]))
-        if MODE["experts"] == "standin":
+        RECORD.rows(f"{prefix}.experts", x)
+        if RECORD.mode["experts"] == "standin":
             out = grouped_experts(x, w13, w2, kw["topk_weights"], kw["topk_ids"])
             kw["output"].copy_(out)
             return None
@@ -103,8 +92,7 @@ def _record(name: str, obj: Any, attr: str) -> None:
     real = getattr(obj, attr)
 
     def call(*args, **kwargs):
-        x = kwargs.get("hidden_states", args[0] if args else None)
-        CALLS[name].append(int(x.shape[0]))
+        RECORD.rows(name, kwargs.get("hidden_states", args[0] if args else None))
         return real(*args, **kwargs)
 
     setattr(obj, attr, call)
@@ -113,7 +101,7 @@ def _record(name: str, obj: Any, attr: str) -> None:
 def set_toggles(**values: str) -> None:
     from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
 
-    set_series_env(TOGGLES, **values)
+    set_series_env(MOE_TOGGLES, **values)
     rim.moe_settings.cache_clear()
     rim.counters.reset()
 
@@ -131,10 +119,10 @@ def calls(config: Any, target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for model in (target, drafter):
         for m in (1, 4, WIDTH, 12):
-            CALLS.clear()
+            RECORD.calls.clear()
             with set_forward_context(None, config), torch.no_grad():
                 _moe(model)(_x(m, seed=m))
-            for key, value in CALLS.items():
+            for key, value in RECORD.calls.items():
                 out[f"{key}/{m}"] = list(value)
     out["counters"] = dict(rim.counters.calls)
     return out
@@ -171,27 +159,22 @@ def installed(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
 
 def run(config: Any, target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     res: dict[str, Any] = {"installed": installed(target, drafter)}
-    variants: dict[str, dict[str, str]] = {
-        "default": {},
-        "off": {"ROW_INVARIANT_MOE": "off"},
-        "exact_off": {"EXACT_VERIFY": "0"},
-        "width_4": {"VERIFY_WIDTH": "4"},
-    }
+    variants = {**SERIES_VARIANTS, "off": {"ROW_INVARIANT_MOE": "off"}}
     for name, toggles in variants.items():
         set_toggles(**toggles)
         res[f"calls/{name}"] = calls(config, target, drafter)
         res[f"bitwise/real/{name}"] = bitwise(config, target, drafter)
-    MODE["experts"] = "standin"
+    RECORD.mode["experts"] = "standin"
     for name, toggles in variants.items():
         set_toggles(**toggles)
         res[f"bitwise/standin/{name}"] = bitwise(config, target, drafter)
-    MODE["experts"] = "real"
+    RECORD.mode["experts"] = "real"
     set_toggles()
     return res
 
 
 def main() -> int:
-    return emit(lambda: run(*build()))
+    return driver_main(lambda: run(*build()))
 
 
 if __name__ == "__main__":

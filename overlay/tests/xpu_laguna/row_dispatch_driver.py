@@ -25,36 +25,29 @@ the attention kernel is a stub returning q (no KV cache on this path).
 
 from __future__ import annotations
 
-import os
 import sys
-from collections import defaultdict
 from typing import Any
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-# a CPU run asks for the series by setting a toggle (series_in_scope)
-os.environ.setdefault("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from laguna_model_testlib import (  # noqa: E402
+import torch
+from laguna_model_testlib import (
     HIDDEN,
     ROW_DISPATCH_TOGGLES,
+    SERIES_VARIANTS,
+    WIDTH,
+    Recorder,
     build_target_and_drafter,
-    emit,
+    driver_main,
     set_series_env,
 )
-from row_invariant_standins import (  # noqa: E402
+from row_invariant_standins import (
     m_dependent_linear,
     row_wise_interpreter_dot,
     xpu_rms_norm,
 )
+from torch import nn
+from torch.nn import functional as F
 
-WIDTH = 8
-CALLS: dict[str, list[int]] = defaultdict(list)
-MODE = {"gemm": "flinear", "norm": "real"}
+RECORD = Recorder(gemm="flinear", norm="real")
 
 
 def build() -> tuple[Any, nn.Module, nn.Module]:
@@ -90,8 +83,8 @@ def _instrument(prefix: str, model: nn.Module) -> None:
 
 def _recording_gemm(name: str):
     def gemm(x, weight, bias):
-        CALLS[name].append(int(x.shape[0]))
-        if MODE["gemm"] == "standin":
+        RECORD.rows(name, x)
+        if RECORD.mode["gemm"] == "standin":
             return m_dependent_linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
@@ -102,8 +95,8 @@ def _recording_norm(name: str, norm: nn.Module):
     real = norm.forward
 
     def forward(x, residual=None):
-        CALLS[name].append(int(x.shape[0]))
-        if MODE["norm"] == "standin":
+        RECORD.rows(name, x)
+        if RECORD.mode["norm"] == "standin":
             return xpu_rms_norm(x, norm.weight.data, norm.variance_epsilon)
         return real(x, residual)
 
@@ -184,10 +177,10 @@ def gemm_calls(
     out: dict[str, Any] = {}
     for unit, (fn, recorder, width) in _units(target, drafter).items():
         for m in rows:
-            CALLS.clear()
+            RECORD.calls.clear()
             with torch.no_grad():
                 fn(_x(m, width))
-            out[f"{unit}/{m}"] = list(CALLS[recorder])
+            out[f"{unit}/{m}"] = list(RECORD.calls[recorder])
     out["counters"] = {"/".join(k): v for k, v in rd.counters.calls.items()}
     return out
 
@@ -236,26 +229,24 @@ def norm_calls(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
         ("draft", drafter.model.layers[0].self_attn),
     ):
         for m in (1, 2, 3, 8, 12):
-            CALLS.clear()
+            RECORD.calls.clear()
             with torch.no_grad():
                 attn(torch.arange(m), _x(m, HIDDEN))
             for norm in ("q_norm", "k_norm"):
                 key = f"{prefix}.model.layers.0.self_attn.{norm}"
-                out[f"{prefix}/{norm}/{m}"] = list(CALLS[key])
+                out[f"{prefix}/{norm}/{m}"] = list(RECORD.calls[key])
     return out
 
 
 def run(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     res: dict[str, Any] = {"installed": installed(target, drafter)}
     rows = (1, 4, WIDTH, 12)
-    variants: dict[str, dict[str, str]] = {
-        "default": {},
+    variants = {
+        **SERIES_VARIANTS,
         "linears_none": {"ROW_INVARIANT_LINEARS": "none"},
         "linears_router": {"ROW_INVARIANT_LINEARS": "router,lm_head"},
         "form_rows": {"ROW_INVARIANT_LINEAR_FORM": "rows"},
         "form_plain": {"ROW_INVARIANT_LINEAR_FORM": "plain"},
-        "exact_off": {"EXACT_VERIFY": "0"},
-        "width_4": {"VERIFY_WIDTH": "4"},
     }
     for name, toggles in variants.items():
         set_toggles(**toggles)
@@ -270,7 +261,7 @@ def run(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     with row_wise_interpreter_dot():
         res["calls/batch_invariant"] = gemm_calls(target, drafter, (1, WIDTH, 12))
         res["bitwise/batch_invariant"] = bitwise(target, drafter)
-    MODE.update(gemm="standin", norm="standin")
+    RECORD.mode.update(gemm="standin", norm="standin")
     for name, toggles in {
         "default": {},
         "tokens": {
@@ -285,13 +276,13 @@ def run(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     }.items():
         set_toggles(**toggles)
         res[f"bitwise/standin/{name}"] = bitwise(target, drafter)
-    MODE.update(gemm="flinear", norm="real")
+    RECORD.mode.update(gemm="flinear", norm="real")
     set_toggles()
     return res
 
 
 def main() -> int:
-    return emit(lambda: run(*build()[1:]))
+    return driver_main(lambda: run(*build()[1:]))
 
 
 if __name__ == "__main__":

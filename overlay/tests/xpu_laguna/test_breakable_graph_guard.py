@@ -15,10 +15,12 @@ same step with the guard bypassed replays stale memory.
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 from breakable_graph_standins import piecewise_forward_context
+from laguna_model_testlib import write_tiny_llama
 from xpu_laguna_standins.emulated_graphs import recording_backend
 
 from vllm.compilation.xpu_breakable_graph.errors import StaticInputMismatchError
@@ -36,19 +38,11 @@ LAYERS = {"a0": "A", "a1": "A", "b0": "B"}
 
 
 def _config() -> VllmConfig:
-    from transformers import LlamaConfig
-
-    path = tempfile.mkdtemp(prefix="breakable-guard-")
-    LlamaConfig(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=1,
-        intermediate_size=64,
-        vocab_size=256,
-    ).save_pretrained(path)
+    path = write_tiny_llama(Path(tempfile.mkdtemp(prefix="breakable-guard-")), 1)
     return VllmConfig(
-        model_config=ModelConfig(model=path, skip_tokenizer_init=True, dtype="float32")
+        model_config=ModelConfig(
+            model=str(path), skip_tokenizer_init=True, dtype="float32"
+        )
     )
 
 

@@ -53,9 +53,8 @@ from vllm.config import CompilationMode, CUDAGraphMode
 pytest_plugins = ("contract_testlib",)
 
 
-@pytest.fixture(autouse=True)
-def _series_state(series_on) -> None:
-    """Every test here starts from the series state of ``series_on``."""
+# every test here starts from the series state of ``series_on``
+pytestmark = pytest.mark.usefixtures("series_on")
 
 
 # ------------------------------------------------------------------- rules

@@ -7,8 +7,6 @@ contract_testlib.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from contract_testlib import (
     COMPILE_LINE,
@@ -16,7 +14,7 @@ from contract_testlib import (
     make_config,
     refused_line,
 )
-from laguna_model_testlib import VOCAB
+from laguna_model_testlib import write_tiny_llama
 
 from vllm.config import CompilationMode, CUDAGraphMode
 
@@ -24,9 +22,8 @@ from vllm.config import CompilationMode, CUDAGraphMode
 pytest_plugins = ("contract_testlib",)
 
 
-@pytest.fixture(autouse=True)
-def _series_state(series_on) -> None:
-    """Every test here starts from the series state of ``series_on``."""
+# every test here starts from the series state of ``series_on``
+pytestmark = pytest.mark.usefixtures("series_on")
 
 
 # ------------------------------------------------ compilation and graph modes
@@ -184,7 +181,7 @@ def test_a_bad_series_value_is_not_checked_for_another_model(
     """Negative control of the value check: not a Laguna target, upstream's
     behaviour (the series' variables are not read)."""
     monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_TP_REDUCE", "yes")
-    target = _tiny_llama(tmp_path)
+    target = write_tiny_llama(tmp_path / "tiny-llama")
     from vllm.engine.arg_utils import EngineArgs
 
     assert EngineArgs(
@@ -253,23 +250,6 @@ def test_a_config_without_a_model_is_left_alone(monkeypatch, log_lines) -> None:
     assert log_lines == []
 
 
-def _tiny_llama(root: Path) -> Path:
-    from transformers import LlamaConfig
-
-    path = root / "tiny-llama"
-    LlamaConfig(
-        architectures=["LlamaForCausalLM"],
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    ).save_pretrained(path)
-    return path
-
-
 def test_another_model_keeps_its_configuration(
     tmp_path, monkeypatch, log_lines
 ) -> None:
@@ -279,7 +259,7 @@ def test_another_model_keeps_its_configuration(
     from vllm.engine.arg_utils import EngineArgs
 
     monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
-    target = _tiny_llama(tmp_path)
+    target = write_tiny_llama(tmp_path / "tiny-llama")
     cfg = EngineArgs(
         model=str(target),
         max_model_len=256,
@@ -322,7 +302,7 @@ def test_the_scope_reaches_the_worker_predicates(models, tmp_path, monkeypatch) 
     monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
     laguna = make_config(models, tensor_parallel_size=2)
     llama = EngineArgs(
-        model=str(_tiny_llama(tmp_path)),
+        model=str(write_tiny_llama(tmp_path / "tiny-llama")),
         max_model_len=256,
         skip_tokenizer_init=True,
         tensor_parallel_size=2,

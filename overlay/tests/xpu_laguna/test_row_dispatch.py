@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from laguna_model_testlib import ROW_DISPATCH_TOGGLES
+from laguna_model_testlib import ROW_DISPATCH_TOGGLES, toggles_fixture
 from row_invariant_standins import (
     m_dependent_linear,
     row_wise_interpreter_dot,
@@ -41,20 +41,11 @@ LAGUNA_S_HEADS = (12, 18, 2)
 
 @pytest.fixture
 def toggles(monkeypatch):
-    for name in ROW_DISPATCH_TOGGLES:
-        monkeypatch.delenv(name, raising=False)
-
-    def set_(**values: str) -> rd.Settings:
-        for key, value in values.items():
-            monkeypatch.setenv(f"VLLM_XPU_LAGUNA_{key}", value)
+    def reload() -> rd.Settings:
         rd.counters.reset()
         return rd.refresh()
 
-    set_()
-    yield set_
-    monkeypatch.undo()
-    rd.refresh()
-    rd.counters.reset()
+    yield from toggles_fixture(monkeypatch, ROW_DISPATCH_TOGGLES, reload)
 
 
 def _rows_equal_decode(fn, x: torch.Tensor) -> list[bool]:

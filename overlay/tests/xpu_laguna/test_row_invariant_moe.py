@@ -23,37 +23,23 @@ from typing import Any
 
 import pytest
 import torch
-from laguna_model_testlib import run_driver
+from laguna_model_testlib import MOE_TOGGLES, run_driver, toggles_fixture
 from moe_row_standins import grouped_experts
 
 from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
 
 DRIVER = Path(__file__).with_name("moe_row_driver.py")
-TOGGLES = (
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE",
-    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
-    "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
-)
 HIDDEN, INTER, EXPERTS, TOP_K = 64, 32, 16, 4
 
 
 @pytest.fixture
 def toggles(monkeypatch):
-    for name in TOGGLES:
-        monkeypatch.delenv(name, raising=False)
-
-    def set_(**values: str) -> rim.MoESettings:
-        for key, value in values.items():
-            monkeypatch.setenv(f"VLLM_XPU_LAGUNA_{key}", value)
+    def reload() -> rim.MoESettings:
         rim.moe_settings.cache_clear()
         rim.counters.reset()
         return rim.moe_settings()
 
-    set_()
-    yield set_
-    monkeypatch.undo()
-    rim.moe_settings.cache_clear()
-    rim.counters.reset()
+    yield from toggles_fixture(monkeypatch, MOE_TOGGLES, reload)
 
 
 class StandInMethod:

@@ -176,6 +176,14 @@ def _dequant(x: torch.Tensor, descale: torch.Tensor | float | None) -> torch.Ten
     return x.to(torch.float32)
 
 
+def _window(window_size: tuple[int, int] | list[int] | None) -> tuple[int, int]:
+    """A kernel's ``window_size`` as Python ints (left, right); -1: unbounded."""
+    if window_size is None:
+        return -1, -1
+    left, right = window_size
+    return int(left), int(right)
+
+
 def paged_attention(
     q: torch.Tensor,
     key_cache: torch.Tensor,
@@ -208,7 +216,7 @@ def paged_attention(
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    left, right = (-1, -1) if window_size is None else tuple(window_size)
+    left, right = _window(window_size)
     block_size = key_cache.shape[1]
     cu = cu_seqlens_q.tolist()
     kv_lens = seqused_k.tolist()
@@ -221,7 +229,7 @@ def paged_attention(
                 len(cu) - 1,
                 q.shape[1],
                 key_cache.shape[2],
-                split_plan.effective_seqlen_k(int(longest), int(left)),
+                split_plan.effective_seqlen_k(int(longest), left),
                 block_size,
                 split_plan.device_xe_cores(),
             )
@@ -240,18 +248,10 @@ def paged_attention(
         k_seq = _dequant(k[:kv_len], k_scale)
         v_seq = _dequant(v[:kv_len], v_scale)
         if decode and end - start == 1:
-            ranges = split_plan.split_ranges(kv_len, splits, block_size, int(left))
-            res = _attend_split_k(q_seq, k_seq, v_seq, float(softmax_scale), int(left), ranges, out.dtype)
+            ranges = split_plan.split_ranges(kv_len, splits, block_size, left)
+            res = _attend_split_k(q_seq, k_seq, v_seq, float(softmax_scale), left, ranges, out.dtype)
         else:
-            res = _attend_one(
-                q_seq,
-                k_seq,
-                v_seq,
-                float(softmax_scale),
-                bool(causal),
-                int(left),
-                int(right),
-            )
+            res = _attend_one(q_seq, k_seq, v_seq, float(softmax_scale), bool(causal), left, right)
         out[start:end] = res.to(out.dtype)
     return out
 
@@ -336,23 +336,17 @@ def flash_attn_varlen_func(
         )
     # Contiguous (non-paged) KV: k/v are (total_k, num_kv_heads, head_size).
     assert cu_seqlens_k is not None
-    left, right = (-1, -1) if window_size is None else tuple(window_size)
+    left, right = _window(window_size)
     cu_q = cu_seqlens_q.tolist()
     cu_k = cu_seqlens_k.tolist()
     for i in range(len(cu_q) - 1):
         qs, qe, ks, ke = cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]
         if qe == qs:
             continue
-        res = _attend_one(
-            q[qs:qe].to(torch.float32),
-            _dequant(k[ks:ke], _scalar(k_descale)),
-            _dequant(v[ks:ke], _scalar(v_descale)),
-            float(softmax_scale),
-            bool(causal),
-            int(left),
-            int(right),
-        )
-        out[qs:qe] = res.to(out.dtype)
+        k_seq = _dequant(k[ks:ke], _scalar(k_descale))
+        v_seq = _dequant(v[ks:ke], _scalar(v_descale))
+        q_seq = q[qs:qe].to(torch.float32)
+        out[qs:qe] = _attend_one(q_seq, k_seq, v_seq, float(softmax_scale), bool(causal), left, right).to(out.dtype)
     return out
 
 
