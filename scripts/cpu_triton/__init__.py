@@ -14,12 +14,20 @@ So :mod:`scripts.cpu_stand_in` copies into the runtime's site-packages:
   ``TRITON_INTERPRET`` is unset), found by Triton through
 * ``xpu_laguna_triton_cpu-0.dist-info/entry_points.txt``: ``[triton.backends] cpu = ...``;
 * ``xpu_laguna_triton_interpret.pth``: sets ``TRITON_INTERPRET=1`` (unless set) in every interpreter
-  of the runtime at start-up, spawned engine cores and workers included, and installs
-  ``xpu_laguna_triton_cpu/masks.py``: the interpreter then takes a non-boolean mask as ``!= 0``,
-  as compiled Triton does (PyPI Triton 3.9.0's interpreter refuses one that V2's kernels build).
+  of the runtime at start-up, spawned engine cores and workers included, and runs
+  ``xpu_laguna_triton_cpu.install()``, which, when Triton imports its interpreter, installs
 
-No Triton or vLLM file is edited (the mask fix patches the interpreter's class when Triton
-imports it).
+  - ``masks.py``: the interpreter takes a non-boolean mask as ``!= 0``, as compiled Triton does
+    (PyPI Triton 3.9.0's interpreter refuses one that V2's kernels build);
+  - ``fast_launch.py``: the interpreter without its fixed costs per launch (the language patched
+    once, no host copies of CPU tensors, per-kernel lookups once), every program computing what
+    it did; ``VXL_TRITON_STOCK_INTERPRETER=1`` leaves it out;
+  - ``record.py``, only with ``VXL_TRITON_RECORD=DIR``: every kernel launch counted, the first
+    distinct ones of each kernel saved with their arguments, for ``replay.py`` (the replay test,
+    ``scripts/bench/triton_interpreter.py``).
+
+No Triton or vLLM file is edited (the fixes patch the interpreter's module when Triton imports
+it, :mod:`xpu_laguna_triton_cpu.interpreter_hook`).
 """
 
 from __future__ import annotations
@@ -30,6 +38,4 @@ HERE = Path(__file__).resolve().parent
 PACKAGE = "xpu_laguna_triton_cpu"
 DIST_INFO = f"{PACKAGE}-0.dist-info"
 PTH = "xpu_laguna_triton_interpret.pth"
-PTH_TEXT = (
-    "import os; os.environ.setdefault('TRITON_INTERPRET', '1'); import xpu_laguna_triton_cpu.masks as m; m.install()\n"
-)
+PTH_TEXT = "import os; os.environ.setdefault('TRITON_INTERPRET', '1'); import xpu_laguna_triton_cpu as p; p.install()\n"

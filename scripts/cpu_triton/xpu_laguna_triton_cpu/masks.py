@@ -7,18 +7,14 @@ vLLM 0.34.0's V2 runner builds such masks (the n-gram speculator's draft gather,
 bitmask kernel of the JIT warm-up). Compiled Triton treats a nonzero integer mask as true, so the
 stand-in converts a non-boolean mask to ``mask != 0`` before the interpreter's load or store.
 
-Installed by the runtime's ``.pth`` file: a finder patches ``triton.runtime.interpreter`` right
-after Triton executes it, so nothing is imported at start-up and no Triton file is edited.
+Installed by the runtime's ``.pth`` file (:func:`xpu_laguna_triton_cpu.install`): the class is patched
+right after Triton executes ``triton.runtime.interpreter`` (:mod:`.interpreter_hook`), so nothing is
+imported at start-up and no Triton file is edited.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
 from typing import Any
-
-MODULE = "triton.runtime.interpreter"
 
 
 def _fix(module: Any) -> None:
@@ -42,25 +38,7 @@ def _fix(module: Any) -> None:
     builder.create_masked_store = create_masked_store
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_fix(module: Any) -> None:
-            exec_module(module)
-            _fix(module)
-
-        spec.loader.exec_module = exec_and_fix  # type: ignore[method-assign]
-        return spec
-
-
 def install() -> None:
-    if MODULE in sys.modules:
-        _fix(sys.modules[MODULE])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    from .interpreter_hook import after_import
+
+    after_import(_fix)
