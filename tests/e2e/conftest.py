@@ -83,6 +83,7 @@ SLOW_FIRST = (
     "test_laguna_spec_decode.py",
     "test_exact_verify_e2e.py",
     "test_series_scope_e2e.py",
+    "test_triton_interpreter_replay.py",
 )
 
 
