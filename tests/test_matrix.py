@@ -178,7 +178,11 @@ def test_the_time_table_splits_each_legs_wall_time_into_start_up_generation_and_
     from scripts.matrix.report import time_table
 
     teacher = [[1, 2, 3], [4, 5, 6]]
-    timed = _rows(teacher) | {"startup_seconds": 30.0, "wall_seconds": 42.5}
+    timed = _rows(teacher) | {
+        "startup_seconds": 30.0,
+        "wall_seconds": 42.5,
+        "interpreter": {"seconds": 7.25, "launches": 90},
+    }
     outputs = {
         "teacher": timed,
         "dflash-graph0-meta0": _rows(teacher),
@@ -187,8 +191,8 @@ def test_the_time_table_splits_each_legs_wall_time_into_start_up_generation_and_
     results = {r.name: r for r in evaluate(outputs, LEGS, 2)}
     assert (results["teacher"].startup_seconds, results["teacher"].wall_seconds) == (30.0, 42.5)
     text = time_table(list(results.values())).splitlines()
-    assert text[0].split() == ["leg", "wall", "s", "start-up", "s", "generate", "s", "other", "s"]
+    assert text[0].split() == ["leg", "wall", "s", "start-up", "s", "generate", "s", "other", "s", "interp", "s"]
     rows = {line.split()[0]: line.split()[1:] for line in text[2:]}
-    assert rows["teacher"] == ["42.5", "30.0", "0.2", "12.3"]  # 2 prompts x 0.1 s generating
-    assert rows["dflash-graph0-meta0"] == ["0.0", "0.0", "0.2", "0.0"]  # no process timing reported
+    assert rows["teacher"] == ["42.5", "30.0", "0.2", "12.3", "7.2"]  # 2 prompts x 0.1 s generating
+    assert rows["dflash-graph0-meta0"] == ["0.0", "0.0", "0.2", "0.0", "-"]  # no timing reported (a device)
     assert "dflash-graph1-meta0" not in rows

@@ -107,6 +107,8 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
     return {
         "rows": rows,
         "startup_seconds": startup_seconds,
+        # TP 1: the engine runs in this process; past TP 1 each rank's is in attention.ranks
+        "interpreter": interpreter_time() if config["tp"] == 1 else attention["ranks"][0].get("interpreter", {}),
         "draft_tokens": drafts,
         "accepted_tokens": accepted,
         "acceptance_rate": (accepted / drafts) if drafts else None,
@@ -134,7 +136,18 @@ def _acceptance(metrics: Any) -> dict[str, Any]:
 def _rank_counts(worker: Any) -> dict[str, Any]:
     from vllm.v1.attention.backends import xpu_laguna_exact
 
-    return xpu_laguna_exact.counters.snapshot()
+    return {**xpu_laguna_exact.counters.snapshot(), "interpreter": interpreter_time()}
+
+
+def interpreter_time() -> dict[str, Any]:
+    """Seconds and launches of the interpreted Triton kernels in this process: the stand-in CPU
+    runtime's backend counts them (``xpu_laguna_triton_cpu.fast_launch``); empty elsewhere (a
+    device, or the stock interpreter)."""
+    try:
+        from xpu_laguna_triton_cpu import fast_launch
+    except ImportError:
+        return {}
+    return fast_launch.launch_time()
 
 
 def _worker_counts(llm: Any, counts: dict[str, Any], tp: int) -> dict[str, Any]:

@@ -27,6 +27,7 @@ class LegResult:
     seconds: float = 0.0  # generation: the prompts' generate calls
     startup_seconds: float = 0.0  # the engine's construction (weights, KV cache, warm-up, graphs)
     wall_seconds: float = 0.0  # the leg's process, start to exit
+    interpreter_seconds: float | None = None  # interpreted Triton launches (rank 0), CPU runtime only
     attention: dict[str, Any] = field(default_factory=dict)
     logprobs: dict[str, Any] = field(default_factory=dict)  # see logprob_verdict()
     longest_context: int = 0  # prompt + generated tokens of the longest request
@@ -182,6 +183,8 @@ def evaluate(
         result.seconds = sum(r["seconds"] for r in data["rows"])
         result.startup_seconds = float(data.get("startup_seconds", 0.0))
         result.wall_seconds = float(data.get("wall_seconds", 0.0))
+        interpreter = data.get("interpreter") or {}
+        result.interpreter_seconds = float(interpreter["seconds"]) if "seconds" in interpreter else None
         if leg.diagnostic and not leg.equal_by_arithmetic(default_tp):
             # tokens reported, only its negative control gates
             logprob_verdict(result, leg, teacher["rows"], data["rows"], require_bitwise, long_context, default_tp)

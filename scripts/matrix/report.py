@@ -85,14 +85,19 @@ def table(results: list[LegResult]) -> str:
 
 def time_table(results: list[LegResult]) -> str:
     """Where each leg's time went: its process (wall), the engine's start-up, the generate calls,
-    and the rest (imports, shutdown, the evaluation's own work); seconds."""
-    head = f"{'leg':<28} {'wall s':>8} {'start-up s':>10} {'generate s':>10} {'other s':>8}"
+    the rest (imports, shutdown, the evaluation's own work), and of it all the time in interpreted
+    Triton kernels (the stand-in CPU runtime; rank 0 past TP 1; "-" elsewhere); seconds."""
+    head = f"{'leg':<28} {'wall s':>8} {'start-up s':>10} {'generate s':>10} {'other s':>8} {'interp s':>8}"
     lines = [head, "-" * len(head)]
     for r in results:
         if not (r.wall_seconds or r.startup_seconds or r.seconds):
             continue
         other = max(r.wall_seconds - r.startup_seconds - r.seconds, 0.0) if r.wall_seconds else 0.0
-        lines.append(f"{r.name:<28} {r.wall_seconds:>8.1f} {r.startup_seconds:>10.1f} {r.seconds:>10.1f} {other:>8.1f}")
+        interp = "-" if r.interpreter_seconds is None else f"{r.interpreter_seconds:.1f}"
+        lines.append(
+            f"{r.name:<28} {r.wall_seconds:>8.1f} {r.startup_seconds:>10.1f} {r.seconds:>10.1f} {other:>8.1f} "
+            f"{interp:>8}"
+        )
     return "\n".join(lines)
 
 

@@ -16,12 +16,13 @@ import gc
 import importlib.util
 import json
 import pickle
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -32,6 +33,7 @@ if str(REPO_ROOT) not in sys.path:
 from scripts.cpu_slots import leased_environ
 from scripts.tiny_laguna import TinyModels, ensure_models, generate
 
+T = TypeVar("T")
 SEED = 0
 KV_CACHE_BYTES = 256 << 20
 MAX_MODEL_LEN = 512
@@ -81,9 +83,10 @@ SLOW_FIRST = (
     "test_row_invariance_check.py",
     "test_laguna_parity.py",
     "test_laguna_spec_decode.py",
-    "test_exact_verify_e2e.py",
     "test_series_scope_e2e.py",
     "test_triton_interpreter_replay.py",
+    # last: it reads the fast matrix run (fast_matrix_run), done by the time a worker takes it
+    "test_exact_verify_e2e.py",
 )
 
 
@@ -264,20 +267,24 @@ def vllm_greedy() -> Callable[..., EngineRun]:
     return run_greedy
 
 
-def _shared(config: pytest.Config, name: str, compute: Callable[[], EngineRun]) -> EngineRun:
+def _shared(config: pytest.Config, name: str, compute: Callable[[], T]) -> T:
     """``compute()`` once for all xdist workers: the first one computes it under a lock and leaves
-    it in :func:`_shared_dir`, the others wait for the lock and read it (plain data only)."""
+    it in :func:`_shared_dir`, the others wait for the lock and read it (picklable data only)."""
     folder = _shared_dir(config)
     path = folder / f"{name}.pickle"
     with (folder / f"{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.exists():
-            data = pickle.loads(path.read_bytes())
-            return EngineRun([Completion(**c) for c in data["completions"]], data["metrics"], data["seconds"])
-        run = compute()
-        plain = {"completions": [asdict(c) for c in run.completions], "metrics": run.metrics, "seconds": run.seconds}
-        path.write_bytes(pickle.dumps(plain))
-        return run
+            value: T = pickle.loads(path.read_bytes())
+            return value
+        value = compute()
+        path.write_bytes(pickle.dumps(value))
+        return value
+
+
+def _plain(run: EngineRun) -> EngineRun:
+    """``run`` without the metric objects of ``LLM.get_metrics()`` (not picklable)."""
+    return EngineRun(run.completions, run.metrics, run.seconds)
 
 
 @pytest.fixture(scope="session")
@@ -290,4 +297,19 @@ def baseline_run(tiny_models: TinyModels, request: pytest.FixtureRequest) -> Ite
         MEASURED["non-speculative engine run (start-up included)"] = f"{run.seconds:.1f} s"
         return run
 
-    yield _shared(request.config, "baseline_run", teacher)
+    yield _shared(request.config, "baseline_run", lambda: _plain(teacher()))
+
+
+@pytest.fixture(scope="session")
+def fast_matrix_run(request: pytest.FixtureRequest) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """ONE matrix run for every file that reads it (the fast subset, the TP 2 legs, the
+    diagnostics, the mutation leg: test_matrix_fast.py; the exact verify and prebuilt metadata
+    counts: test_exact_verify_e2e.py), started once for all xdist workers: 6 prompts plus the
+    long-context one, every default leg but the TP 1 graph legs (test_matrix_graphs.py runs them).
+    Legs run side by side on the CPU slots."""
+    from matrix_runs import FAST_RUN_ARGS, run_matrix
+
+    def run() -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+        return run_matrix(request.config._tmp_path_factory.mktemp("fast"), *FAST_RUN_ARGS)  # type: ignore[attr-defined]
+
+    return _shared(request.config, "fast_matrix_run", run)

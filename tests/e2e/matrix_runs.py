@@ -37,3 +37,15 @@ FAST_RUN_LEGS = tuple(leg.name for leg in LEGS if leg.name not in GRAPH_RUN_LEGS
 TP4_RUN_LEGS = tuple(leg.name for leg in TP4_LEGS)
 """test_matrix_tp4.py: the opt-in TP 4 legs."""
 CI_MATRIX_RUNS = {"fast": FAST_RUN_LEGS, "graphs": GRAPH_RUN_LEGS, "tp4": TP4_RUN_LEGS}
+
+# The fast run (conftest.py ``fast_matrix_run``): 6 prompts x 64 tokens and the long one. On the
+# interpreted 0.34.0 runtime a generated token costs about 10x the 0.32.0 runtime's
+# (docs/cpu-runs.md), so it keeps 6 of the full matrix's 13 prompts (every leg, the long-context
+# prompt and a KV-block rollover kept); the TP 2 graph leg then replays about 70 times (tiny pair,
+# 5.6 tokens per verify step; docs/tiny-laguna.md); the full matrix asks 200 of 13 x 128 tokens.
+FAST_PROMPTS = 6
+FAST_MIN_REPLAYS = 50
+FAST_RUN_ARGS = (
+    "--prompts", str(FAST_PROMPTS), "--max-tokens", "64", "--legs", ",".join(FAST_RUN_LEGS),
+    "--min-graph-replays", str(FAST_MIN_REPLAYS),
+)  # fmt: skip

@@ -16,36 +16,26 @@ import subprocess
 from typing import Any
 
 import pytest
-from matrix_runs import FAST_RUN_LEGS, run_matrix
+from matrix_runs import FAST_MIN_REPLAYS, FAST_PROMPTS, FAST_RUN_LEGS
 
 from scripts.matrix.legs import EMULATED_GRAPH_CLASS, PASSED_EMULATED_GRAPHS
 
-# 6 prompts x 64 tokens and the long one: on the interpreted 0.34.0 runtime a generated token costs
-# about 10x the 0.32.0 runtime's (docs/cpu-runs.md), so the fast run keeps 6 of the full matrix's 13
-# prompts (every leg, the long-context prompt and a KV-block rollover kept); the TP 2 graph leg then
-# replays about 70 times (tiny pair, 5.6 tokens per verify step; docs/tiny-laguna.md); the full
-# matrix asks 200 of 13 x 128 tokens
-PROMPTS = 6
-ALL = f"{PROMPTS + 1}/{PROMPTS + 1}"  # the prompts and the long-context one
-MIN_REPLAYS = 50
+ALL = f"{FAST_PROMPTS + 1}/{FAST_PROMPTS + 1}"  # the prompts and the long-context one
 
 
 @pytest.fixture(scope="module")
-def fast_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """ONE matrix run for the fast subset, the TP 2 legs, the diagnostics and the mutation leg: 6
-    prompts plus the long-context one, every default leg but the TP 1 graph legs (the
-    emulated-graph test runs them). Legs run side by side on the CPU slots."""
-    return run_matrix(
-        tmp_path_factory.mktemp("fast"), "--prompts", str(PROMPTS), "--max-tokens", "64",
-        "--legs", ",".join(FAST_RUN_LEGS), "--min-graph-replays", str(MIN_REPLAYS),
-    )  # fmt: skip
+def fast_run(
+    fast_matrix_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """The one fast matrix run (conftest.py ``fast_matrix_run``, shared with test_exact_verify_e2e.py)."""
+    return fast_matrix_run
 
 
 def test_matrix_fast_subset(fast_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
     proc, data = fast_run
     assert proc.returncode == 0, proc.stderr[-4000:]
     legs = {leg["name"]: leg for leg in data["legs"]}
-    assert data["device"] == "cpu" and len(data["prompts"]) == PROMPTS + 1  # and the long-context prompt
+    assert data["device"] == "cpu" and len(data["prompts"]) == FAST_PROMPTS + 1  # and the long-context prompt
     (long_context,) = data["long_context_prompts"]
     assert long_context["prompt_tokens"] >= 4200
     assert legs["teacher"]["status"] == "passed"
@@ -132,4 +122,4 @@ def test_matrix_tp2_graph_leg_runs_emulated_graphs_in_a_preloaded_leg(fast_run: 
     assert EMULATED_GRAPH_CLASS in acc["graph_class"]
     # one capture; a break at every attention and every all-reduce (2 per layer, plus 1 more)
     assert [c["breaks_by_kind"] for c in acc["captures"]] == [{"attention": 4, "collective": 2 * 4 + 1}]
-    assert acc["replays"] >= MIN_REPLAYS
+    assert acc["replays"] >= FAST_MIN_REPLAYS

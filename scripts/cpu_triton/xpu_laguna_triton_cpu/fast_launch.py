@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 import types
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -83,6 +84,8 @@ class FastPath:
         self.scope: Any = None  # the stock scope of the one patch, while the language is patched
         self.specs: dict[tuple[Any, tuple[str, ...]], tuple[frozenset[str], list[str]]] = {}
         self.enabled = False
+        self.seconds = 0.0  # in launches through this path (fast or its stock fallback), this process
+        self.launches = 0
         self.executor = _executor_class(self)
         self.get_np_dtype = _np_dtype_lookup(module)
         probe = torch.empty(1).untyped_storage()
@@ -217,9 +220,18 @@ def _executor_class(fast: FastPath) -> Any:
             self.kwarg_names, self.constexprs = fast.spec(fn, arg_names)
 
         def __call__(self, *args_dev: Any, **kwargs: Any) -> None:
+            began = time.perf_counter()
+            try:
+                self.launch(*args_dev, **kwargs)
+            finally:
+                fast.seconds += time.perf_counter() - began
+                fast.launches += 1
+
+        def launch(self, *args_dev: Any, **kwargs: Any) -> None:
             kwargs = {k: v for k, v in kwargs.items() if k in self.kwarg_names}
             if self.pre_run_hooks or not (fast.plain(args_dev) and fast.plain(kwargs.values())):
-                return stock.__call__(self, *args_dev, **kwargs)  # type: ignore[no-any-return]
+                stock.__call__(self, *args_dev, **kwargs)
+                return
             args_hst, kwargs_hst = fast.host_args(args_dev, kwargs)
             patch_scope = m._patch_lang(self.fn)
             try:
@@ -241,7 +253,6 @@ def _executor_class(fast: FastPath) -> Any:
                     raise m.InterpreterError(repr(e)) from e
             finally:
                 patch_scope.restore()
-            return None
 
     return FastGridExecutor
 
@@ -264,6 +275,14 @@ def _fix(module: Any) -> None:
 def installed() -> FastPath | None:
     """The fast path of this process, None where the stock interpreter runs."""
     return _FAST
+
+
+def launch_time() -> dict[str, float | int]:
+    """Seconds spent in interpreted kernel launches in this process and their count (the matrix
+    reports them per leg); empty where the fast path is not installed."""
+    if _FAST is None:
+        return {}
+    return {"seconds": _FAST.seconds, "launches": _FAST.launches}
 
 
 @contextmanager
