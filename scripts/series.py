@@ -13,6 +13,7 @@ from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from scripts.errors import ToolError
+from scripts.typed_data import read_text
 
 HEADER_FIELDS = ("Why", "Upstream-Status", "Drop-When", "Effect-Check")
 REQUIRED_FIELDS = ("Why", "Upstream-Status", "Drop-When")
@@ -46,11 +47,7 @@ def read_series(patches_dir: Path) -> list[str]:
     if not series.exists():
         raise ToolError(f"{series}: missing series file")
     names: list[str] = []
-    try:
-        text = series.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ToolError(f"{series}: not UTF-8 text") from None
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(read_text(series, "series file").splitlines(), 1):
         entry = line.split("#", 1)[0].strip()
         if not entry:
             continue

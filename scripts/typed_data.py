@@ -165,14 +165,22 @@ def build(cls: type[T], value: Any, where: str, path: str = "") -> T:
     return cls(**fields_of(cls, value, where, path))
 
 
-def read_json(path: Path, what: str = "file") -> Any:
-    """A JSON file's value; unreadable or not JSON is one line."""
+def read_text(path: Path, what: str = "file") -> str:
+    """A UTF-8 text file's content; unreadable or not UTF-8 is one line (``what`` names the file's
+    kind in it)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ToolError(f"cannot read {what} {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ToolError(f"{path}: not UTF-8 text") from None
+
+
+def read_json(path: Path, what: str = "file") -> Any:
+    """A JSON file's value; unreadable or not JSON is one line."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ToolError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
 
@@ -181,14 +189,8 @@ def read_jsonl(path: Path, read_line: Callable[[Any, str], T], what: str = "file
     """Every non-blank line of a JSON Lines file, each value read by ``read_line(value, where)``
     (``where`` is ``path:line``; e.g. ``lambda v, w: build(Shape, v, w)``); a line that is not JSON
     or does not fit is one line naming ``path:line`` (and the field)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ToolError(f"cannot read {what} {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ToolError(f"{path}: not UTF-8 text") from None
     out = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(read_text(path, what).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -207,10 +209,4 @@ def parse_toml(text: str, where: str) -> dict[str, Any]:
 
 
 def read_toml(path: Path, what: str = "file") -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ToolError(f"cannot read {what} {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ToolError(f"{path}: not UTF-8 text") from None
-    return parse_toml(text, str(path))
+    return parse_toml(read_text(path, what), str(path))

@@ -20,7 +20,7 @@ from _measure_synth import legs as synth_legs
 from _measure_synth import teacher as synth_teacher
 from scripts.errors import ToolError
 from scripts.measure.artifacts import finish_run, write_rows
-from scripts.measure.gates import GATES_PATH, load_gates
+from scripts.measure.gates import GATES_PATH, Gates, load_gates
 from scripts.measure.manifest import MANIFEST_FILE, load_manifest, write_manifest
 from scripts.measure.record import Prior, RecordMeta
 from scripts.measure.schema import AnalysisConfig, dump_rows, load_rows
@@ -197,6 +197,15 @@ def test_gates_fields(case: str, tmp_path: Path) -> None:
     path = _toml(tmp_path, GATES_PATH, old, new)
     assert expect in one_line_error(lambda: load_gates(path))
     assert load_gates(_toml(tmp_path, GATES_PATH, old, old)) == load_gates()  # negative control
+
+
+def test_the_gates_file_names_the_gate_a_record_may_leave_out(tmp_path: Path) -> None:
+    """A record written before the burst gate reads it as 0 (off); ``gates.toml`` must name it."""
+    path = _toml(tmp_path, GATES_PATH, "min_engine_step_ms = 1.0\n", "")
+    expect = "gates.toml: quality.min_engine_step_ms: missing required field"
+    assert expect in one_line_error(lambda: load_gates(path))
+    old_record = {k: v for k, v in load_gates().to_json().items() if k != "min_engine_step_ms"}
+    assert Gates.from_json(old_record).min_engine_step_ms == 0.0  # the contrast: a record may leave it out
 
 
 PINS = {

@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
 from scripts.typed_data import ShapeError, build, read_toml
 
 GATES_PATH = Path(__file__).resolve().parent / "gates.toml"
+_IN_FILE = "gates_toml_key"
+"""Field metadata: where ``gates.toml`` keeps the field, ``TABLE.KEY``."""
+
+
+def _in_file(key: str, default: Any = MISSING) -> Any:
+    """A :class:`Gates` field kept in ``gates.toml`` at ``key`` (``TABLE.KEY``), where it is
+    required; ``default``: the value for records written before the gate existed."""
+    return field(default=default, metadata={_IN_FILE: key})
 
 
 @dataclass(frozen=True)
 class Gates:
-    min_row_win_fraction: float
-    min_headline_delta_pct: float
-    min_median_paired_delta_pct: float
-    practical_floor_pct: float
-    floor_decimals: int
-    require_complete: bool
-    legacy_num_speculative_tokens: int
-    min_engine_step_ms: float = 0.0
+    """The thresholds: flat in a record's ``gates``, one table per concern in ``gates.toml``."""
+
+    min_row_win_fraction: float = _in_file("pair.min_row_win_fraction")
+    min_headline_delta_pct: float = _in_file("pair.min_headline_delta_pct")
+    min_median_paired_delta_pct: float = _in_file("pair.min_median_paired_delta_pct")
+    practical_floor_pct: float = _in_file("record.practical_floor_pct")
+    floor_decimals: int = _in_file("record.floor_decimals")
+    require_complete: bool = _in_file("quality.require_complete")
+    legacy_num_speculative_tokens: int = _in_file("legacy.num_speculative_tokens")
+    min_engine_step_ms: float = _in_file("quality.min_engine_step_ms", default=0.0)
     """Burst gate (scripts/measure/timing.py); 0 = off, which is how records written before the
     gate existed were judged."""
 
@@ -58,55 +69,33 @@ class Gates:
         return round(prior_tok_s * (1 + self.practical_floor_pct / 100), self.floor_decimals)
 
 
-@dataclass(frozen=True)
-class _PairTable:
-    min_row_win_fraction: float
-    min_headline_delta_pct: float
-    min_median_paired_delta_pct: float
+def _file_keys() -> dict[str, tuple[str, str]]:
+    """:class:`Gates` field -> (table, key) in ``gates.toml``."""
+    keys: dict[str, tuple[str, str]] = {}
+    for spec in fields(Gates):
+        table, key = spec.metadata[_IN_FILE].split(".")
+        keys[spec.name] = (table, key)
+    return keys
 
 
-@dataclass(frozen=True)
-class _RecordTable:
-    practical_floor_pct: float
-    floor_decimals: int
-
-
-@dataclass(frozen=True)
-class _QualityTable:
-    require_complete: bool
-    min_engine_step_ms: float
-
-
-@dataclass(frozen=True)
-class _LegacyTable:
-    num_speculative_tokens: int
-
-
-@dataclass(frozen=True)
-class GatesFile:
-    """The layout of ``gates.toml``: one table per concern."""
-
-    pair: _PairTable
-    record: _RecordTable
-    quality: _QualityTable
-    legacy: _LegacyTable
+def _file_shape() -> type:
+    """The layout of ``gates.toml``, from the fields' keys: one dataclass per table, every key
+    required."""
+    hints = typing.get_type_hints(Gates)
+    tables: dict[str, list[tuple[str, Any]]] = {}
+    for name, (table, key) in _file_keys().items():
+        tables.setdefault(table, []).append((key, hints[name]))
+    shapes = [(table, make_dataclass(f"GatesFile_{table}", keys, frozen=True)) for table, keys in tables.items()]
+    return make_dataclass("GatesFile", shapes, frozen=True)
 
 
 def load_gates(path: Path = GATES_PATH) -> Gates:
     where = str(path)
-    tables = build(GatesFile, read_toml(path, "gates file"), where)
-    values: dict[str, Any] = {}
-    for name, table in asdict(tables).items():
-        values.update({_FILE_KEYS.get(f"{name}.{key}", key): value for key, value in table.items()})
-    gates = Gates(**values)
+    tables = asdict(build(_file_shape(), read_toml(path, "gates file"), where))
+    keys = _file_keys()
+    gates = Gates(**{name: tables[table][key] for name, (table, key) in keys.items()})
     try:
         gates.check(where)
     except ShapeError as exc:  # name the key as the file spells it
-        spelled = {field_name: key for key, field_name in _FILE_KEYS.items()}
-        spelled.update({key: f"{name}.{key}" for name, table in asdict(tables).items() for key in table})
-        raise ShapeError(where, spelled[exc.path], exc.problem) from None
+        raise ShapeError(where, ".".join(keys[exc.path]), exc.problem) from None
     return gates
-
-
-_FILE_KEYS = {"legacy.num_speculative_tokens": "legacy_num_speculative_tokens"}
-"""Keys of ``gates.toml`` whose :class:`Gates` field has another name."""

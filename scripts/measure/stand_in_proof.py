@@ -35,6 +35,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,50 @@ def case_spec(name: str) -> tuple[bool, tuple[str, ...], str | None, bool]:
     return (*CASES[base], served)
 
 
-def speculative_config(models: Path, dflash: bool) -> dict[str, Any] | None:
-    return {"method": "dflash", "model": str(models / "draft"), "num_speculative_tokens": 7} if dflash else None
+@dataclass(frozen=True)
+class Engine:
+    """What every engine of a run is given: the tiny pair in ``models`` (``target/``, ``draft/``),
+    greedy ``tokens`` per prompt, TP ``tp``, at most ``max_num_seqs`` sequences at once (None:
+    vLLM's default); ``profile``: the offline engine core in its interpreter and the Triton
+    interpreter's launches timed; ``in_process``: that engine core in its interpreter, no launch
+    timed."""
+
+    models: Path
+    tokens: int
+    tp: int = 1
+    max_num_seqs: int | None = MAX_NUM_SEQS
+    profile: bool = False
+    in_process: bool = False
+
+    def speculative_config(self, dflash: bool) -> dict[str, Any] | None:
+        return (
+            {"method": "dflash", "model": str(self.models / "draft"), "num_speculative_tokens": 7} if dflash else None
+        )
+
+    def serve_args(self, dflash: bool) -> list[str]:
+        """The offline engine's settings as ``vllm serve`` options."""
+        args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN)]
+        args += ["--kv-cache-memory-bytes", str(KV_CACHE_BYTES)]
+        args += ["--max-num-seqs", str(self.max_num_seqs)] if self.max_num_seqs else []
+        args += ["--tensor-parallel-size", str(self.tp)]
+        spec = self.speculative_config(dflash)
+        return args + (["--speculative-config", json.dumps(spec)] if spec else [])
+
+    def options(self) -> list[str]:
+        """This engine as the options of this module's command line."""
+        out = ["--models", str(self.models), "--tokens", str(self.tokens), "--tp", str(self.tp)]
+        out += ["--max-num-seqs", str(self.max_num_seqs or 0)]
+        return out + [*(["--profile"] if self.profile else []), *(["--in-process"] if self.in_process else [])]
+
+
+def _timings(ready_s: float, generate_s: float, tokens: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Start-up and generation time of an engine that produced ``rows`` (one per prompt)."""
+    return {
+        "startup_s": round(ready_s, 1),
+        "generate_s": round(generate_s, 2),
+        "ms_per_token": round(generate_s * 1000 / (tokens * len(rows)), 1),
+        "rows": rows,
+    }
 
 
 class TritonProfile:
@@ -131,39 +174,29 @@ class TritonProfile:
         }
 
 
-def engine_case(
-    models: Path,
-    tokens: int,
-    dflash: bool,
-    tp: int,
-    profile: bool = False,
-    max_num_seqs: int | None = MAX_NUM_SEQS,
-    in_process: bool = False,
-) -> dict[str, Any]:
-    """One engine in this process: greedy tokens per prompt and per-token decode time (with
-    ``profile``: the engine core in this process and the Triton interpreter's launches timed; with
-    ``in_process``: the engine core in this process, no launch timed; ``max_num_seqs`` None: vLLM's
-    default)."""
-    if profile or in_process:
+def engine_case(engine: Engine, dflash: bool) -> dict[str, Any]:
+    """One engine in this process: greedy tokens per prompt and per-token decode time."""
+    if engine.profile or engine.in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    prof = TritonProfile() if profile else None
+    prof = TritonProfile() if engine.profile else None
     from vllm import LLM, SamplingParams
 
     start = time.monotonic()
     llm = LLM(
-        model=str(models / "target"),
+        model=str(engine.models / "target"),
         dtype="float32",
         enforce_eager=True,
         max_model_len=MAX_MODEL_LEN,
         kv_cache_memory_bytes=KV_CACHE_BYTES,
-        max_num_seqs=max_num_seqs,
+        max_num_seqs=engine.max_num_seqs,
         seed=0,
-        speculative_config=speculative_config(models, dflash),
-        tensor_parallel_size=tp,
+        speculative_config=engine.speculative_config(dflash),
+        tensor_parallel_size=engine.tp,
     )
     ready = time.monotonic() - start
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    if profile:  # a warm-up before the timed launches; none otherwise (ms_per_token then includes the first step)
+    params = SamplingParams(temperature=0.0, max_tokens=engine.tokens, ignore_eos=True)
+    # a warm-up before the timed launches; none otherwise (ms_per_token then includes the first step)
+    if engine.profile:
         llm.generate(list(PROMPTS[:1]), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     if prof is not None:
         prof.count_steps(llm.llm_engine)
@@ -176,10 +209,7 @@ def engine_case(
     rows = [{"prompt_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids)} for o in outputs]
     return {
         **({"profile": prof.summary(gen_s)} if prof is not None else {}),
-        "startup_s": round(ready, 1),
-        "generate_s": round(gen_s, 2),
-        "ms_per_token": round(gen_s * 1000 / (tokens * len(PROMPTS)), 1),
-        "rows": rows,
+        **_timings(ready, gen_s, engine.tokens, rows),
     }
 
 
@@ -230,25 +260,12 @@ def case_env(switches: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
-def serve_args(models: Path, dflash: bool, tp: int, max_num_seqs: int | None = MAX_NUM_SEQS) -> list[str]:
-    """The offline engine's settings as ``vllm serve`` options."""
-    args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN)]
-    args += ["--kv-cache-memory-bytes", str(KV_CACHE_BYTES)]
-    args += ["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else []
-    args += ["--tensor-parallel-size", str(tp)]
-    spec = speculative_config(models, dflash)
-    return args + (["--speculative-config", json.dumps(spec)] if spec else [])
+def _failed(name: str, error: str, wall_s: float | None = None) -> dict[str, Any]:
+    """The result of a case whose engine failed or never answered."""
+    return {"case": name, "ok": False, **({} if wall_s is None else {"wall_s": wall_s}), "error": error}
 
 
-def served_case(
-    name: str,
-    models: Path,
-    tokens: int,
-    tp: int,
-    timeout_s: float,
-    logs: Path | None = None,
-    max_num_seqs: int | None = MAX_NUM_SEQS,
-) -> dict[str, Any]:
+def served_case(name: str, engine: Engine, timeout_s: float, logs: Path | None = None) -> dict[str, Any]:
     """The case's engine behind the OpenAI server on loopback, on a CPU slot: one streamed greedy
     completion per prompt, one after another (prompts sent as token ids)."""
     import tempfile
@@ -258,40 +275,31 @@ def served_case(
     from scripts.measure.server import HOST, Server, free_port, serve_argv
 
     dflash, switches, _, _ = case_spec(name)
-    prompts = prompt_token_ids(models)
+    prompts = prompt_token_ids(engine.models)
     port = free_port()
-    argv = serve_argv(sys.executable, str(models / "target"), port, serve_args(models, dflash, tp, max_num_seqs))
+    argv = serve_argv(sys.executable, str(engine.models / "target"), port, engine.serve_args(dflash))
     folder = logs or Path(tempfile.mkdtemp(prefix="stand-in-serve-"))
     folder.mkdir(parents=True, exist_ok=True)
-    log_path = folder / f"{name.replace(':', '-')}-tp{tp}.log"
+    log_path = folder / f"{name.replace(':', '-')}-tp{engine.tp}.log"
     rows: list[dict[str, Any]] = []
     with cpu_lease(f"stand-in proof {name}") as lease:
         start = time.monotonic()
         waited = round(lease.waited_s, 1)
-        with Server(argv, {**case_env(switches), **lease.env(tp)}, log_path, port, cwd=REPO_ROOT) as server:
+        with Server(argv, {**case_env(switches), **lease.env(engine.tp)}, log_path, port, cwd=REPO_ROOT) as server:
             try:
                 ready = server.wait_ready(timeout_s)
             except Exception as exc:  # noqa: BLE001 -- the server died or never answered: the case fails
                 server.stop()
                 text = log_path.read_text(encoding="utf-8", errors="replace")
-                return {
-                    "case": name,
-                    "ok": False,
-                    "wall_s": round(time.monotonic() - start, 1),
-                    "error": _root_cause(text) if "Error" in text else str(exc)[-300:],
-                }
+                error = _root_cause(text) if "Error" in text else str(exc)[-300:]
+                return _failed(name, error, round(time.monotonic() - start, 1))
             gen_start = time.monotonic()
             for ids in prompts:
-                body = {"model": "model", "prompt": ids, "max_tokens": tokens, "temperature": 0.0, "stream": True}
-                body.update(ignore_eos=True, return_token_ids=True)
+                body = {"model": "model", "prompt": ids, "max_tokens": engine.tokens, "temperature": 0.0}
+                body.update(stream=True, ignore_eos=True, return_token_ids=True)
                 result = client.stream_completion(HOST, port, body, timeout_s)
                 if result.error:
-                    return {
-                        "case": name,
-                        "ok": False,
-                        "wall_s": round(time.monotonic() - start, 1),
-                        "error": result.error,
-                    }
+                    return _failed(name, result.error, round(time.monotonic() - start, 1))
                 rows.append({"prompt_ids": ids, "token_ids": result.token_ids})
             gen_s = time.monotonic() - gen_start
     text = log_path.read_text(encoding="utf-8", errors="replace")
@@ -304,51 +312,36 @@ def served_case(
         "wall_s": round(time.monotonic() - start, 1),
         "slot_wait_s": waited,
         "workarounds_applied": sorted(set(re.findall(rf"{APPLIED_LINE}: (\w+)", text))),
-        "startup_s": round(ready, 1),
-        "generate_s": round(gen_s, 2),
-        "ms_per_token": round(gen_s * 1000 / (tokens * len(prompts)), 1),
-        "rows": rows,
+        **_timings(ready, gen_s, engine.tokens, rows),
     }
 
 
-def run_case(
-    name: str,
-    models: Path,
-    tokens: int,
-    tp: int,
-    timeout_s: float,
-    profile: bool = False,
-    logs: Path | None = None,
-    max_num_seqs: int | None = MAX_NUM_SEQS,
-    in_process: bool = False,
-) -> dict[str, Any]:
+def run_case(name: str, engine: Engine, timeout_s: float, logs: Path | None = None) -> dict[str, Any]:
     """The case in a fresh interpreter (its switches set before vLLM loads its plugins), on a CPU slot;
-    a ``served:`` case through the OpenAI server (:func:`served_case`). ``in_process``: the offline
-    engine's core in that interpreter (no engine-core process)."""
+    a ``served:`` case through the OpenAI server (:func:`served_case`)."""
     from scripts.cpu_slots import cpu_lease
 
     dflash, switches, _, served = case_spec(name)
     if served:
-        return served_case(name, models, tokens, tp, timeout_s, logs, max_num_seqs)
+        return served_case(name, engine, timeout_s, logs)
     env = case_env(switches)
-    cmd = [sys.executable, "-m", "scripts.measure.stand_in_proof", "--models", str(models), "--tokens", str(tokens)]
-    cmd += ["--tp", str(tp), "--engine", "dflash" if dflash else "target", *(["--profile"] if profile else [])]
-    cmd += ["--max-num-seqs", str(max_num_seqs or 0), *(["--in-process"] if in_process else [])]
+    cmd = [sys.executable, "-m", "scripts.measure.stand_in_proof", *engine.options()]
+    cmd += ["--engine", "dflash" if dflash else "target"]
     with cpu_lease(f"stand-in proof {name}") as lease:
-        env.update(lease.env(tp))
+        env.update(lease.env(engine.tp))
         waited = round(lease.waited_s, 1)
         start = time.monotonic()
         try:
             proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return {"case": name, "ok": False, "error": f"timed out after {timeout_s:.0f}s"}
+            return _failed(name, f"timed out after {timeout_s:.0f}s")
     wall = round(time.monotonic() - start, 1)
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
-        (logs / f"{name}-tp{tp}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
+        (logs / f"{name}-tp{engine.tp}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not last:
-        return {"case": name, "ok": False, "wall_s": wall, "error": _root_cause(proc.stdout + proc.stderr)}
+        return _failed(name, _root_cause(proc.stdout + proc.stderr), wall)
     applied = sorted(set(re.findall(rf"{APPLIED_LINE}: (\w+)", proc.stderr)))
     return {
         "case": name,
@@ -420,36 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", type=Path, default=None, help="folder for each engine's output (default: none kept)")
     parser.add_argument("--engine", choices=("target", "dflash"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    engine = Engine(args.models, args.tokens, args.tp, args.max_num_seqs or None, args.profile, args.in_process)
     if args.engine:
-        print(
-            json.dumps(
-                engine_case(
-                    args.models,
-                    args.tokens,
-                    args.engine == "dflash",
-                    args.tp,
-                    args.profile,
-                    args.max_num_seqs or None,
-                    args.in_process,
-                )
-            ),
-            flush=True,
-        )
+        print(json.dumps(engine_case(engine, args.engine == "dflash")), flush=True)
         return 0
-    results = [
-        run_case(
-            name,
-            args.models,
-            args.tokens,
-            args.tp,
-            args.timeout,
-            args.profile,
-            args.logs,
-            args.max_num_seqs or None,
-            args.in_process,
-        )
-        for name in args.cases.split(",")
-    ]
+    results = [run_case(name, engine, args.timeout, args.logs) for name in args.cases.split(",")]
     failed = judge(results, args.models, args.tokens)
     for r in results:
         print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)

@@ -50,11 +50,12 @@ def models() -> Path:
 
 def proof(case: str, models: Path, tp: int = 1) -> dict[str, Any]:
     """One case run and judged against transformers (``got``: equal, differs or fails)."""
-    from scripts.measure.stand_in_proof import judge, run_case
+    from scripts.measure.stand_in_proof import Engine, judge, run_case
 
     # offline at TP 1: the engine core in the case's interpreter (13-16 s less per engine, the same
     # kernels); the served cases and TP 2 keep vLLM's processes
-    result = run_case(case, models, TOKENS, tp, TIMEOUT_S, in_process=tp == 1 and not case.startswith("served:"))
+    engine = Engine(models, TOKENS, tp, in_process=tp == 1 and not case.startswith("served:"))
+    result = run_case(case, engine, TIMEOUT_S)
     judge([result], models, TOKENS)
     kept = {k: v for k, v in result.items() if k != "rows"}
     RESULTS.append({"case": f"{case} (TP {tp})" if tp > 1 else case, **{k: v for k, v in kept.items() if k != "case"}})

@@ -45,7 +45,7 @@ call, as does a deferred-finalize output.
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -104,15 +104,20 @@ counters = MoECounters()
 
 
 def experts_per_row(
-    apply_one: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any],
+    apply_one: Callable[..., Any],
     x: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
 ) -> list[Any]:
-    """``apply_one`` on each row: ``(x[i:i+1], topk_weights[i:i+1],
-    topk_ids[i:i+1])``, the shapes and strides of a 1-row decode call."""
+    """``apply_one`` on each row: ``x=x[i:i+1]``, ``topk_weights=...[i:i+1]``,
+    ``topk_ids=...[i:i+1]`` (the keywords of ``quant_method.apply``), the
+    shapes and strides of a 1-row decode call."""
     return [
-        apply_one(x[i : i + 1], topk_weights[i : i + 1], topk_ids[i : i + 1])
+        apply_one(
+            x=x[i : i + 1],
+            topk_weights=topk_weights[i : i + 1],
+            topk_ids=topk_ids[i : i + 1],
+        )
         for i in range(x.shape[0])
     ]
 
@@ -163,19 +168,11 @@ class RowInvariantExperts:
 
         if not self._form(x, shared_experts):
             return plain()
-
-        def one(row: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> Any:
-            # Shared experts are not run by the kernel here (checked above);
-            # the runner runs them once for all rows.
-            return self.inner(
-                layer=layer,
-                x=row,
-                topk_weights=weights,
-                topk_ids=ids,
-                shared_experts=None,
-                shared_experts_input=None,
-            )
-
+        # Shared experts are not run by the kernel here (checked above); the
+        # runner runs them once for all rows.
+        one = partial(
+            self.inner, layer=layer, shared_experts=None, shared_experts_input=None
+        )
         outs = experts_per_row(one, x, topk_weights, topk_ids)
         if not all(isinstance(o, torch.Tensor) for o in outs):
             logger.warning_once(
