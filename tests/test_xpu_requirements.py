@@ -26,30 +26,36 @@ def upstream(version: str, path: str) -> str:
 # --------------------------------------------------------------------------- the real files
 
 
-def test_real_0_32_0_xpu_requirements_give_the_pinned_runtime() -> None:
-    found = parse_xpu_requirements(upstream("0.32.0", "requirements/xpu.txt"))
-    assert found == {
+# What each real release's requirements/xpu.txt gives. 0.34.0 names three extra indexes (triton's,
+# torch's, the kernels' own): a dry run onto it once kept 0.32.0's kernels index, because the old
+# parser only chose when one was not torch's.
+RELEASE_RUNTIMES = {
+    "0.32.0": {
         "torch": "2.14.0",
         "torch_index_url": TORCH_INDEX,
         "vllm_xpu_kernels": "0.1.15.4",
         "vllm_xpu_kernels_url": "https://wheels.vllm.ai/xpu/",
         "triton": "3.8.0+xpu",
         "triton_index_url": "https://wheels.vllm.ai/xpu/",
-    }
-
-
-def test_real_0_34_0_xpu_requirements_name_the_new_kernels_index() -> None:
-    """The dry run onto 0.34.0 kept 0.32.0's kernels index: 0.34.0 names three extra indexes
-    (triton's, torch's, the kernels' own), and the old parser only chose when one was not torch's."""
-    found = parse_xpu_requirements(upstream("0.34.0", "requirements/xpu.txt"))
-    assert found == {
+    },
+    "0.34.0": {
         "torch": "2.15.0",
         "torch_index_url": TORCH_INDEX,
         "vllm_xpu_kernels": "0.1.17",
         "vllm_xpu_kernels_url": "https://vllm-project.github.io/vllm-xpu-kernels/whl/",
         "triton": "3.9.0+xpu",
         "triton_index_url": "https://wheels.vllm.ai/xpu/",
-    }
+    },
+}
+
+
+@pytest.mark.parametrize("version", sorted(RELEASE_RUNTIMES))
+def test_real_xpu_requirements_give_the_release_runtime(version: str) -> None:
+    assert parse_xpu_requirements(upstream(version, "requirements/xpu.txt")) == RELEASE_RUNTIMES[version]
+
+
+def test_pins_toml_holds_what_the_rebase_reads_from_the_pinned_release() -> None:
+    found = RELEASE_RUNTIMES["0.34.0"]
     pins = (FIXTURES.parent.parent / "pins.toml").read_text(encoding="utf-8")
     moved = parse_pins(rewrite_pins(pins, {"xpu_runtime": found}))  # pins.toml accepts what the rebase writes
     assert moved.xpu_runtime.vllm_xpu_kernels_url == found["vllm_xpu_kernels_url"]
