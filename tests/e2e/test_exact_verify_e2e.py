@@ -40,7 +40,7 @@ def test_the_teacher_decodes_on_the_exact_path_at_width_one(legs: dict[str, dict
     """Single-request q=1 decodes run on the exact path (width 1: the planned split count);
     prefill never does."""
     teacher = legs["teacher"]
-    assert teacher["env"]["VLLM_XPU_LAGUNA_EXACT_VERIFY"] == "1" and teacher["status"] == "passed"
+    assert teacher["status"] == "passed"
     by_width = teacher["attention"]["exact_calls_by_width"]
     assert set(by_width) == {"1"} and by_width["1"] > 0, by_width
     assert teacher["attention"]["prebuilt_calls"] == 0
