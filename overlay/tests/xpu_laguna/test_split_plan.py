@@ -185,3 +185,41 @@ def test_reference_matches_dense_attention():
 )
 def test_kv_tile_per_block_size(block_size, tile):
     assert plan.kv_tile(block_size) == tile
+
+
+@pytest.mark.parametrize("window_left", [-1, 700], ids=["full", "window"])
+def test_reference_row_in_a_verify_call_equals_the_row_alone(window_left):
+    # Eight verify rows of one request (one block-table row, one read of the
+    # cache) beside a second request: each row gives the bits it gives alone
+    # in a call of its own, the same split count given.
+    gen = torch.Generator().manual_seed(4)
+    k = torch.randn(80, 64, 2, 128, generator=gen).to(torch.bfloat16)
+    v = torch.randn(80, 64, 2, 128, generator=gen).to(torch.bfloat16)
+    q = torch.randn(9, 12, 128, generator=gen).to(torch.bfloat16)
+    own = torch.randperm(80, generator=gen)[:70].to(torch.int32)
+    other = torch.randperm(80, generator=gen)[:70].to(torch.int32)
+    kv_lens = [4090 + i for i in range(8)] + [777]
+    table = torch.stack([own] * 8 + [other])
+
+    def call(rows, splits):
+        return ref.flash_attn_varlen_func(
+            q=q[rows],
+            k=k,
+            v=v,
+            cu_seqlens_q=torch.arange(len(rows) + 1, dtype=torch.int32),
+            max_seqlen_q=1,
+            max_seqlen_k=max(kv_lens[r] for r in rows),
+            seqused_k=torch.tensor([kv_lens[r] for r in rows], dtype=torch.int32),
+            block_table=table[rows],
+            softmax_scale=128**-0.5,
+            causal=True,
+            window_size=[window_left, 0],
+            num_splits_kv=splits,
+        )
+
+    together = call(list(range(9)), 12)
+    for r in range(9):
+        assert torch.equal(together[r : r + 1], call([r], 12)), r
+    # control: the comparison sees a split count change in a single row
+    if window_left < 0:
+        assert not torch.equal(together[3:4], call([3], 5))

@@ -47,6 +47,13 @@ pass), so reference and device results are not bitwise equal to each other.
 Two calls that present the same query row with the same KV length and the
 same split count produce bitwise equal results, whatever else is in the
 batch.
+
+Cost on CPU (what makes the stand-in runs affordable, not part of the model):
+a decode row reads only the cache blocks its splits cover (a windowed
+layer's window, not the whole sequence); consecutive rows with the same
+block-table row (the verify rows of one request) read them once and each
+takes its own slice; a row's splits are reduced side by side, padded to
+whole splits with masked keys and zero values.
 """
 
 import math
@@ -130,39 +137,55 @@ def _attend_split_k(
     window_left: int,
     ranges: list[tuple[int, int]],
     out_dtype: torch.dtype,
+    offset: int = 0,
 ) -> torch.Tensor:
-    """One decode row ``q`` (1, H, D) over ``k``/``v`` (L, Hk, D), reduced
-    per KV range and merged like ReduceSplitK. Returns (1, H, D) float32."""
+    """One decode row ``q`` (1, H, D) over the keys and values ``k``/``v``
+    (n, Hk, D) at token positions ``offset .. offset + n`` (the last one is the
+    row's own), reduced per KV range and merged like ReduceSplitK. Returns
+    (1, H, D) float32.
+
+    ``ranges`` cover ``offset .. offset + n`` in order, all as long as the
+    first but the last (:func:`split_plan.split_ranges`), so the splits are
+    reduced side by side: the keys are padded to whole splits (masked, their
+    values zero) and each split's max, exp-sum and unnormalised output are
+    taken over its own keys alone.
+    """
     _, num_heads, head_size = q.shape
-    kv_len, num_kv_heads, _ = k.shape
+    n, num_kv_heads, _ = k.shape
+    kv_len = offset + n
     group = num_heads // num_kv_heads
+    num_splits = len(ranges)
+    split_len = ranges[0][1] - ranges[0][0]
+    pad = num_splits * split_len - n
+    if ranges[0][0] != offset or ranges[-1][1] != kv_len or pad < 0 or pad >= split_len:
+        raise ValueError(f"splits {ranges} do not tile the keys {offset}..{kv_len}")
     qg = q.reshape(num_kv_heads, group, head_size)  # (Hk, group, D)
-    kt = k.permute(1, 2, 0).contiguous()  # (Hk, D, L)
-    vt = v.permute(1, 0, 2).contiguous()  # (Hk, L, D)
+    kt = k.permute(1, 2, 0).contiguous()  # (Hk, D, n)
+    s = torch.bmm(qg, kt) * (scale * _LOG2E)  # (Hk, group, n)
     first_visible = kv_len - 1 - window_left if window_left >= 0 else 0
-    partials = []
-    for start, end in ranges:
-        s = torch.bmm(qg, kt[:, :, start:end]) * (scale * _LOG2E)  # (Hk, g, n)
-        if start < first_visible:
-            key_pos = torch.arange(start, end, device=q.device)
-            s = s.masked_fill(key_pos < first_visible, float("-inf"))
-        m = s.amax(dim=-1, keepdim=True)
-        p = torch.exp2(s - m)
-        lsum = p.sum(dim=-1, keepdim=True)
-        o = torch.bmm(p, vt[:, start:end])  # unnormalised, (Hk, g, D)
-        partials.append((o, m, lsum))
-    if len(partials) == 1:
-        o, _, lsum = partials[0]
-        res = o / lsum
+    if pad or first_visible > offset:
+        key_pos = torch.arange(offset, offset + n + pad, device=q.device)
+        s = torch.nn.functional.pad(s, (0, pad))
+        s = s.masked_fill((key_pos < first_visible) | (key_pos >= kv_len), float("-inf"))
+    s = s.view(num_kv_heads, group, num_splits, split_len).transpose(1, 2)
+    m = s.amax(dim=-1, keepdim=True)  # (Hk, splits, group, 1)
+    p = torch.exp2(s - m)
+    lsum = p.sum(dim=-1, keepdim=True)
+    vt = torch.nn.functional.pad(v.permute(1, 0, 2), (0, 0, 0, pad))
+    vt = vt.reshape(num_kv_heads, num_splits, split_len, -1)
+    o = torch.matmul(p, vt)  # unnormalised, (Hk, splits, group, D)
+    if num_splits == 1:
+        res = o[:, 0] / lsum[:, 0]
     else:
-        big = torch.stack([m for _, m, _ in partials]).amax(dim=0)
-        acc = torch.zeros_like(partials[0][0])
-        total = torch.zeros_like(partials[0][2])
-        for o, m, lsum in partials:
-            live = lsum > 0
-            rescale = torch.where(live, torch.exp2(m - big), 0.0)
-            acc = acc + o.to(out_dtype).to(torch.float32) * rescale
-            total = total + lsum * rescale
+        big = m.amax(dim=1, keepdim=True)
+        rescale = torch.where(lsum > 0, torch.exp2(m - big), 0.0)
+        terms = o.to(out_dtype).to(torch.float32) * rescale
+        weights = lsum * rescale
+        # Merged in split order, one split after another (ReduceSplitK).
+        acc, total = terms[:, 0], weights[:, 0]
+        for i in range(1, num_splits):
+            acc = acc + terms[:, i]
+            total = total + weights[:, i]
         res = acc * (1.0 / total)
     return res.reshape(1, num_heads, v.shape[-1])
 
@@ -182,6 +205,70 @@ def _window(window_size: tuple[int, int] | list[int] | None) -> tuple[int, int]:
         return -1, -1
     left, right = window_size
     return int(left), int(right)
+
+
+def _gather(
+    cache: torch.Tensor,
+    blocks: torch.Tensor,
+    lo: int,
+    hi: int,
+    descale: torch.Tensor | float | None,
+) -> torch.Tensor:
+    """Tokens ``lo .. hi`` of one sequence in a paged cache (block ids
+    ``blocks``), as (hi - lo, Hk, D) float32: only the blocks that hold them
+    are read."""
+    block_size = cache.shape[1]
+    first, last = lo // block_size, (hi + block_size - 1) // block_size
+    ids = blocks[first:last].to(torch.long)
+    x = cache.index_select(0, ids).reshape((last - first) * block_size, *cache.shape[2:])
+    base = first * block_size
+    return _dequant(x[lo - base : hi - base], descale)
+
+
+def _decode_rows(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor,
+    rows: range,
+    cu: list[int],
+    kv_lens: list[int],
+    blocks: torch.Tensor,
+    splits: int,
+    scale: float,
+    window_left: int,
+    k_scale: torch.Tensor | float | None,
+    v_scale: torch.Tensor | float | None,
+) -> None:
+    """Split-K decode of one-query ``rows`` that share the block ids ``blocks``.
+
+    The cache is read once, for the keys the rows' splits cover (a windowed
+    layer's window, not the whole sequence); each row then reduces over its
+    own slice of it, so its result depends on its query, its keys and the
+    split count alone, whatever else the call holds.
+    """
+    block_size = key_cache.shape[1]
+    plans = []
+    for r in rows:
+        kv_len = int(kv_lens[r])
+        plans.append((r, kv_len, split_plan.split_ranges(kv_len, splits, block_size, window_left)))
+    lo_all = min(ranges[0][0] for _, _, ranges in plans)
+    hi_all = max(kv_len for _, kv_len, _ in plans)
+    k_all = _gather(key_cache, blocks, lo_all, hi_all, k_scale)
+    v_all = _gather(value_cache, blocks, lo_all, hi_all, v_scale)
+    for r, kv_len, ranges in plans:
+        lo = ranges[0][0]
+        res = _attend_split_k(
+            q[cu[r] : cu[r] + 1].to(torch.float32),
+            k_all[lo - lo_all : kv_len - lo_all],
+            v_all[lo - lo_all : kv_len - lo_all],
+            scale,
+            window_left,
+            ranges,
+            out.dtype,
+            lo,
+        )
+        out[cu[r] : cu[r] + 1] = res.to(out.dtype)
 
 
 def paged_attention(
@@ -221,6 +308,7 @@ def paged_attention(
     cu = cu_seqlens_q.tolist()
     kv_lens = seqused_k.tolist()
     decode = max_seqlen_q == 1
+    splits = 0
     if decode:
         splits = num_splits_kv
         if splits is None:
@@ -235,24 +323,30 @@ def paged_attention(
             )
     k_scale = _scalar(k_descale)
     v_scale = _scalar(v_descale)
-    for i in range(len(cu) - 1):
+    num_seqs = len(cu) - 1
+    i = 0
+    while i < num_seqs:
         start, end = cu[i], cu[i + 1]
-        if end == start:
-            continue
-        kv_len = int(kv_lens[i])
-        num_blocks = (kv_len + block_size - 1) // block_size
-        blocks = block_table[i, :num_blocks].to(torch.long)
-        k = key_cache[blocks].reshape(num_blocks * block_size, *key_cache.shape[2:])
-        v = value_cache[blocks].reshape(num_blocks * block_size, *value_cache.shape[2:])
-        q_seq = q[start:end].to(torch.float32)
-        k_seq = _dequant(k[:kv_len], k_scale)
-        v_seq = _dequant(v[:kv_len], v_scale)
         if decode and end - start == 1:
-            ranges = split_plan.split_ranges(kv_len, splits, block_size, left)
-            res = _attend_split_k(q_seq, k_seq, v_seq, float(softmax_scale), left, ranges, out.dtype)
-        else:
+            # Consecutive one-query rows with the same block-table row (the
+            # verify rows of one request) share one read of the cache.
+            j = i + 1
+            while j < num_seqs and cu[j + 1] - cu[j] == 1 and torch.equal(block_table[j], block_table[i]):
+                j += 1
+            _decode_rows(
+                q, key_cache, value_cache, out, range(i, j), cu, kv_lens, block_table[i],
+                splits, float(softmax_scale), left, k_scale, v_scale,
+            )  # fmt: skip
+            i = j
+            continue
+        if end > start:
+            kv_len = int(kv_lens[i])
+            k_seq = _gather(key_cache, block_table[i], 0, kv_len, k_scale)
+            v_seq = _gather(value_cache, block_table[i], 0, kv_len, v_scale)
+            q_seq = q[start:end].to(torch.float32)
             res = _attend_one(q_seq, k_seq, v_seq, float(softmax_scale), bool(causal), left, right)
-        out[start:end] = res.to(out.dtype)
+            out[start:end] = res.to(out.dtype)
+        i += 1
     return out
 
 
