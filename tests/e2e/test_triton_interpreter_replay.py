@@ -8,7 +8,8 @@ so are kernels written here in the shape of V2's (pointer tables read through a 
 helper, reductions over a row with a NaN, two views of one storage, a callable grid, an int64
 scalar). Negative controls: a fast path that hands the programs copies and skips the copy-back
 (what the cut would do where host and device storage were not the same) is reported; the
-comparison tells NaN payloads apart; a wrapped tensor takes the stock path.
+comparison tells NaN payloads apart; a wrapped tensor takes the stock path; the dead int32
+overflow check is cut only while the builder's ``debug`` option is off.
 """
 
 from __future__ import annotations
@@ -162,6 +163,31 @@ def test_a_launch_the_cut_does_not_cover_takes_the_stock_path(monkeypatch: pytes
     _shift_kernel[(4,)](triton.reinterpret(x, tl.int32), dst, 64, 0, BLOCK=16)
     assert calls == [1]
     assert torch.equal(dst, x.view(torch.int32))
+
+
+@triton.jit
+def _wrap_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0)
+    tl.store(out_ptr + offs, x * 3 + x - 7, mask=offs < n)
+
+
+def test_overflow_checks_are_cut_only_while_they_are_dead() -> None:
+    """Cut 5: the int32 overflow check feeds only a debug assert; an overflowing kernel gives the
+    same wrapped bits without it, and stock's options come back with the stock interpreter."""
+    fast = _fast()
+    builder = fast.module.interpreter_builder
+    x = torch.tensor([2**31 - 1, -(2**31), 5, 2**30], dtype=torch.int32)
+    got = {}
+    for name, scope in (("stock", fast_launch.stock()), ("fast", contextlib.nullcontext())):
+        with scope:
+            got[name] = (builder.options.sanitize_overflow, torch.full_like(x, -1))
+            _wrap_kernel[(1,)](x, got[name][1], 4, BLOCK=4)
+    assert not builder.options.debug
+    assert got["stock"][0] is True and got["fast"][0] is False
+    assert torch.equal(got["stock"][1], got["fast"][1])
+    assert got["fast"][1][2].item() == 5 * 3 + 5 - 7  # in range: the plain value
+    assert got["fast"][1][0].item() != (2**31 - 1) * 4 - 7  # out of range: wrapped, as compiled
 
 
 def test_the_comparison_tells_nan_payloads_apart() -> None:

@@ -12,7 +12,7 @@ running the kernel's programs:
   tensor argument over ``storage.cpu()`` and, after the programs ran, copies every storage back
   from its host view.
 
-The fast path cuts three of these; none can change what a program reads, computes or writes:
+The fast path cuts these; none can change what a program reads, computes or writes:
 
 1. **The language is patched once and stays patched.** The wrappers are the stock ones, made by
    the stock ``_patch_lang`` for a function that sees both ``tl`` and ``tl.core``: each wrapper
@@ -38,6 +38,14 @@ The fast path cuts three of these; none can change what a program reads, compute
    nearly every operation) builds its table of 18 entries on every call; the fast path builds
    the same table once and looks it up the same way.
 
+5. **No dead overflow checks.** With ``sanitize_overflow`` on, every 32-bit integer ``+``, ``-``
+   and ``*`` also computes the result in 64 bits, two bounds, two comparisons and their ``and``,
+   and hands that to ``device_assert``, which returns at once unless the builder's ``debug``
+   option is on (``TritonSemantic.device_assert``): the check's values are never read. A compiled
+   kernel's IR carries the same dead check, removed by the compiler. The fast path sets the
+   interpreter builder's ``sanitize_overflow`` off while ``debug`` is off (stock's default), and
+   puts stock's options back when it is disabled.
+
 Installed by the runtime's ``.pth`` (:func:`xpu_laguna_triton_cpu.install`) unless
 ``VXL_TRITON_STOCK_INTERPRETER=1``, under Triton 3.9.0 only (whose code it repeats);
 :func:`stock` runs the stock interpreter for a while in the same process (the replay test
@@ -46,6 +54,7 @@ compares the two). No Triton file is edited.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import time
@@ -80,6 +89,7 @@ class FastPath:
         self.stock_patch_lang = module._patch_lang
         self.stock_executor = module.GridExecutor
         self.stock_get_np_dtype = module._get_np_dtype
+        self.stock_options = module.interpreter_builder.options
         self.tensor_type = torch.Tensor
         self.scope: Any = None  # the stock scope of the one patch, while the language is patched
         self.specs: dict[tuple[Any, tuple[str, ...]], tuple[frozenset[str], list[str]]] = {}
@@ -95,12 +105,15 @@ class FastPath:
         self.module._patch_lang = self.patch_lang
         self.module.GridExecutor = self.executor
         self.module._get_np_dtype = self.get_np_dtype
+        if not self.stock_options.debug:  # cut 5: the overflow check feeds only a debug assert
+            self.module.interpreter_builder.options = dataclasses.replace(self.stock_options, sanitize_overflow=False)
         self.enabled = True
 
     def disable(self) -> None:
         self.module._patch_lang = self.stock_patch_lang
         self.module.GridExecutor = self.stock_executor
         self.module._get_np_dtype = self.stock_get_np_dtype
+        self.module.interpreter_builder.options = self.stock_options
         self.unpatch()
         self.enabled = False
 
