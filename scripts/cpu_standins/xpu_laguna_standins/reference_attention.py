@@ -126,6 +126,36 @@ def _attend_one(
     return out.permute(2, 0, 1, 3).reshape(ql, num_heads, v.shape[-1])
 
 
+_QUERY_CHUNK = 256
+"""Causal query rows per :func:`_attend_one` call in :func:`_attend_rows`."""
+
+
+def _attend_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+) -> torch.Tensor:
+    """:func:`_attend_one`, for a long causal query in chunks of rows, each
+    over the keys its rows can see (from the first row's window start to the
+    last row): no score is computed for a key every row of the chunk masks.
+    A row's result depends on the call's query and key lengths and its index,
+    not on other sequences."""
+    ql, kv_len = q.shape[0], k.shape[0]
+    if not causal or ql <= _QUERY_CHUNK:
+        return _attend_one(q, k, v, scale, causal, window_left, window_right)
+    parts = []
+    for first in range(0, ql, _QUERY_CHUNK):
+        last = min(first + _QUERY_CHUNK, ql)
+        hi = kv_len - ql + last  # one past the chunk's last row (causal)
+        lo = max(0, kv_len - ql + first - window_left) if window_left >= 0 else 0
+        parts.append(_attend_one(q[first:last], k[lo:hi], v[lo:hi], scale, causal, window_left, window_right))
+    return torch.cat(parts)
+
+
 _LOG2E = math.log2(math.e)
 
 
@@ -344,7 +374,7 @@ def paged_attention(
             k_seq = _gather(key_cache, block_table[i], 0, kv_len, k_scale)
             v_seq = _gather(value_cache, block_table[i], 0, kv_len, v_scale)
             q_seq = q[start:end].to(torch.float32)
-            res = _attend_one(q_seq, k_seq, v_seq, float(softmax_scale), bool(causal), left, right)
+            res = _attend_rows(q_seq, k_seq, v_seq, float(softmax_scale), bool(causal), left, right)
             out[start:end] = res.to(out.dtype)
         i += 1
     return out
@@ -440,7 +470,7 @@ def flash_attn_varlen_func(
         k_seq = _dequant(k[ks:ke], _scalar(k_descale))
         v_seq = _dequant(v[ks:ke], _scalar(v_descale))
         q_seq = q[qs:qe].to(torch.float32)
-        out[qs:qe] = _attend_one(q_seq, k_seq, v_seq, float(softmax_scale), bool(causal), left, right).to(out.dtype)
+        out[qs:qe] = _attend_rows(q_seq, k_seq, v_seq, float(softmax_scale), bool(causal), left, right).to(out.dtype)
     return out
 
 
