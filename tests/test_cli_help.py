@@ -22,6 +22,8 @@ MAINS = [
     ("scripts.matrix.cli", []),
     ("scripts.cpu_runtime", []),
     ("scripts.tiny_laguna", []),
+    ("scripts.tiny_laguna_int4", []),
+    ("scripts.device.checkpoint_check", []),
     ("scripts.matrix.acceptance", []),
     ("scripts.device.graph_check", []),
     ("scripts.device.xpu_attention_check", []),

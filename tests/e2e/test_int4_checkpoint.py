@@ -1,0 +1,205 @@
+"""The tiny Laguna pair in the real INT4 checkpoint's format (scripts/tiny_laguna_int4.py) and the
+checkpoint check (scripts/device/checkpoint_check.py), in the CPU runtime (compressed-tensors at
+vLLM's pin, vLLM's own parser and repack). No engine starts here.
+
+* The written target passes the check at TP 1 and 2 and is refused at TP 4 (per-rank expert
+  input 16 wide: not a group of 32).
+* vLLM's XPU weight repack (``_process_weights_xpu``, plain torch, the code the device runs at
+  load) applied to the checkpoint's packed experts, decoded the way the XPU kernel reads it (low
+  nibble first, minus 8, times the group's scale), gives bitwise the weights compressed-tensors
+  dequantizes; control: the checkpoint with every byte's nibbles swapped does not.
+* Controls, one line each: a BF16 linear left out of ``ignore``, an unknown key in the
+  quantization config, a KV scale under a name vLLM does not map, a drafter with a
+  ``quantization_config``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("compressed_tensors")
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from scripts import tiny_laguna_int4 as int4  # noqa: E402
+from scripts.device import checkpoint_check  # noqa: E402
+from scripts.tiny_laguna import ensure_models  # noqa: E402
+from tests.tool_run import run_module  # noqa: E402
+
+CHECK = "scripts.device.checkpoint_check"
+
+
+@pytest.fixture(scope="module")
+def float_int4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("int4-float")
+    ensure_models(out, variant="int4")
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair(float_int4: Path, tmp_path_factory: pytest.TempPathFactory) -> int4.Int4Pair:
+    return int4.write(float_int4, tmp_path_factory.mktemp("int4"))
+
+
+def _check(pair: int4.Int4Pair, *, tp: int = 2, target: Path | None = None) -> Any:
+    """The check's command line, in this process (importing vLLM once): (exit status, stdout)."""
+    argv = ["--model-dir", str(target or pair.target), "--draft-dir", str(pair.draft), "--tp", str(tp)]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        status = checkpoint_check.main(argv)
+    return subprocess.CompletedProcess(argv, status, out.getvalue(), "")
+
+
+def test_the_written_pair_passes_at_tp_1_and_2_and_tp_4_is_refused(pair: int4.Int4Pair) -> None:
+    for tp in (1, 2):
+        proc = (
+            _check(pair, tp=tp)
+            if tp == 1
+            else run_module(
+                CHECK, "--model-dir", str(pair.target), "--draft-dir", str(pair.draft), "--tp", "2", timeout=300
+            )
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.strip().splitlines()[-1] == (
+            f"checkpoint OK at TP {tp}: 72 INT4 expert projections, 36 modules ignored, "
+            "KV scales for 4 attention layers, drafter BF16"
+        )
+    proc = _check(pair, tp=4)
+    assert proc.returncode == 1
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 24 and all("splits at TP 4 into 16, not whole groups of 32" in line for line in lines)
+    config = json.loads((pair.target / "config.json").read_text())["quantization_config"]
+    assert "model.layers.1.mlp.gate" in config["ignore"] and "lm_head" in config["ignore"]
+    assert not any(".experts." in name for name in config["ignore"])
+    assert config["kv_cache_scheme"]["type"] == "float" and config["transform_config"]["config_groups"]["R1"]
+
+
+def _layer_experts(model_dir: Path, layer: int) -> dict[str, torch.Tensor]:
+    tensors = load_file(str(model_dir / int4.TENSOR_FILE))
+    return {k: v for k, v in tensors.items() if k.startswith(f"model.layers.{layer}.mlp.experts.")}
+
+
+def _xpu_dequantized(target: Path, layer: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """w13 and w2 of one layer: stacked as vLLM's loader stacks them (gate then up), repacked by
+    vLLM's XPU repack, decoded as the XPU kernel reads the bytes."""
+    from vllm.model_executor.layers.fused_moe.oracle.int_wna16 import _process_weights_xpu
+
+    t = _layer_experts(target, layer)
+
+    def stack(proj: tuple[str, ...], part: str) -> torch.Tensor:
+        return torch.stack(
+            [
+                torch.cat([t[f"model.layers.{layer}.mlp.experts.{e}.{p}.{part}"] for p in proj])
+                for e in range(num_experts)
+            ]
+        )
+
+    w13, w2, s13, s2, _, _ = _process_weights_xpu(
+        None, None, stack(("gate_proj", "up_proj"), "weight_packed"), stack(("down_proj",), "weight_packed"),
+        stack(("gate_proj", "up_proj"), "weight_scale"), stack(("down_proj",), "weight_scale"),
+    )  # fmt: skip
+
+    def decode(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        assert q.dtype == torch.uint8
+        values = torch.stack([q & 0xF, q >> 4], dim=-1).flatten(-2).to(torch.int8) - 8  # low nibble first
+        return values.to(scale.dtype) * scale.repeat_interleave(int4.GROUP_SIZE, dim=-1)
+
+    return decode(w13, s13), decode(w2, s2)
+
+
+def _reference(reference: Path, layer: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    t = _layer_experts(reference, layer)
+    p = f"model.layers.{layer}.mlp.experts"
+    w13 = torch.stack(
+        [torch.cat([t[f"{p}.{e}.gate_proj.weight"], t[f"{p}.{e}.up_proj.weight"]]) for e in range(num_experts)]
+    )
+    w2 = torch.stack([t[f"{p}.{e}.down_proj.weight"] for e in range(num_experts)])
+    return w13, w2
+
+
+def test_the_xpu_repack_reads_what_compressed_tensors_packed(
+    pair: int4.Int4Pair, float_int4: Path, tmp_path: Path
+) -> None:
+    experts = json.loads((pair.target / "config.json").read_text())["num_experts"]
+    for layer in (1, 2, 3):
+        got, want = _xpu_dequantized(pair.target, layer, experts), _reference(pair.reference, layer, experts)
+        assert got[0].shape == want[0].shape == (experts, 2 * 64, 64) and got[1].shape == (experts, 64, 64)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), layer
+        assert want[0].abs().sum() > 0
+    swapped = int4.write(float_int4, tmp_path / "swapped", nibbles_swapped=True)
+    got, want = _xpu_dequantized(swapped.target, 1, experts), _reference(swapped.reference, 1, experts)
+    assert not torch.equal(got[0], want[0]) and not torch.equal(got[1], want[1])
+
+
+def test_a_bf16_linear_missing_from_ignore_is_named(float_int4: Path, tmp_path: Path) -> None:
+    bad = int4.write(float_int4, tmp_path / "bad", not_ignored="model.layers.1.self_attn.g_proj")
+    proc = _check(bad)
+    assert proc.returncode == 1
+    assert proc.stdout.strip().splitlines() == [
+        "model.layers.1.self_attn.g_proj: stored as a plain weight but not in ignore (vLLM would load it as INT4)"
+    ]
+
+
+def _edit_config(pair: int4.Int4Pair, tmp_path: Path, edit: Any) -> Path:
+    target = tmp_path / "target"
+    target.mkdir()
+    for file in pair.target.iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+    config = json.loads((target / "config.json").read_text())
+    edit(config)
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+def test_an_unknown_key_in_the_quantization_config_is_refused(pair: int4.Int4Pair, tmp_path: Path) -> None:
+    target = _edit_config(
+        pair,
+        tmp_path,
+        lambda c: c["quantization_config"]["config_groups"]["group_0"]["weights"].update(packing="nibble"),
+    )
+    proc = _check(pair, target=target)
+    assert proc.returncode == 1
+    first = proc.stdout.strip().splitlines()[0]
+    assert first.startswith("quantization_config.config_groups.group_0.weights.packing:"), first
+    assert "compressed-tensors refuses it" in first
+
+
+def test_a_kv_scale_vllm_does_not_map_is_named_not_dropped(pair: int4.Int4Pair, tmp_path: Path) -> None:
+    target = _edit_config(pair, tmp_path, lambda c: None)
+    tensors = load_file(str(target / int4.TENSOR_FILE))
+    tensors["model.layers.2.self_attn.attn.k_scale"] = tensors.pop("model.layers.2.self_attn.k_scale")
+    save_file(tensors, str(target / int4.TENSOR_FILE))
+    proc = _check(pair, target=target)
+    assert proc.returncode == 1
+    assert proc.stdout.strip().splitlines() == [
+        "model.layers.2.self_attn.k_scale: missing (kv_cache_scheme is static FP8; vLLM maps only this name)",
+        "model.layers.2.self_attn.attn.k_scale: a KV scale vLLM does not map (the loader would drop it)",
+    ]
+
+
+def test_a_quantized_drafter_is_refused(pair: int4.Int4Pair, tmp_path: Path) -> None:
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    for file in pair.draft.iterdir():
+        (draft / file.name).write_bytes(file.read_bytes())
+    config = json.loads((draft / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "compressed-tensors"}
+    (draft / "config.json").write_text(json.dumps(config))
+    assert checkpoint_check.draft_problems(draft) == [
+        f"{draft}: the drafter has a quantization_config (the product's is BF16)"
+    ]
+    assert checkpoint_check.draft_problems(pair.draft) == []
+
+
+def test_the_writer_refuses_experts_that_do_not_split_into_groups_at_tp_2(tmp_path: Path) -> None:
+    default = tmp_path / "default"
+    ensure_models(default)
+    with pytest.raises(int4.Int4Error, match="routed experts 32 wide"):
+        int4.write(default, tmp_path / "out")
