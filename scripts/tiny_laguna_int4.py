@@ -40,8 +40,10 @@ if TYPE_CHECKING:
 
 GROUP_SIZE = 32
 NUM_BITS = 4
-KV_SCALE = 0.05
-"""The K and V scale every attention layer's checkpoint carries (FP8 per tensor, static)."""
+KV_SCALE = 1.0
+"""The K and V scale every attention layer's checkpoint carries (FP8 per tensor, static): 1.0, the
+scale vLLM gives an FP8 cache of an unquantized model, so the BF16 reference run with
+``--kv-cache-dtype fp8`` stores the same cache bytes."""
 EXPERT_WEIGHT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.\d+\.(?:gate|up|down)_proj)\.weight$")
 _LINEAR_LEAVES = ("q_proj", "k_proj", "v_proj", "o_proj", "g_proj", "gate_proj", "up_proj", "down_proj", "gate")
 TENSOR_FILE = "model.safetensors"
@@ -93,7 +95,9 @@ def linear_modules(keys: list[str]) -> list[str]:
 def quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     """One expert projection (N, K) as the checkpoint stores it: ``weight_packed`` (N, K/8)
     int32, ``weight_scale`` (N, K/32) BF16, ``weight_shape``; scales from the group's absolute
-    maximum (``calculate_qparams``, symmetric), packed by the library's compressor."""
+    maximum (``calculate_qparams``, symmetric) rounded up to a power of two, packed by the
+    library's compressor."""
+    import torch
     from compressed_tensors.compressors import PackedQuantizationCompressor
     from compressed_tensors.quantization.utils import calculate_qparams
 
@@ -103,7 +107,9 @@ def quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     w = weight.to(_bf16())
     groups = w.float().reshape(rows, cols // GROUP_SIZE, GROUP_SIZE)
     scale, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), weight_args())
-    scale = scale.to(_bf16())
+    # Rounded up to a power of two: every dequantized value (an int4 times its scale) is then
+    # exact in BF16 and float32, so the BF16 reference holds the INT4 model's weights exactly.
+    scale = torch.exp2(torch.ceil(torch.log2(scale.float()))).to(_bf16())
     return PackedQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme())
 
 

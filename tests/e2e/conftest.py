@@ -84,6 +84,7 @@ SLOW_FIRST = (
     "test_laguna_parity.py",
     "test_laguna_spec_decode.py",
     "test_series_scope_e2e.py",
+    "test_int4_checkpoint.py",
     "test_triton_interpreter_replay.py",
     # last: it reads the fast matrix run (fast_matrix_run), done by the time a worker takes it
     "test_exact_verify_e2e.py",

@@ -203,3 +203,64 @@ def test_the_writer_refuses_experts_that_do_not_split_into_groups_at_tp_2(tmp_pa
     ensure_models(default)
     with pytest.raises(int4.Int4Error, match="routed experts 32 wide"):
         int4.write(default, tmp_path / "out")
+
+
+# ------------------------------------------------------------- through an engine
+def _engine(model: Path, out: Path, *, stand_in: bool, kv_cache_dtype: str = "auto") -> tuple[Any, list[Any]]:
+    """tests/e2e/int4_engine.py in a process of its own on a leased CPU slot: (process, rows)."""
+    import os
+    import sys
+
+    from scripts.cpu_slots import leased_environ
+
+    env = {k: v for k, v in os.environ.items() if k != int4_experts_env()}
+    if stand_in:
+        env[int4_experts_env()] = "1"
+    with leased_environ("int4 engine") as _:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("int4_engine.py")), str(model), str(out), kv_cache_dtype],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    rows = json.loads(out.read_text()) if proc.returncode == 0 else []
+    return proc, rows
+
+
+def int4_experts_env() -> str:
+    from xpu_laguna_standins import int4_experts
+
+    return int4_experts.ENV
+
+
+def test_the_int4_target_runs_vllms_xpu_path_and_matches_its_reference(
+    pair: int4.Int4Pair, float_int4: Path, tmp_path: Path
+) -> None:
+    """vLLM's config parsing, quant method, loader and XPU repack on CPU, only the experts' kernel
+    call standing in (labelled: a reference dequantize-and-matmul); the cache FP8 as the checkpoint's
+    kv_cache_scheme asks, the reference given the same FP8 cache. Greedy tokens equal, logprobs
+    within float32 rounding (the stand-in and the CPU's unquantized MoE sum in other orders)."""
+    proc, got = _engine(pair.target, tmp_path / "int4.json", stand_in=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in ("Using CompressedTensorsWNA16MoEMethod", "Using XPU WNA16 MoE backend", "Using XPUExpertsWNA16"):
+        assert line in proc.stdout + proc.stderr, line
+    ref_proc, want = _engine(pair.reference, tmp_path / "ref.json", stand_in=False, kv_cache_dtype="fp8")
+    assert ref_proc.returncode == 0, ref_proc.stderr[-3000:]
+    assert [r["tokens"] for r in got] == [r["tokens"] for r in want]
+    worst = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g["logprobs"], w["logprobs"]))
+    assert worst < 1e-4, worst
+    print(
+        f"INT4 target (stand-in experts kernel) vs dequantized BF16 reference: tokens equal, max |dlogprob| {worst:.2e}"
+    )
+    # control: the same checkpoint with every byte's nibbles swapped computes something else
+    swapped = int4.write(float_int4, tmp_path / "swapped", nibbles_swapped=True)
+    proc, wrong = _engine(swapped.target, tmp_path / "swapped.json", stand_in=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["logprobs"] for r in wrong] != [r["logprobs"] for r in want]
+    # control: without the stand-in, CPU vLLM has no backend for this MoE (the reason for it)
+    proc, _ = _engine(pair.target, tmp_path / "none.json", stand_in=False)
+    assert proc.returncode != 0
+    assert "No WNA16 MoE backend supports the deployment configuration." in proc.stdout + proc.stderr

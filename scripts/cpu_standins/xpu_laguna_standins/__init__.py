@@ -6,6 +6,9 @@ the device, kept out of the wheel (nothing under ``vllm/`` imports this package)
 * :mod:`.emulated_graphs`: emulated device graphs for breakable-graph runs on CPU, installed only
   where a run asks for them (``install_cpu_emulation``: the matrix's and the e2e tests' graph
   legs, a CPU server with ``--emulate-graphs``, the device graph check's self test);
+* :mod:`.int4_experts`: the XPU routed INT4 experts' kernel call (a reference dequantize and
+  matmul), so a CPU engine loads a compressed-tensors W4A16 MoE through vLLM's XPU path (only
+  with ``VXL_XPU_INT4_EXPERTS=1``);
 * :mod:`.xccl_ring`: XCCL's ring all-reduce (oneCCL's chunk split, sum order and rounding) for
   the CPU communicator's ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN`` mode (the matrix's ring legs and
   the patch tests' negative controls).
@@ -45,7 +48,7 @@ def register() -> bool:
     from vllm.distributed import xpu_laguna_collectives
     from vllm.v1.attention.ops.xpu_laguna_kernels import AttentionKernels, registry
 
-    from . import reference_attention, xccl_ring
+    from . import int4_experts, reference_attention, xccl_ring
 
     registry.register(
         AttentionKernels(
@@ -55,4 +58,5 @@ def register() -> bool:
         )
     )
     xpu_laguna_collectives.cpu_stand_ins.register_xccl_ring(xccl_ring.xccl_ring_all_reduce)
+    int4_experts.install()
     return True
