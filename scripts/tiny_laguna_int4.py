@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scripts.errors import ToolError
+from scripts.errors import ToolError, exit_status
 
 if TYPE_CHECKING:
     import torch
@@ -252,22 +252,22 @@ def main(argv: list[str] | None = None) -> int:
         help="the float int4 variant (target/, draft/) to convert (default: generated into OUT/float)",
     )
     args = parser.parse_args(argv)
-    try:
-        src = args.src
-        if src is None:
-            from scripts.tiny_laguna import ensure_models
 
-            src = args.out / "float"
-            ensure_models(src, variant="int4")
-        pair = write(src, args.out)
-    except (ToolError, OSError, ImportError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(
-        f"target: {pair.target} ({len(pair.quantized)} INT4 expert projections, {len(pair.ignored)} BF16 "
-        f"linears ignored)\ndraft: {pair.draft}\nreference: {pair.reference}"
-    )
-    return 0
+    def run() -> None:
+        src = args.src
+        try:
+            if src is None:
+                from scripts.tiny_laguna import ensure_models
+
+                src = args.out / "float"
+                ensure_models(src, variant="int4")
+            pair = write(src, args.out)
+        except (OSError, ImportError) as exc:
+            raise Int4Error(str(exc)) from None
+        counts = f"{len(pair.quantized)} INT4 expert projections, {len(pair.ignored)} BF16 linears ignored"
+        print(f"target: {pair.target} ({counts})\ndraft: {pair.draft}\nreference: {pair.reference}")
+
+    return exit_status(run)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scripts.errors import ToolError
+from scripts.errors import ToolError, exit_status
 
 GROUP_SIZE = 32
 PACKED_PARTS = ("weight_packed", "weight_scale", "weight_shape")
@@ -220,25 +220,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.tp < 1:
         parser.error(f"--tp {args.tp}: must be at least 1")
-    try:
-        summary = target_problems(args.model_dir, args.tp)
-        problems = list(summary.problems)
-        if args.draft_dir is not None:
-            problems += draft_problems(args.draft_dir)
-    except (ToolError, ImportError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for problem in problems:
-        print(problem)
-    if problems:
-        print(f"error: {len(problems)} problem(s) in the checkpoint", file=sys.stderr)
-        return 1
-    print(
-        f"checkpoint OK at TP {args.tp}: {summary.packed} INT4 expert projections, {summary.ignored} modules "
-        f"ignored, KV scales for {summary.attention_layers} attention layers"
-        + (", drafter BF16" if args.draft_dir is not None else "")
-    )
-    return 0
+
+    def run() -> None:
+        try:
+            summary = target_problems(args.model_dir, args.tp)
+            problems = list(summary.problems)
+            if args.draft_dir is not None:
+                problems += draft_problems(args.draft_dir)
+        except ImportError as exc:
+            raise CheckpointError(str(exc)) from None
+        for problem in problems:
+            print(problem)
+        if problems:
+            raise CheckpointError(f"{len(problems)} problem(s) in the checkpoint")
+        drafter = ", drafter BF16" if args.draft_dir is not None else ""
+        print(
+            f"checkpoint OK at TP {args.tp}: {summary.packed} INT4 expert projections, {summary.ignored} modules "
+            f"ignored, KV scales for {summary.attention_layers} attention layers{drafter}"
+        )
+
+    return exit_status(run)
 
 
 if __name__ == "__main__":

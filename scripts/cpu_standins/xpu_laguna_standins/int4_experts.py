@@ -102,7 +102,7 @@ class ReferenceXpuFusedMoe:
 def _define_arch_ops() -> None:
     if hasattr(torch.ops, "_xpu_C") and hasattr(torch.ops._xpu_C, "is_xe2_arch"):
         return
-    lib = torch.library.Library("_xpu_C", "FRAGMENT")  # noqa: TOR901 - kept alive below
+    lib = torch.library.Library("_xpu_C", "FRAGMENT")  # kept alive in _LIBRARIES
     lib.define("is_xe2_arch() -> bool")
     lib.define("is_xe3_arch() -> bool")
     lib.impl("is_xe2_arch", lambda: True, "CompositeExplicitAutograd")
