@@ -169,6 +169,44 @@ def check_pins(
     return out
 
 
+def check_triton_pin(
+    record: dict[str, Any] | None,
+    triton_version: tuple[str, str] | None,
+    device_status: str,
+    have_xpu: bool,
+) -> Check:
+    """The installed Triton against the wheel's XPU Triton pin (``3.9.0+xpu``:
+    the XPU build, from its own index). A Triton without the pin's local label
+    is another build (PyPI's CUDA/CPU Triton): it cannot compile for an XPU."""
+    want = (record or {}).get("pins", {}).get("xpu_runtime", {}).get("triton")
+    if triton_version is None:
+        prefix = "" if have_xpu else NO_XPU
+        return Check(device_status, "triton", f"{prefix}not installed")
+    dist, got = triton_version
+    if want is None:
+        detail = f"{dist} {got} installed; no provenance record, no pin to compare"
+        return Check(WARN, "triton", detail)
+    if got.split("+", 1)[0] != want.split("+", 1)[0]:
+        return Check(FAIL, "triton", f"{dist} {got} installed, the wheel pins {want}")
+    if "+" in want and got.partition("+")[2] != want.partition("+")[2]:
+        detail = f"{dist} {got} installed: not the XPU build the wheel pins ({want})"
+        return Check(FAIL, "triton", detail)
+    return Check(OK, "triton", f"{dist} {got} (pinned {want})")
+
+
+def check_xpu_stack(xpu: Any, torch_module: Any) -> Check:
+    """The oneAPI runtime torch was built with and device 0's driver, where
+    readable: reported, not pinned (pins.toml pins the Python packages)."""
+    if not _xpu_available(xpu):
+        return Check(WARN, "xpu-stack", f"{NO_XPU}driver not read")
+    oneapi = getattr(getattr(torch_module, "version", None), "xpu", None) or "unknown"
+    try:
+        driver = getattr(xpu.get_device_properties(0), "driver_version", "unknown")
+    except RuntimeError as exc:
+        driver = f"not readable ({exc})"
+    return Check(OK, "xpu-stack", f"oneAPI {oneapi}; device 0 driver {driver}")
+
+
 # ------------------------------------------------------------------- device
 
 
@@ -514,7 +552,12 @@ def run(args: argparse.Namespace, environ: dict[str, str]) -> list[Check]:
     checks += check_pins(
         record, _dist_version("torch"), kernels, device_status, have_xpu
     )
+    triton = _dist_version("pytorch-triton-xpu", "triton-xpu", "triton")
+    checks.append(check_triton_pin(record, triton, device_status, have_xpu))
     checks += check_devices(xpu, args.tensor_parallel_size, device_status)
+    import torch
+
+    checks.append(check_xpu_stack(xpu, torch))
     spec = importlib.util.find_spec("vllm._xpu_ops")
     source = Path(spec.origin) if spec is not None and spec.origin else None
     checks.append(check_vllm_forwards_split_count(source))

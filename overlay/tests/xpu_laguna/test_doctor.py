@@ -573,3 +573,55 @@ def test_help_explains_the_device_decision():
     for option in ("--model", "--draft", "--tensor-parallel-size", "--no-device"):
         assert option in text
     assert "'no XPU device' and fails" in text
+
+
+# ----------------------------------------------------------------- triton
+
+
+@pytest.mark.parametrize(
+    "installed, status, words",
+    [
+        (("triton-xpu", "3.9.0+xpu"), "ok", "3.9.0+xpu (pinned 3.9.0+xpu)"),
+        (("triton", "3.9.0"), "fail", "not the XPU build the wheel pins (3.9.0+xpu)"),
+        (("triton-xpu", "3.8.0+xpu"), "fail", "the wheel pins 3.9.0+xpu"),
+    ],
+)
+def test_triton_against_the_xpu_pin(installed, status, words):
+    record = {"pins": {"xpu_runtime": {"triton": "3.9.0+xpu"}}}
+    check = doctor.check_triton_pin(record, installed, "fail", True)
+    assert check.status == status and words in check.detail, check
+
+
+def test_missing_triton_follows_the_device_status_and_no_record_warns():
+    assert doctor.check_triton_pin(None, None, "warn", False) == doctor.Check(
+        "warn", "triton", "no XPU device: not installed"
+    )
+    check = doctor.check_triton_pin(None, ("triton", "3.9.0"), "fail", True)
+    assert check.status == "warn" and "no pin to compare" in check.detail
+
+
+def test_xpu_stack_reports_oneapi_and_driver():
+    class Props:
+        driver_version = "1.6.33578+15"
+
+    class FakeXpu:
+        @staticmethod
+        def is_available():
+            return True
+
+        @staticmethod
+        def device_count():
+            return 1
+
+        @staticmethod
+        def get_device_properties(index):
+            return Props()
+
+    class FakeTorch:
+        class version:  # noqa: N801 - torch.version's shape
+            xpu = "20250201"
+
+    check = doctor.check_xpu_stack(FakeXpu(), FakeTorch())
+    want = "oneAPI 20250201; device 0 driver 1.6.33578+15"
+    assert check == doctor.Check("ok", "xpu-stack", want)
+    assert doctor.check_xpu_stack(None, FakeTorch()).status == "warn"
