@@ -211,13 +211,13 @@ def _engine(model: Path, out: Path, *, stand_in: bool, kv_cache_dtype: str = "au
     import os
     import sys
 
-    from scripts.cpu_slots import leased_environ
+    from scripts.cpu_slots import OMP_BIND_ENV, leased_environ
 
-    env = {k: v for k, v in os.environ.items() if k != int4_experts_env()}
-    if stand_in:
-        env[int4_experts_env()] = "1"
-    with leased_environ("int4 engine") as _:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    with leased_environ("int4 engine"):  # binds this process's environment to the lease's cores
+        env = {k: v for k, v in os.environ.items() if k != int4_experts_env()}
+        if stand_in:
+            env[int4_experts_env()] = "1"
+        assert env.get(OMP_BIND_ENV)
         proc = subprocess.run(
             [sys.executable, str(Path(__file__).with_name("int4_engine.py")), str(model), str(out), kv_cache_dtype],
             env=env,
