@@ -26,26 +26,23 @@ Run it with the CPU runtime's python (it needs torch, safetensors and compressed
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scripts.device.checkpoint_check import GROUP_SIZE, ROUTED_EXPERT, is_linear
 from scripts.errors import ToolError, exit_status
 
 if TYPE_CHECKING:
     import torch
 
-GROUP_SIZE = 32
 NUM_BITS = 4
 KV_SCALE = 1.0
 """The K and V scale every attention layer's checkpoint carries (FP8 per tensor, static): 1.0, the
 scale vLLM gives an FP8 cache of an unquantized model, so the BF16 reference run with
 ``--kv-cache-dtype fp8`` stores the same cache bytes."""
-EXPERT_WEIGHT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.\d+\.(?:gate|up|down)_proj)\.weight$")
-_LINEAR_LEAVES = ("q_proj", "k_proj", "v_proj", "o_proj", "g_proj", "gate_proj", "up_proj", "down_proj", "gate")
 TENSOR_FILE = "model.safetensors"
 
 
@@ -87,7 +84,7 @@ def linear_modules(keys: list[str]) -> list[str]:
         if not key.endswith(".weight"):
             continue
         module = key.removesuffix(".weight")
-        if module == "lm_head" or module.rsplit(".", 1)[-1] in _LINEAR_LEAVES:
+        if is_linear(module):
             out.append(module)
     return sorted(out)
 
@@ -104,20 +101,21 @@ def quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     rows, cols = weight.shape
     if cols % GROUP_SIZE:
         raise Int4Error(f"an expert's input width {cols} is not a multiple of the group size {GROUP_SIZE}")
-    w = weight.to(_bf16())
+    w = weight.to(torch.bfloat16)
     groups = w.float().reshape(rows, cols // GROUP_SIZE, GROUP_SIZE)
     scale, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), weight_args())
     # Rounded up to a power of two: every dequantized value (an int4 times its scale) is then
     # exact in BF16 and float32, so the BF16 reference holds the INT4 model's weights exactly.
-    scale = torch.exp2(torch.ceil(torch.log2(scale.float()))).to(_bf16())
+    scale = torch.exp2(torch.ceil(torch.log2(scale.float()))).to(torch.bfloat16)
     return PackedQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme())
 
 
 def dequantize(packed: dict[str, torch.Tensor]) -> torch.Tensor:
     """The library's own inverse of :func:`quantize` (BF16)."""
+    import torch
     from compressed_tensors.compressors import PackedQuantizationCompressor
 
-    return PackedQuantizationCompressor.decompress(dict(packed), scheme())["weight"].to(_bf16())
+    return PackedQuantizationCompressor.decompress(dict(packed), scheme())["weight"].to(torch.bfloat16)
 
 
 def swap_nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -126,12 +124,6 @@ def swap_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
     b = packed.contiguous().view(torch.uint8)
     return ((b >> 4) | (b << 4)).view(torch.int32)
-
-
-def _bf16() -> Any:
-    import torch
-
-    return torch.bfloat16
 
 
 def _load(model_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -208,11 +200,10 @@ def write(
     reference: dict[str, torch.Tensor] = {}
     quantized = []
     for key, value in sorted(tensors.items()):
-        match = EXPERT_WEIGHT.match(key)
-        if match is None:
+        module = key.removesuffix(".weight")
+        if not key.endswith(".weight") or ROUTED_EXPERT.match(module) is None:
             target[key] = reference[key] = value.to(torch.bfloat16) if value.is_floating_point() else value
             continue
-        module = match.group(1)
         packed = quantize(value)
         reference[key] = dequantize(packed)
         if nibbles_swapped:

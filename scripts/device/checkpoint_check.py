@@ -39,10 +39,16 @@ from scripts.errors import ToolError, exit_status
 GROUP_SIZE = 32
 PACKED_PARTS = ("weight_packed", "weight_scale", "weight_shape")
 ROUTED_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.\d+\.(gate|up|down)_proj$")
-_LINEAR_LEAVES = frozenset(
+LINEAR_LEAVES = frozenset(
     ("q_proj", "k_proj", "v_proj", "o_proj", "g_proj", "gate_proj", "up_proj", "down_proj", "gate")
 )
+"""The last name of every linear module of a Laguna checkpoint (``lm_head`` besides)."""
 _NOT_PARSED_BY_QUANTIZATION_CONFIG = ("transform_config", "sparsity_config")
+
+
+def is_linear(module: str) -> bool:
+    """Whether ``module`` (a checkpoint name without ``.weight``) is one of Laguna's linears."""
+    return module == "lm_head" or module.rsplit(".", 1)[-1] in LINEAR_LEAVES
 
 
 class CheckpointError(ToolError):
@@ -148,7 +154,7 @@ def target_problems(model_dir: Path, tp: int) -> Summary:
         module, _, leaf = name.rpartition(".")
         if leaf in PACKED_PARTS:
             packed.setdefault(module, {})[leaf] = meta
-        elif leaf == "weight" and (module == "lm_head" or module.rsplit(".", 1)[-1] in _LINEAR_LEAVES):
+        elif leaf == "weight" and is_linear(module):
             plain.append(module)
     for module in sorted(plain):
         if not _ignored(module, ignore):

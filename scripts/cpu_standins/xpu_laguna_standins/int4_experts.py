@@ -32,7 +32,6 @@ from typing import Any
 import torch
 
 ENV = "VXL_XPU_INT4_EXPERTS"
-GROUP_SIZE = 32
 
 
 def _dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
