@@ -58,8 +58,10 @@ workers against 80 s with one, measured on a fresh clone)."""
 
 def _e2e_parallel() -> list[str]:
     """The CPU end-to-end tests: one pytest worker per CPU slot (scripts/cpu_slots.py; every
-    engine takes a slot, so no two share a core), whole files per worker, the slowest first (tests/e2e/conftest.py)."""
-    return ["-n", str(slot_count()), "--dist", "loadfile"]
+    engine takes a slot, so no two share a core), whole files per worker, the slowest first (tests/e2e/conftest.py).
+    xdist sorts files by their number of tests unless told not to: that order left a worker waiting 5 min for
+    the fast matrix run another worker had only started."""
+    return ["-n", str(slot_count()), "--dist", "loadfile", "--no-loadscope-reorder"]
 
 
 @nox.session(reuse_venv=True, requires=["apply"])
@@ -144,7 +146,7 @@ def _installed_python(session: nox.Session) -> tuple[str | None, list[str]]:
 
 @nox.session(reuse_venv=True, default=False)
 def cpu_tests(session: nox.Session) -> None:
-    """Patch tests inside the patched tree, then end-to-end tests on CPU, in the shared CPU runtime (-- -k EXPR filters both)."""
+    """Patch tests inside the patched tree, then end-to-end tests on CPU but those CI adds (cpu_tests_ci), in the shared CPU runtime (-- -k EXPR filters both)."""
     python = _cpu_runtime(session)
     tree_tests = str(LAYOUT.worktree / "tests" / "xpu_laguna")
     # run from outside the tree so `import vllm` is the runtime's (with the patched files), not the source dir;
@@ -166,9 +168,20 @@ def cpu_tests(session: nox.Session) -> None:
         external=True,
         success_codes=[0, 5] if session.posargs else [0],
     )
+    _e2e(session, python, "not ci")
+
+
+@nox.session(name="cpu_tests_ci", reuse_venv=True, default=False)
+def cpu_tests_ci(session: nox.Session) -> None:
+    """The end-to-end tests CI adds to cpu_tests (marker ci: TP 4 legs, crossover servers, day-one self-test)."""
+    _e2e(session, _cpu_runtime(session), "ci")
+
+
+def _e2e(session: nox.Session, python: str, marker: str) -> None:
+    """The end-to-end tests of one marker expression in the CPU runtime (tests/e2e/conftest.py CI_ONLY)."""
     session.run(
-        python, "-m", "pytest", "-q", "-ra", "--timeout=1800", *SLOWEST, *_e2e_parallel(), "tests/e2e", *session.posargs,
-        external=True,
+        python, "-m", "pytest", "-q", "-ra", "--timeout=1800", *SLOWEST, *_e2e_parallel(), "-m", marker, "tests/e2e",
+        *session.posargs, external=True,
     )  # fmt: skip
 
 
@@ -192,6 +205,18 @@ def _checked_run(
 def matrix(session: nox.Session) -> None:
     """Equivalence matrix teacher vs DFlash M8 x graph x metadata in the CPU runtime (--python PY: an XPU/CUDA build)."""
     _checked_run(session, ("scripts.matrix", "run"), on_cpu=_tiny_default)
+
+
+@nox.session(name="day_one", reuse_venv=True, default=False)
+def day_one(session: nox.Session) -> None:
+    """Every device check in order, one report, the options it recommends (--python PY: the device's build; else the CPU self-test)."""
+    _checked_run(session, ("scripts.device.day_one",), on_cpu=_self_test_default)
+
+
+def _self_test_default(args: list[str]) -> list[str]:
+    """Without a device build (and without model folders) the day-one run is its CPU self-test."""
+    named = any(a == "--cpu-self-test" or a.startswith("--model-dir") for a in args)
+    return args if named else ["--cpu-self-test", *args]
 
 
 def _tiny_default(args: list[str]) -> list[str]:

@@ -61,6 +61,10 @@ ENTRY_POINTS = (
         "the tiny pair in the INT4 checkpoint's format (compressed-tensors W4A16 g32 experts) + its reference",
     ),
     ("python -m scripts.matrix.acceptance --tiny DIR", "accepted drafted tokens per depth of one DFlash M8 matrix leg"),
+    (
+        "python -m scripts.device.day_one",
+        "day one on the device: every device check in order, one report, the options it recommends",
+    ),
     ("python -m scripts.device.xpu_attention_check", "XPU kernels vs the reference kernel (device check)"),
     ("python -m scripts.device.graph_check", "tiny Laguna with breakable graphs off and on (device check)"),
     (

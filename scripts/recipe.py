@@ -123,6 +123,22 @@ def _compilation(width: int) -> dict[str, Any]:
     }
 
 
+def _exact_scheduling(context: Setting, kv_cache: Setting, memory: Setting) -> tuple[Setting, ...]:
+    """The scheduling both recipes share: the whole context prefilled in one chunk, one request per
+    step, the records' KV blocks, no prefix caching, no async scheduling; ``kv_cache`` and ``memory``
+    are each platform's own."""
+    return (
+        context,
+        Setting("max-num-batched-tokens", context.value, "one-chunk prefill up to max-model-len"),
+        Setting("max-num-seqs", 1, "exact: one request per step (more: upstream numerics)"),
+        Setting("block-size", 64, "the records' KV block (the paged-decode kernel's 64-token tiles)"),
+        kv_cache,
+        memory,
+        Setting("no-enable-prefix-caching", True, "exact: every request computes its own prefix"),
+        Setting("no-async-scheduling", True, "exact: async scheduling leaks DFlash state across requests"),
+    )
+
+
 def xpu_recipe(pins: Pins, width: int = VERIFY_WIDTH, model: str | None = None, draft: str | None = None) -> Recipe:
     """Laguna-S-2.1-INT4 + its DFlash drafter on 4x Arc Pro B70 (TP 4, no expert parallelism)."""
     cards = ",".join(str(i) for i in range(TENSOR_PARALLEL))
@@ -132,14 +148,11 @@ def xpu_recipe(pins: Pins, width: int = VERIFY_WIDTH, model: str | None = None, 
         Setting("dtype", "bfloat16", "exact: the model dtype the KV cache must match"),
         Setting("tensor-parallel-size", TENSOR_PARALLEL, "exact topology: TP only (no expert parallelism)"),
         Setting("distributed-executor-backend", "mp", "exact: workers inherit the env (Ray is refused)"),
-        Setting("max-model-len", 8192, "tunable (the records' context)"),
-        Setting("max-num-batched-tokens", 8192, "tunable: one-chunk prefill up to max-model-len"),
-        Setting("max-num-seqs", 1, "exact: one request per step (more: upstream numerics)"),
-        Setting("block-size", 64, "the records' KV block (the paged-decode kernel's 64-token tiles)"),
-        Setting("kv-cache-dtype", "bfloat16", "exact: auto would resolve to the checkpoint's FP8"),
-        Setting("gpu-memory-utilization", 0.9, "tunable"),
-        Setting("no-enable-prefix-caching", True, "exact: every request computes its own prefix"),
-        Setting("no-async-scheduling", True, "exact: async scheduling leaks DFlash state across requests"),
+        *_exact_scheduling(
+            Setting("max-model-len", 8192, "tunable (the records' context)"),
+            Setting("kv-cache-dtype", "bfloat16", "exact: auto would resolve to the checkpoint's FP8"),
+            Setting("gpu-memory-utilization", 0.9, "tunable"),
+        ),
         Setting("generation-config", "vllm", "tunable: request defaults from vLLM, not the checkpoint"),
         Setting("compilation-config", _compilation(width), "speed: mode NONE, PIECEWISE, capture size = width"),
         Setting(
@@ -171,14 +184,11 @@ def cpu_tiny_recipe(width: int = VERIFY_WIDTH) -> Recipe:
         Setting("model", f"{tiny}/target", "python -m scripts.tiny_laguna (nox -s cpu_runtime makes it)"),
         Setting("dtype", "float32", "the tiny models' dtype"),
         Setting("tensor-parallel-size", 1, "CPU: one rank"),
-        Setting("max-model-len", 1024, "the tiny model's context"),
-        Setting("max-num-batched-tokens", 1024, "one-chunk prefill up to max-model-len"),
-        Setting("max-num-seqs", 1, "exact: one request per step"),
-        Setting("block-size", 64, "as on XPU"),
-        Setting("kv-cache-dtype", "auto", "exact: the model dtype (float32 has no explicit name)"),
-        Setting("kv-cache-memory-bytes", 268435456, "CPU: a fixed 256 MiB KV cache"),
-        Setting("no-enable-prefix-caching", True, "exact"),
-        Setting("no-async-scheduling", True, "exact"),
+        *_exact_scheduling(
+            Setting("max-model-len", 1024, "the tiny model's context"),
+            Setting("kv-cache-dtype", "auto", "exact: the model dtype (float32 has no explicit name)"),
+            Setting("kv-cache-memory-bytes", 268435456, "CPU: a fixed 256 MiB KV cache"),
+        ),
         Setting("compilation-config", {"mode": "NONE"}, "no torch.compile; graphs only through the env toggle"),
         Setting(
             "kernel-config",

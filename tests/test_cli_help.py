@@ -24,6 +24,7 @@ MAINS = [
     ("scripts.tiny_laguna", []),
     ("scripts.tiny_laguna_int4", []),
     ("scripts.device.checkpoint_check", []),
+    ("scripts.device.day_one", []),
     ("scripts.matrix.acceptance", []),
     ("scripts.device.graph_check", []),
     ("scripts.device.xpu_attention_check", []),

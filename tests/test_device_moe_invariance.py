@@ -67,7 +67,7 @@ def test_negative_control_m_dependent_experts() -> None:
     w = torch.randn(s.hidden, s.hidden, generator=gen).to(torch.bfloat16)
     F = torch.nn.functional
 
-    def apply(x: Any, weights: Any, ids: Any) -> Any:
+    def apply(x: Any, topk_weights: Any, topk_ids: Any) -> Any:
         if x.shape[0] == 1:
             return F.linear(x, w)
         k = s.hidden // 2
@@ -78,3 +78,22 @@ def test_negative_control_m_dependent_experts() -> None:
     plain, rows = bench.run(8, "plain", per_row), bench.run(8, "rows", per_row)
     assert plain.verdict == "NOT row-invariant" and plain.equal < plain.compared
     assert rows.verdict == "row-invariant" and rows.equal == rows.compared == 16
+
+
+def test_the_rows_form_calls_the_experts_with_quant_method_apply_keywords() -> None:
+    """The series' ``experts_per_row`` (when vLLM with the series is importable) and this script's
+    loop call ``apply_one(x=..., topk_weights=..., topk_ids=...)``; the script's experts take those
+    keywords (a positional-only stand-in made the day-one self-test fail in the CPU runtime)."""
+    torch = pytest.importorskip("torch")
+    per_row, _ = mc.series_form()
+    seen: list[tuple[int, int, int]] = []
+
+    def apply_one(*, x: Any, topk_weights: Any, topk_ids: Any) -> Any:
+        seen.append((x.shape[0], topk_weights.shape[0], topk_ids.shape[0]))
+        return x
+
+    x, weights, ids = torch.zeros(3, 4), torch.ones(3, 2), torch.zeros(3, 2, dtype=torch.int32)
+    assert len(per_row(apply_one, x, weights, ids)) == 3 and seen == [(1, 1, 1)] * 3
+    experts = mc.cpu_experts(torch, mc.SHAPES["small"])
+    x = torch.zeros(2, mc.SHAPES["small"].hidden, dtype=torch.bfloat16)
+    assert experts(x=x, topk_weights=torch.ones(2, 1), topk_ids=torch.zeros(2, 1, dtype=torch.int64)).shape == x.shape

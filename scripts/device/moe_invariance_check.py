@@ -84,7 +84,8 @@ def series_form() -> tuple[Callable[..., list[Any]], str]:
         reason = f"{type(e).__name__}"
 
     def experts_per_row(apply_one: Callable[..., Any], x: Any, weights: Any, ids: Any) -> list[Any]:
-        return [apply_one(x[i : i + 1], weights[i : i + 1], ids[i : i + 1]) for i in range(x.shape[0])]
+        rows = range(x.shape[0])
+        return [apply_one(x=x[i : i + 1], topk_weights=weights[i : i + 1], topk_ids=ids[i : i + 1]) for i in rows]
 
     return experts_per_row, f"this script's per-row loop (vLLM not importable: {reason})"
 
@@ -125,9 +126,9 @@ def xpu_experts(torch: Any, s: Shapes) -> Callable[[Any, Any, Any], Any]:
         **kwargs,
     )
 
-    def apply(x: Any, weights: Any, ids: Any) -> Any:
+    def apply(x: Any, topk_weights: Any, topk_ids: Any) -> Any:
         out = torch.empty_like(x)
-        moe.apply(output=out, hidden_states=x, topk_weights=weights, topk_ids=ids)
+        moe.apply(output=out, hidden_states=x, topk_weights=topk_weights, topk_ids=topk_ids)
         return out
 
     return apply
@@ -140,7 +141,9 @@ def cpu_experts(torch: Any, s: Shapes) -> Callable[[Any, Any, Any], Any]:
     w13 = (torch.randn(s.experts, 2 * s.inter, s.hidden, generator=gen) * 0.05).to(torch.bfloat16)
     w2 = (torch.randn(s.experts, s.hidden, s.inter, generator=gen) * 0.05).to(torch.bfloat16)
 
-    def apply(x: Any, weights: Any, ids: Any) -> Any:
+    # the keywords of ``quant_method.apply``, which the series' per-row form passes
+    def apply(x: Any, topk_weights: Any, topk_ids: Any) -> Any:
+        weights, ids = topk_weights, topk_ids
         rows, top_k = ids.shape
         routes = torch.empty(rows, top_k, s.hidden, dtype=x.dtype)
         for expert in ids.unique().tolist():

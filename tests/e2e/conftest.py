@@ -69,8 +69,9 @@ def _have_cpu_runtime() -> str | None:
     return None
 
 
-# The slowest files first: pytest-xdist (``-n N --dist loadfile``, what ``nox -s cpu_tests``
-# runs) hands out whole files in collection order, so the long ones start at once. A fixture of
+# The slowest files first: pytest-xdist (``-n N --dist loadfile --no-loadscope-reorder``, what
+# ``nox -s cpu_tests`` runs) hands out whole files in collection order, so the long ones start at
+# once (without ``--no-loadscope-reorder`` xdist hands out the files with most tests first). A fixture of
 # module scope is computed once per file; the session-scoped teacher (``baseline_run``) once for
 # all workers (:func:`_shared`).
 SLOW_FIRST = (
@@ -89,6 +90,17 @@ SLOW_FIRST = (
     # last: it reads the fast matrix run (fast_matrix_run), done by the time a worker takes it
     "test_exact_verify_e2e.py",
 )
+
+
+CI_ONLY = "ci"
+"""The marker of the end-to-end tests CI runs after the README's test command (``nox -s
+cpu_tests_ci``): the TP 4 legs, the crossover's five servers, the day-one self-test. ``nox -s
+cpu_tests`` leaves them out (``-m "not ci"``) to stay a short loop; together the two sessions run
+every end-to-end test."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{CI_ONLY}: end-to-end tests run by CI (nox -s cpu_tests_ci), not cpu_tests")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -24,6 +24,8 @@ from scripts.matrix.legs import STANDIN_ENV, TP_REDUCE_ENV
 
 EXACT, RING = "dflash-graph0-meta1-tp4", "dflash-ring-tp4-diagnostic"
 
+pytestmark = pytest.mark.ci  # CI only (nox -s cpu_tests_ci): tests/e2e/conftest.py CI_ONLY
+
 
 @pytest.fixture(scope="module")
 def tp4_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:

@@ -9,12 +9,16 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from scripts.measure.cli import verify_record
 from scripts.tiny_laguna import TinyModels
 from tests.tool_run import run_module
 
 PROMPTS = 3
 TOKENS = 32
+
+pytestmark = pytest.mark.ci  # CI only (nox -s cpu_tests_ci): tests/e2e/conftest.py CI_ONLY
 
 
 def test_crossover_end_to_end(tiny_models: TinyModels, tmp_path: Path) -> None:

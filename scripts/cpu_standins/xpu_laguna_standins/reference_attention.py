@@ -57,6 +57,7 @@ whole splits with masked keys and zero values.
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 from vllm.logger import init_logger
@@ -84,20 +85,23 @@ def _scalar(x: torch.Tensor | float | None) -> float | torch.Tensor | None:
     return x.reshape(-1)[0].to(torch.float32)
 
 
-def _attend_one(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-) -> torch.Tensor:
+class _Mask(NamedTuple):
+    """What a query row may see: the softmax scale, causality and the
+    sliding window (``-1``: unbounded) to the left and right."""
+
+    scale: float
+    causal: bool
+    window_left: int
+    window_right: int
+
+
+def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _Mask) -> torch.Tensor:
     """Attention of ``q`` (ql, H, D) over ``k``/``v`` (L, Hk, D) in float32.
 
     Query row ``i`` sits at absolute position ``L - ql + i`` (bottom-right
     alignment, as in FlashAttention). Returns (ql, H, D) float32.
     """
+    scale, causal, window_left, window_right = mask
     ql, num_heads, head_size = q.shape
     kv_len, num_kv_heads, _ = k.shape
     if num_heads % num_kv_heads != 0:
@@ -130,29 +134,21 @@ _QUERY_CHUNK = 256
 """Causal query rows per :func:`_attend_one` call in :func:`_attend_rows`."""
 
 
-def _attend_rows(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-) -> torch.Tensor:
+def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _Mask) -> torch.Tensor:
     """:func:`_attend_one`, for a long causal query in chunks of rows, each
     over the keys its rows can see (from the first row's window start to the
     last row): no score is computed for a key every row of the chunk masks.
     A row's result depends on the call's query and key lengths and its index,
     not on other sequences."""
     ql, kv_len = q.shape[0], k.shape[0]
-    if not causal or ql <= _QUERY_CHUNK:
-        return _attend_one(q, k, v, scale, causal, window_left, window_right)
+    if not mask.causal or ql <= _QUERY_CHUNK:
+        return _attend_one(q, k, v, mask)
     parts = []
     for first in range(0, ql, _QUERY_CHUNK):
         last = min(first + _QUERY_CHUNK, ql)
         hi = kv_len - ql + last  # one past the chunk's last row (causal)
-        lo = max(0, kv_len - ql + first - window_left) if window_left >= 0 else 0
-        parts.append(_attend_one(q[first:last], k[lo:hi], v[lo:hi], scale, causal, window_left, window_right))
+        lo = max(0, kv_len - ql + first - mask.window_left) if mask.window_left >= 0 else 0
+        parts.append(_attend_one(q[first:last], k[lo:hi], v[lo:hi], mask))
     return torch.cat(parts)
 
 
@@ -334,6 +330,7 @@ def paged_attention(
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     left, right = _window(window_size)
+    mask = _Mask(float(softmax_scale), bool(causal), left, right)
     block_size = key_cache.shape[1]
     cu = cu_seqlens_q.tolist()
     kv_lens = seqused_k.tolist()
@@ -374,7 +371,7 @@ def paged_attention(
             k_seq = _gather(key_cache, block_table[i], 0, kv_len, k_scale)
             v_seq = _gather(value_cache, block_table[i], 0, kv_len, v_scale)
             q_seq = q[start:end].to(torch.float32)
-            res = _attend_rows(q_seq, k_seq, v_seq, float(softmax_scale), bool(causal), left, right)
+            res = _attend_rows(q_seq, k_seq, v_seq, mask)
             out[start:end] = res.to(out.dtype)
         i += 1
     return out
@@ -460,7 +457,7 @@ def flash_attn_varlen_func(
         )
     # Contiguous (non-paged) KV: k/v are (total_k, num_kv_heads, head_size).
     assert cu_seqlens_k is not None
-    left, right = _window(window_size)
+    mask = _Mask(float(softmax_scale), bool(causal), *_window(window_size))
     cu_q = cu_seqlens_q.tolist()
     cu_k = cu_seqlens_k.tolist()
     for i in range(len(cu_q) - 1):
@@ -470,7 +467,7 @@ def flash_attn_varlen_func(
         k_seq = _dequant(k[ks:ke], _scalar(k_descale))
         v_seq = _dequant(v[ks:ke], _scalar(v_descale))
         q_seq = q[qs:qe].to(torch.float32)
-        out[qs:qe] = _attend_rows(q_seq, k_seq, v_seq, float(softmax_scale), bool(causal), left, right).to(out.dtype)
+        out[qs:qe] = _attend_rows(q_seq, k_seq, v_seq, mask).to(out.dtype)
     return out
 
 
