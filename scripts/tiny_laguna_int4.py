@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scripts.device.checkpoint_check import GROUP_SIZE, ROUTED_EXPERT, is_linear
+from scripts.device.checkpoint_check import layout
 from scripts.errors import ToolError, exit_status
 
 if TYPE_CHECKING:
@@ -62,7 +62,9 @@ class Int4Pair:
 def weight_args() -> Any:
     from compressed_tensors.quantization import QuantizationArgs
 
-    return QuantizationArgs(num_bits=NUM_BITS, type="int", symmetric=True, strategy="group", group_size=GROUP_SIZE)
+    return QuantizationArgs(
+        num_bits=NUM_BITS, type="int", symmetric=True, strategy="group", group_size=layout().GROUP_SIZE
+    )
 
 
 def kv_cache_args() -> Any:
@@ -84,7 +86,7 @@ def linear_modules(keys: list[str]) -> list[str]:
         if not key.endswith(".weight"):
             continue
         module = key.removesuffix(".weight")
-        if is_linear(module):
+        if layout().is_linear(module):
             out.append(module)
     return sorted(out)
 
@@ -99,10 +101,11 @@ def quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     from compressed_tensors.quantization.utils import calculate_qparams
 
     rows, cols = weight.shape
-    if cols % GROUP_SIZE:
-        raise Int4Error(f"an expert's input width {cols} is not a multiple of the group size {GROUP_SIZE}")
+    group = layout().GROUP_SIZE
+    if cols % group:
+        raise Int4Error(f"an expert's input width {cols} is not a multiple of the group size {group}")
     w = weight.to(torch.bfloat16)
-    groups = w.float().reshape(rows, cols // GROUP_SIZE, GROUP_SIZE)
+    groups = w.float().reshape(rows, cols // group, group)
     scale, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), weight_args())
     # Rounded up to a power of two: every dequantized value (an int4 times its scale) is then
     # exact in BF16 and float32, so the BF16 reference holds the INT4 model's weights exactly.
@@ -164,7 +167,7 @@ def _quantization_config(ignored: list[str]) -> tuple[Any, Any]:
     # R1: an offline Hadamard rotation of the residual stream (weights only; no runtime module)
     rotation = TransformScheme(
         type="hadamard",
-        head_dim=GROUP_SIZE,
+        head_dim=layout().GROUP_SIZE,
         apply=[
             TransformArgs(targets=["Embedding"], location="weight_output"),
             TransformArgs(targets=["Linear"], location="weight_input", inverse=True, ignore=["lm_head"]),
@@ -191,9 +194,10 @@ def write(
     src, out = Path(src), Path(out)
     config, tensors = _load(src / "target")
     width = config.get("moe_intermediate_size", 0)
-    if width % (2 * GROUP_SIZE):  # at TP 2 each rank's down_proj input must be whole groups
+    group = layout().GROUP_SIZE
+    if width % (2 * group):  # at TP 2 each rank's down_proj input must be whole groups
         raise Int4Error(
-            f"{src}: routed experts {width} wide; INT4 groups of {GROUP_SIZE} need the int4 variant "
+            f"{src}: routed experts {width} wide; INT4 groups of {group} need the int4 variant "
             "(python -m scripts.tiny_laguna --variant int4)"
         )
     target: dict[str, torch.Tensor] = {}
@@ -201,7 +205,7 @@ def write(
     quantized = []
     for key, value in sorted(tensors.items()):
         module = key.removesuffix(".weight")
-        if not key.endswith(".weight") or ROUTED_EXPERT.match(module) is None:
+        if not key.endswith(".weight") or layout().ROUTED_EXPERT.match(module) is None:
             target[key] = reference[key] = value.to(torch.bfloat16) if value.is_floating_point() else value
             continue
         packed = quantize(value)

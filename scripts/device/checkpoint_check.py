@@ -27,28 +27,23 @@ Prints one line per problem and exits 1, or a summary and exits 0.
 
 from __future__ import annotations
 
+import importlib
 import json
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from scripts.errors import ToolError, exit_status
 
-GROUP_SIZE = 32
-PACKED_PARTS = ("weight_packed", "weight_scale", "weight_shape")
-ROUTED_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.\d+\.(gate|up|down)_proj$")
-LINEAR_LEAVES = frozenset(
-    ("q_proj", "k_proj", "v_proj", "o_proj", "g_proj", "gate_proj", "up_proj", "down_proj", "gate")
-)
-"""The last name of every linear module of a Laguna checkpoint (``lm_head`` besides)."""
 _NOT_PARSED_BY_QUANTIZATION_CONFIG = ("transform_config", "sparsity_config")
 
 
-def is_linear(module: str) -> bool:
-    """Whether ``module`` (a checkpoint name without ``.weight``) is one of Laguna's linears."""
-    return module == "lm_head" or module.rsplit(".", 1)[-1] in LINEAR_LEAVES
+def layout() -> ModuleType:
+    """The checkpoint layout's one definition: the series' ``vllm.xpu_laguna_checkpoint`` (the
+    configuration contract refuses the same problems at load), from the vLLM this runs with."""
+    return importlib.import_module("vllm.xpu_laguna_checkpoint")
 
 
 class CheckpointError(ToolError):
@@ -66,18 +61,10 @@ class Summary:
 def _tensors(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (safetensors dtype code, e.g. ``BF16``, ``I32``; shape) of every tensor, read from
     the safetensors headers only."""
-    from safetensors import safe_open
-
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
+    tensors = layout().tensor_index(model_dir)
+    if not tensors:
         raise CheckpointError(f"{model_dir}: no *.safetensors")
-    out: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
-                piece = handle.get_slice(name)
-                out[name] = (str(piece.get_dtype()), tuple(piece.get_shape()))
-    return out
+    return dict(tensors)
 
 
 def _config(model_dir: Path) -> dict[str, Any]:
@@ -110,8 +97,15 @@ def parse_problems(quant: dict[str, Any]) -> list[str]:
         problems.append(f"quantization_config.format is {parsed.format!r}, not 'pack-quantized'")
     for name, group in parsed.config_groups.items():
         w = getattr(group, "weights", None)
-        if w is None or (w.num_bits, w.type, w.symmetric, w.strategy, w.group_size) != (4, "int", True, "group", 32):
-            problems.append(f"config group {name}: weights are not INT4 symmetric groups of {GROUP_SIZE}")
+        group_size = layout().GROUP_SIZE
+        if w is None or (w.num_bits, w.type, w.symmetric, w.strategy, w.group_size) != (
+            4,
+            "int",
+            True,
+            "group",
+            group_size,
+        ):
+            problems.append(f"config group {name}: weights are not INT4 symmetric groups of {group_size}")
         if getattr(group, "input_activations", None) is not None:
             problems.append(f"config group {name}: activations are quantized (W4A16 quantizes weights only)")
     if "transform_config" in quant:
@@ -134,12 +128,6 @@ def parse_problems(quant: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _ignored(module: str, ignore: list[str]) -> bool:
-    from vllm.model_executor.layers.quantization.compressed_tensors.utils import should_ignore_layer
-
-    return should_ignore_layer(module, ignore=ignore)
-
-
 def target_problems(model_dir: Path, tp: int) -> Summary:
     config = _config(model_dir)
     quant = config.get("quantization_config")
@@ -148,53 +136,42 @@ def target_problems(model_dir: Path, tp: int) -> Summary:
     problems = parse_problems(quant)
     tensors = _tensors(model_dir)
     ignore = list(quant.get("ignore") or [])
+    ct = layout()
     packed: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {}
-    plain: list[str] = []
     for name, meta in tensors.items():
         module, _, leaf = name.rpartition(".")
-        if leaf in PACKED_PARTS:
+        if leaf in ct.PACKED_PARTS:
             packed.setdefault(module, {})[leaf] = meta
-        elif leaf == "weight" and is_linear(module):
-            plain.append(module)
-    for module in sorted(plain):
-        if not _ignored(module, ignore):
-            problems.append(f"{module}: stored as a plain weight but not in ignore (vLLM would load it as INT4)")
+    for module in ct.unignored_plain_linears(tensors, ignore):
+        problems.append(f"{module}: stored as a plain weight but not in ignore (vLLM would load it as INT4)")
     for module, parts in sorted(packed.items()):
-        if ROUTED_EXPERT.match(module) is None:
+        if ct.ROUTED_EXPERT.match(module) is None:
             problems.append(f"{module}: packed INT4 but not a routed expert projection")
-        if _ignored(module, ignore):
+        if ct.ignored(module, ignore):
             problems.append(f"{module}: packed INT4 but in ignore")
-        missing = [p for p in PACKED_PARTS if p not in parts]
+        missing = [p for p in ct.PACKED_PARTS if p not in parts]
         if missing:
             problems.append(f"{module}: missing {', '.join(missing)}")
             continue
         _, (rows, cols_packed) = parts["weight_packed"]
         k = cols_packed * 8
         _, scale_shape = parts["weight_scale"]
-        if parts["weight_packed"][0] != "I32" or scale_shape != (rows, k // GROUP_SIZE):
+        if parts["weight_packed"][0] != "I32" or scale_shape != (rows, k // ct.GROUP_SIZE):
             problems.append(
                 f"{module}: weight_packed {parts['weight_packed']} and weight_scale {scale_shape} "
-                f"are not I32 (N, K/8) and (N, K/{GROUP_SIZE})"
+                f"are not I32 (N, K/8) and (N, K/{ct.GROUP_SIZE})"
             )
-        if module.endswith("down_proj") and (k % tp or (k // tp) % GROUP_SIZE):
+        if module.endswith("down_proj") and (k % tp or (k // tp) % ct.GROUP_SIZE):
             problems.append(
-                f"{module}: input width {k} splits at TP {tp} into {k / tp:g}, not whole groups of {GROUP_SIZE}"
+                f"{module}: input width {k} splits at TP {tp} into {k / tp:g}, not whole groups of {ct.GROUP_SIZE}"
             )
-        if not module.endswith("down_proj") and k % GROUP_SIZE:
-            problems.append(f"{module}: input width {k} is not whole groups of {GROUP_SIZE}")
+        if not module.endswith("down_proj") and k % ct.GROUP_SIZE:
+            problems.append(f"{module}: input width {k} is not whole groups of {ct.GROUP_SIZE}")
     if not packed:
         problems.append(f"{model_dir}: no packed INT4 module")
     layers = int(config.get("num_hidden_layers", 0))
     if quant.get("kv_cache_scheme"):
-        for layer in range(layers):
-            for which in ("k", "v"):
-                name = f"model.layers.{layer}.self_attn.{which}_scale"
-                if name not in tensors:
-                    problems.append(f"{name}: missing (kv_cache_scheme is static FP8; vLLM maps only this name)")
-        known = {f"model.layers.{n}.self_attn.{w}_scale" for n in range(layers) for w in ("k", "v")}
-        for name in sorted(tensors):
-            if re.search(r"\.(k|v)_scale$", name) and name not in known:
-                problems.append(f"{name}: a KV scale vLLM does not map (the loader would drop it)")
+        problems += ct.kv_scale_problems(tensors, layers)
     return Summary(len(packed), len(ignore), layers, tuple(problems))
 
 

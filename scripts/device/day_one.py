@@ -89,6 +89,12 @@ def _module(name: str, *args: str) -> tuple[str, ...]:
     return ("-m", name, *args)
 
 
+def _reporting(name: str, module: str, out: Path, limit_s: float, kind: str, *args: str) -> Step:
+    """A step whose check also writes its rows to ``OUT/NAME.json`` (its ``--json``)."""
+    file = f"{name}.json"
+    return Step(name, _module(module, *args, "--json", str(out / file)), limit_s, kind, json_out=file)
+
+
 def device_steps(out: Path, model: Path | None, draft: Path | None) -> list[Step]:
     """The steps at the real shapes, on the XPU."""
     pair = model is not None and draft is not None
@@ -109,26 +115,9 @@ def device_steps(out: Path, model: Path | None, draft: Path | None) -> list[Step
         ),
         Step("split-divergence", _module("scripts.device.split_divergence"), 120, INFO),
         Step("attention", _module("scripts.device.xpu_attention_check", "--device", "xpu"), 3600, EXACTNESS),
-        Step(
-            "ops",
-            _module("scripts.device.op_invariance_check", "--device", "xpu", "--json", str(out / "ops.json")),
-            3600,
-            MEASUREMENT,
-            json_out="ops.json",
-        ),
-        Step(
-            "moe",
-            _module("scripts.device.moe_invariance_check", "--device", "xpu", "--json", str(out / "moe.json")),
-            1800,
-            MEASUREMENT,
-            json_out="moe.json",
-        ),
-        Step(
-            "graphs",
-            _module("scripts.device.graph_check", "--device", "xpu", "--json", str(out / "graphs.json")),
-            3600,
-            EXACTNESS,
-        ),
+        _reporting("ops", "scripts.device.op_invariance_check", out, 3600, MEASUREMENT, "--device", "xpu"),
+        _reporting("moe", "scripts.device.moe_invariance_check", out, 1800, MEASUREMENT, "--device", "xpu"),
+        _reporting("graphs", "scripts.device.graph_check", out, 3600, EXACTNESS, "--device", "xpu"),
         Step(
             "rows",
             _module("scripts.device.row_invariance_check", "--model-dir", str(model), "--draft-dir", str(draft))
@@ -163,46 +152,21 @@ def self_test_steps(out: Path, tiny: Path, tiny_int4: Path) -> list[Step]:
         ),
         Step("split-divergence", _module("scripts.device.split_divergence", "--max-len", "16384"), 120, INFO),
         Step("attention", _module("scripts.device.xpu_attention_check", "--device", "cpu", "--quick"), 900, EXACTNESS),
-        Step(
+        _reporting(
             "ops",
-            _module(
-                "scripts.device.op_invariance_check",
-                *("--device", "cpu", "--shapes", "small", "--trials", "1", "--ranks", "2"),
-                *("--json", str(out / "ops.json")),
-            ),
-            900,
-            MEASUREMENT,
-            json_out="ops.json",
+            "scripts.device.op_invariance_check",
+            *(out, 900, MEASUREMENT, "--device", "cpu", "--shapes", "small", "--trials", "1", "--ranks", "2"),
         ),
-        Step(
+        _reporting(
             "moe",
-            _module(
-                "scripts.device.moe_invariance_check",
-                *("--device", "cpu", "--shapes", "small", "--trials", "1", "--rows", "1,8"),
-                *("--json", str(out / "moe.json")),
-            ),
-            600,
-            MEASUREMENT,
-            json_out="moe.json",
+            "scripts.device.moe_invariance_check",
+            *(out, 600, MEASUREMENT, "--device", "cpu", "--shapes", "small", "--trials", "1", "--rows", "1,8"),
         ),
-        Step(
+        _reporting(
             "graphs",
-            _module(
-                "scripts.device.graph_check",
-                *("--emulate-graphs", "--models", str(tiny), "--metadata", "on", "--prompts", "1"),
-                *(
-                    "--tokens",
-                    "24",
-                    "--long-prompt-tokens",
-                    "0",
-                    "--min-cycles",
-                    "3",
-                    "--json",
-                    str(out / "graphs.json"),
-                ),
-            ),
-            1200,
-            EXACTNESS,
+            "scripts.device.graph_check",
+            *(out, 1200, EXACTNESS, "--emulate-graphs", "--models", str(tiny), "--metadata", "on"),
+            *("--prompts", "1", "--tokens", "24", "--long-prompt-tokens", "0", "--min-cycles", "3"),
         ),
         Step(
             "rows",
@@ -233,8 +197,11 @@ def _invariant(rows: list[dict[str, Any]], switch: str) -> bool | None:
     return all(r["equal"] == r["compared"] for r in ran)
 
 
-def _first_invariant(rows: list[dict[str, Any]], forms: tuple[str, ...]) -> str:
-    return next((f for f in forms if _invariant(rows, f)), "")
+def _choose(rows: list[dict[str, Any]], key: str, forms: tuple[str, ...], what: str) -> Recommendation:
+    """The first of ``forms`` row-invariant on every measured row (empty: none is)."""
+    form = next((f for f in forms if _invariant(rows, f)), "")
+    why = f"{form}: row-invariant on every {what} shape measured" if form else f"no {what} form row-invariant"
+    return Recommendation(key, form, why)
 
 
 def recommend(ops: list[dict[str, Any]], moe: list[dict[str, Any]]) -> list[Recommendation]:
@@ -243,24 +210,10 @@ def recommend(ops: list[dict[str, Any]], moe: list[dict[str, Any]]) -> list[Reco
     out: list[Recommendation] = []
     linears = [r for r in ops if str(r["op"]).startswith("linear:")]
     if linears:
-        form = _first_invariant(linears, ("batch_invariant", "rows"))
-        out.append(
-            Recommendation(
-                "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM",
-                form,
-                f"{form}: row-invariant on every linear shape measured" if form else "no linear form row-invariant",
-            )
-        )
+        out.append(_choose(linears, "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM", ("batch_invariant", "rows"), "linear"))
     norms = [r for r in ops if r["op"] == "qk_norm"]
     if norms:
-        form = _first_invariant(norms, ("pad", "tokens"))
-        out.append(
-            Recommendation(
-                "VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM",
-                form,
-                f"{form}: row-invariant on every q/k norm shape" if form else "no q/k norm form row-invariant",
-            )
-        )
+        out.append(_choose(norms, "VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM", ("pad", "tokens"), "q/k norm"))
     reduce_rows = [r for r in ops if r["op"] == "all_reduce"]
     if _invariant(reduce_rows, "gather+rank-sum") is not None:
         ok = bool(_invariant(reduce_rows, "gather+rank-sum"))

@@ -80,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--kv-cache-bytes", type=int, default=512 << 20, help="KV cache bytes (CPU only)")
     run.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="vLLM's --kv-cache-dtype in every leg (auto: the model dtype, or the checkpoint's "
+        "kv_cache_scheme; an INT4 checkpoint with a static FP8 scheme needs the model dtype named)",
+    )
+    run.add_argument(
         "--jobs",
         type=int,
         default=0,

@@ -113,6 +113,7 @@ def _drive(
             "max_model_len": args.max_model_len,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
+            "kv_cache_dtype": args.kv_cache_dtype,
             "cpu_flash_attn": device == "cpu",
             # in the leg process itself (its in-process engine core checks the config), at every TP:
             # a preloaded leg is a fork that never ran the graph hook's sitecustomize at start-up;

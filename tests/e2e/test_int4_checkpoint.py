@@ -109,7 +109,7 @@ def _xpu_dequantized(target: Path, layer: int, num_experts: int) -> tuple[torch.
     def decode(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         assert q.dtype == torch.uint8
         values = torch.stack([q & 0xF, q >> 4], dim=-1).flatten(-2).to(torch.int8) - 8  # low nibble first
-        return values.to(scale.dtype) * scale.repeat_interleave(int4.GROUP_SIZE, dim=-1)
+        return values.to(scale.dtype) * scale.repeat_interleave(checkpoint_check.layout().GROUP_SIZE, dim=-1)
 
     return decode(w13, s13), decode(w2, s2)
 
@@ -147,6 +147,70 @@ def test_a_bf16_linear_missing_from_ignore_is_named(float_int4: Path, tmp_path: 
     ]
 
 
+_BUILD_CONFIG = (
+    "import sys; from vllm.engine.arg_utils import EngineArgs; "
+    "EngineArgs(model=sys.argv[1], dtype='bfloat16', kv_cache_dtype=sys.argv[2], max_model_len=512, "
+    "max_num_seqs=1, enable_prefix_caching=False, async_scheduling=False, enforce_eager=True, "
+    "kv_cache_memory_bytes=64 << 20).create_engine_config(); print('config built')"
+)
+
+
+def _series_config(target: Path, kv_cache_dtype: str) -> subprocess.CompletedProcess[str]:
+    """vLLM builds the engine configuration of ``target`` (no engine starts) under the tiny CPU
+    recipe's series settings, as ``vllm serve`` would before loading a weight."""
+    import os
+    import sys
+
+    from scripts.device.day_one import recipe_env
+    from scripts.recipe import shell_env
+
+    env = {**os.environ, **shell_env(recipe_env(cpu=True))}
+    command = [sys.executable, "-c", _BUILD_CONFIG, str(target), kv_cache_dtype]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def _refusal(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if "XPU Laguna series:" in line]
+    return lines[-1] if lines else proc.stderr[-2000:]
+
+
+def test_at_load_the_series_refuses_a_bf16_linear_missing_from_ignore(
+    float_int4: Path, pair: int4.Int4Pair, tmp_path: Path
+) -> None:
+    """The configuration contract refuses it before any weight loads (vLLM itself would build the
+    linear as INT4: layout in vllm/xpu_laguna_checkpoint.py); the written pair passes."""
+    bad = int4.write(float_int4, tmp_path / "bad", not_ignored="model.layers.1.self_attn.g_proj")
+    proc = _series_config(bad.target, "bfloat16")
+    assert proc.returncode != 0
+    assert (
+        "model.layers.1.self_attn.g_proj stored unquantized but not in the checkpoint's "
+        "quantization_config.ignore" in _refusal(proc)
+    ), proc.stderr[-3000:]
+    good = _series_config(pair.target, "bfloat16")
+    assert good.returncode == 0 and "config built" in good.stdout, good.stderr[-3000:]
+
+
+def test_at_load_the_series_refuses_unmapped_kv_scales_with_an_fp8_cache(pair: int4.Int4Pair, tmp_path: Path) -> None:
+    """An FP8 cache with a K scale under a name Laguna's loader skips: refused, not dropped; with a
+    BF16 cache (the recipe's) the scales are unused and the configuration builds."""
+    target = _renamed_k_scale(pair, tmp_path)
+    proc = _series_config(target, "fp8")
+    assert proc.returncode != 0
+    assert "KV cache fp8 with model.layers.2.self_attn.k_scale: missing (kv_cache_scheme is static FP8" in _refusal(
+        proc
+    ), proc.stderr[-3000:]
+    assert _series_config(target, "bfloat16").returncode == 0
+
+
+def _renamed_k_scale(pair: int4.Int4Pair, tmp_path: Path) -> Path:
+    """The target with layer 2's K scale under ``self_attn.attn.k_scale`` (a name vLLM skips)."""
+    target = _edit_config(pair, tmp_path, lambda c: None)
+    tensors = load_file(str(target / int4.TENSOR_FILE))
+    tensors["model.layers.2.self_attn.attn.k_scale"] = tensors.pop("model.layers.2.self_attn.k_scale")
+    save_file(tensors, str(target / int4.TENSOR_FILE))
+    return target
+
+
 def _edit_config(pair: int4.Int4Pair, tmp_path: Path, edit: Any) -> Path:
     target = tmp_path / "target"
     target.mkdir()
@@ -172,10 +236,7 @@ def test_an_unknown_key_in_the_quantization_config_is_refused(pair: int4.Int4Pai
 
 
 def test_a_kv_scale_vllm_does_not_map_is_named_not_dropped(pair: int4.Int4Pair, tmp_path: Path) -> None:
-    target = _edit_config(pair, tmp_path, lambda c: None)
-    tensors = load_file(str(target / int4.TENSOR_FILE))
-    tensors["model.layers.2.self_attn.attn.k_scale"] = tensors.pop("model.layers.2.self_attn.k_scale")
-    save_file(tensors, str(target / int4.TENSOR_FILE))
+    target = _renamed_k_scale(pair, tmp_path)
     proc = _check(pair, target=target)
     assert proc.returncode == 1
     assert proc.stdout.strip().splitlines() == [

@@ -45,11 +45,13 @@ rebuilt configuration passes whenever the original did.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 import vllm.envs as envs
+from vllm import xpu_laguna_checkpoint as int4_layout
 from vllm import xpu_laguna_drafter
 from vllm.compilation.xpu_breakable_graph.config import (
     LAGUNA_TARGET_ARCHITECTURES,
@@ -112,6 +114,7 @@ def check_series_contract(vllm_config: VllmConfig) -> None:
     _check_executor(vllm_config)
     _check_width(vllm_config)
     _check_drafter(vllm_config)
+    _check_int4_layout(vllm_config)
     if not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY:
         return
     _check_rejection(vllm_config)
@@ -248,6 +251,43 @@ def target_is_int4_laguna(model_config: ModelConfig) -> bool:
         if weights.get("num_bits") == 4 and weights.get("type", "int") == "int":
             return True
     return False
+
+
+def _check_int4_layout(vllm_config: VllmConfig) -> None:
+    """An INT4 Laguna target in a local folder: refuse what vLLM would load
+    wrongly without an error (:mod:`vllm.xpu_laguna_checkpoint`): a linear
+    stored unquantized that ``ignore`` does not name, and, with an FP8 KV
+    cache, K/V scales under names the loader skips. Read from the
+    safetensors headers; a hub id (no local folder yet) is not checked."""
+    mc = vllm_config.model_config
+    if mc is None or not target_is_int4_laguna(mc) or not Path(mc.model).is_dir():
+        return
+    quant = _quantization_dict(mc)
+    tensors = int4_layout.tensor_index(Path(mc.model))
+    ignore = list(quant.get("ignore") or [])
+    unignored = int4_layout.unignored_plain_linears(tensors, ignore)
+    if unignored:
+        _fail(
+            f"{_first(unignored)} stored unquantized but not in the checkpoint's "
+            "quantization_config.ignore (vLLM would build it as an INT4 layer "
+            "and leave its packed weight unset)",
+            "add it to ignore (scripts/device/checkpoint_check.py lists all)",
+        )
+    cache = resolved_kv_cache_dtype(vllm_config.cache_config.cache_dtype, vllm_config)
+    if quant.get("kv_cache_scheme") and cache.startswith("fp8"):
+        layers = int(getattr(mc.hf_text_config, "num_hidden_layers", 0))
+        problems = int4_layout.kv_scale_problems(tensors, layers)
+        if problems:
+            _fail(
+                f"KV cache {cache} with {_first(problems)}",
+                "store each layer's scales as model.layers.N.self_attn.k_scale "
+                "and v_scale",
+            )
+
+
+def _first(items: list[str]) -> str:
+    more = len(items) - 1
+    return items[0] + (f" (and {more} more)" if more else "")
 
 
 def _check_drafter(vllm_config: VllmConfig) -> None:

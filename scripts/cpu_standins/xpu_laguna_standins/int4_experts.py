@@ -17,11 +17,21 @@ Everything else is vLLM's: config parsing, the quant method, the weight loader, 
 the routing, the modular kernel around the experts. The stand-in reads the repacked weights the
 way ``xpu_fused_moe(is_int4=True)`` documents them (w13 ``[E, 2I, H/2]`` and w2 ``[E, H, I/2]``
 uint8, two values a byte, the low nibble first, stored plus 8; scales ``[E, N, K/32]``) and
-computes each (token, expert) pair on its own in float32: dequantize, ``x @ w13^T``, SiLU-and-mul,
-``@ w2^T``, times the routing weight, summed over the token's experts in top-k order. Each row's
-result depends on that row alone. Not reproduced: the device kernel's arithmetic (its
-dequantization order, accumulation and tiling), so a stand-in run proves the loading and the
-layout, never the device's numerics. A test-side stand-in: never in the wheel.
+computes each (token, expert) pair in float32: dequantize, ``x @ w13^T``, SiLU-and-mul,
+``@ w2^T``, times the routing weight, summed over the token's experts in top-k order.
+
+Reproduced from the device: a row's bits depend on how many rows the call has. ``XpuFusedMoe``
+places each route in its expert's block with atomics (``remap_hidden_states``) and its grouped
+GEMM picks a policy from the average rows per expert, so a row of an 8-row verify call is not
+computed as the same token's 1-row decode (docs/row-invariance.md; the reference lab measured
+903/3072 values differing at the layer-1 MoE output). The stand-in models that with one
+deterministic rule: a call of more than one row accumulates ``x @ w13^T`` over K in two halves,
+each rounded to the activation dtype before they are added (BF16 on the device), a 1-row call in
+one float32 pass. So the series' per-row form (``VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE=rows``)
+gives verify rows the decode's bits and ``off`` does not, as on the device. Not reproduced: the
+device kernel's actual arithmetic (dequantization order, tiling, which policies it has), so a
+stand-in run proves the loading, the layout and the form's effect, never the device's numerics. A
+test-side stand-in: never in the wheel.
 """
 
 from __future__ import annotations
@@ -88,10 +98,16 @@ class ReferenceXpuFusedMoe:
             raise NotImplementedError("reference XPU INT4 experts: quantized activations not supported")
         x = hidden_states.float()
         acc = torch.zeros(x.shape[0], self.w2.shape[1], dtype=torch.float32, device=x.device)
+        # the call's policy: K in one pass for one row, in two halves for more (module docstring)
+        splits = (x.shape[1],) if x.shape[0] == 1 else (x.shape[1] // 2, x.shape[1] - x.shape[1] // 2)
         for k in range(topk_ids.shape[1]):
             ids = topk_ids[:, k].long()
-            # one (token, expert) pair per batch entry: (1, H) @ (H, 2I), then (1, I) @ (I, H)
-            h = torch.bmm(x.unsqueeze(1), self.w13[ids].transpose(1, 2)).squeeze(1)
+            w13 = self.w13[ids].transpose(1, 2)  # one (token, expert) pair per batch entry: [B, H, 2I]
+            parts = [
+                torch.bmm(xs.unsqueeze(1), ws).squeeze(1)
+                for xs, ws in zip(x.split(splits, dim=1), w13.split(splits, dim=1), strict=True)
+            ]
+            h = parts[0] if len(parts) == 1 else sum(part.to(hidden_states.dtype).float() for part in parts)
             gate, up = h.chunk(2, dim=-1)
             y = torch.bmm((torch.nn.functional.silu(gate) * up).unsqueeze(1), self.w2[ids].transpose(1, 2))
             acc = acc + y.squeeze(1) * topk_weights[:, k : k + 1].float()

@@ -69,7 +69,7 @@ other layers reuse them; ``counters.plans`` counts the computations.
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -87,9 +87,6 @@ if TYPE_CHECKING:
         FlashAttentionImpl,
         FlashAttentionMetadata,
     )
-    from vllm.v1.attention.backends.xpu_laguna_prebuilt import (
-        PrebuiltExactMetadata,
-    )
 
 logger = init_logger(__name__)
 
@@ -98,6 +95,24 @@ logger = init_logger(__name__)
 _NATIVE_FLOAT_CACHE_DTYPES = frozenset(
     {"bfloat16", "float16", "half", "float", "float32"}
 )
+
+
+class ExactMetadataOwner(Protocol):
+    """An owner of prebuilt exact-verify metadata, as this module uses it
+    (implemented by ``xpu_laguna_prebuilt.PrebuiltExactMetadata``; defined
+    here so that this module does not import that one)."""
+
+    def refresh(
+        self,
+        q: int,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_len: int | None = None,
+    ) -> "ExactVerifyMetadata": ...
+
+    def check_source(
+        self, exact: "ExactVerifyMetadata", block_table: torch.Tensor
+    ) -> None: ...
 
 
 # Kernel calls of one layer forward: (first_row, end_row, num_splits,
@@ -123,7 +138,7 @@ class ExactVerifyMetadata:
     seq_lens: torch.Tensor | None = None
     block_table: torch.Tensor | None = None
     kv_offsets: torch.Tensor | None = None
-    owner: "PrebuiltExactMetadata | None" = None
+    owner: ExactMetadataOwner | None = None
     # The step's kernel calls per layer shape (see call_groups).
     plans: dict[tuple[int, ...], CallGroups] = field(default_factory=dict)
 
@@ -307,7 +322,7 @@ def plan_step(
     common_attn_metadata: "CommonAttentionMetadata",
     vllm_config: "VllmConfig",
     dcp_world_size: int,
-    prebuilt: "PrebuiltExactMetadata | None" = None,
+    prebuilt: ExactMetadataOwner | None = None,
 ) -> ExactVerifyMetadata | None:
     """Builder hook: the step's exact-verify metadata, or None (upstream path).
 
