@@ -5,16 +5,18 @@ without a word, read from its safetensors headers alone.
 
 Laguna-S-2.1-INT4 is compressed-tensors W4A16 (groups of 32) in the routed
 experts only; its config group targets every ``Linear`` and its ``ignore``
-list names every linear stored BF16. Two mistakes in such a checkpoint load
-without an error in vLLM 0.34.0:
+list names every linear stored BF16. Two mistakes in such a checkpoint go
+wrong in vLLM 0.34.0 without naming their cause:
 
 * a linear stored as a plain ``weight`` but missing from ``ignore`` is built
-  as a W4A16 layer; its ``weight`` matches no parameter and its packed
-  weight is never written (the loader checks for unloaded weights only for
-  unquantized models);
+  as a W4A16 layer; the engine then fails on something else (on CPU, with
+  the tiny pair: "Failed to find a kernel that can implement the WNA16
+  linear layer", from the layer's shape), or its BF16 ``weight`` finds no
+  parameter to load into;
 * with a ``kv_cache_scheme``, a K/V scale under a name Laguna's loader does
   not map (anything but ``model.layers.N.self_attn.k_scale``/``v_scale``) is
-  skipped, and an FP8 cache then runs with the default scale.
+  skipped without a word (``ignore_unexpected_suffixes`` in Laguna's
+  ``load_weights``), and an FP8 cache then runs with the default scale.
 
 The configuration contract (:mod:`vllm.config.xpu_laguna_contract`) refuses
 both before any weight loads (the KV scales when the cache is FP8);

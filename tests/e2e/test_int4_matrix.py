@@ -40,8 +40,8 @@ def _matrix(pair: int4.Int4Pair, tmp: Path, *args: str, **env: str) -> tuple[sub
     report = tmp / "matrix.json"
     argv = (
         "run", "--model-dir", str(pair.target), "--draft-dir", str(pair.draft), "--dtype", "bfloat16",
-        "--kv-cache-dtype", "bfloat16", "--prompts", "2", "--max-tokens", "32", "--long-prompt-tokens", "0",
-        "--max-model-len", "512", "--kv-cache-bytes", str(64 << 20), "--seed", "0", "--legs", ",".join(LEGS),
+        "--kv-cache-dtype", "bfloat16", "--prompts", "3", "--max-tokens", "24", "--long-prompt-tokens", "0",
+        "--max-model-len", "1024", "--kv-cache-bytes", str(64 << 20), "--seed", "0", "--legs", ",".join(LEGS),
         "--report", str(report), *args,
     )  # fmt: skip
     proc = run_module("scripts.matrix", *argv, timeout=1500, env={**os.environ, int4_experts.ENV: "1", **env})

@@ -255,7 +255,8 @@ def target_is_int4_laguna(model_config: ModelConfig) -> bool:
 
 def _check_int4_layout(vllm_config: VllmConfig) -> None:
     """An INT4 Laguna target in a local folder: refuse what vLLM would load
-    wrongly without an error (:mod:`vllm.xpu_laguna_checkpoint`): a linear
+    wrongly, or fail on without naming the cause
+    (:mod:`vllm.xpu_laguna_checkpoint`): a linear
     stored unquantized that ``ignore`` does not name, and, with an FP8 KV
     cache, K/V scales under names the loader skips. Read from the
     safetensors headers; a hub id (no local folder yet) is not checked."""
@@ -270,7 +271,7 @@ def _check_int4_layout(vllm_config: VllmConfig) -> None:
         _fail(
             f"{_first(unignored)} stored unquantized but not in the checkpoint's "
             "quantization_config.ignore (vLLM would build it as an INT4 layer "
-            "and leave its packed weight unset)",
+            "and fail later on another error)",
             "add it to ignore (scripts/device/checkpoint_check.py lists all)",
         )
     cache = resolved_kv_cache_dtype(vllm_config.cache_config.cache_dtype, vllm_config)
