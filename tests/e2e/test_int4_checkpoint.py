@@ -155,16 +155,17 @@ _BUILD_CONFIG = (
 )
 
 
-def _series_config(target: Path, kv_cache_dtype: str) -> subprocess.CompletedProcess[str]:
+def _series_config(target: Path, kv_cache_dtype: str, **settings: str) -> subprocess.CompletedProcess[str]:
     """vLLM builds the engine configuration of ``target`` (no engine starts) under the tiny CPU
-    recipe's series settings, as ``vllm serve`` would before loading a weight."""
+    recipe's series settings (``settings`` over them), as ``vllm serve`` would before loading a
+    weight."""
     import os
     import sys
 
     from scripts.device.day_one import recipe_env
     from scripts.recipe import shell_env
 
-    env = {**os.environ, **shell_env(recipe_env(cpu=True))}
+    env = {**os.environ, **shell_env(recipe_env(cpu=True)), **settings}
     command = [sys.executable, "-c", _BUILD_CONFIG, str(target), kv_cache_dtype]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
 
@@ -191,15 +192,18 @@ def test_at_load_the_series_refuses_a_bf16_linear_missing_from_ignore(
 
 
 def test_at_load_the_series_refuses_unmapped_kv_scales_with_an_fp8_cache(pair: int4.Int4Pair, tmp_path: Path) -> None:
-    """An FP8 cache with a K scale under a name Laguna's loader skips: refused, not dropped; with a
-    BF16 cache (the recipe's) the scales are unused and the configuration builds."""
+    """Off the exact path (which refuses any FP8 cache) with the prebuilt metadata still on: an FP8
+    cache with a K scale under a name Laguna's loader skips is refused, not dropped; with a BF16
+    cache (the recipe's) the scales are unused and the configuration builds."""
     target = _renamed_k_scale(pair, tmp_path)
-    proc = _series_config(target, "fp8")
+    off = {"VLLM_XPU_LAGUNA_EXACT_VERIFY": "0"}
+    proc = _series_config(target, "fp8", **off)
     assert proc.returncode != 0
     assert "KV cache fp8 with model.layers.2.self_attn.k_scale: missing (kv_cache_scheme is static FP8" in _refusal(
         proc
     ), proc.stderr[-3000:]
-    assert _series_config(target, "bfloat16").returncode == 0
+    assert _series_config(target, "bfloat16", **off).returncode == 0
+    assert _series_config(pair.target, "fp8", **off).returncode == 0  # the written pair's scales map
 
 
 def _renamed_k_scale(pair: int4.Int4Pair, tmp_path: Path) -> Path:

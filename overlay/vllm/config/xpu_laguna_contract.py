@@ -116,6 +116,8 @@ def check_series_contract(vllm_config: VllmConfig) -> None:
     _check_drafter(vllm_config)
     _check_int4_layout(vllm_config)
     if not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY:
+        # off the exact path an FP8 cache is allowed: its scales must load
+        _check_kv_scales(vllm_config)
         return
     _check_rejection(vllm_config)
     _check_async_scheduling(vllm_config)
@@ -253,20 +255,27 @@ def target_is_int4_laguna(model_config: ModelConfig) -> bool:
     return False
 
 
-def _check_int4_layout(vllm_config: VllmConfig) -> None:
-    """An INT4 Laguna target in a local folder: refuse what vLLM would load
-    wrongly, or fail on without naming the cause
-    (:mod:`vllm.xpu_laguna_checkpoint`): a linear
-    stored unquantized that ``ignore`` does not name, and, with an FP8 KV
-    cache, K/V scales under names the loader skips. Read from the
-    safetensors headers; a hub id (no local folder yet) is not checked."""
+def _int4_folder(vllm_config: VllmConfig) -> Path | None:
+    """The local folder of an INT4 Laguna target (None: another target, or
+    a hub id with no local folder yet, which is not checked)."""
     mc = vllm_config.model_config
     if mc is None or not target_is_int4_laguna(mc) or not Path(mc.model).is_dir():
+        return None
+    return Path(mc.model)
+
+
+def _check_int4_layout(vllm_config: VllmConfig) -> None:
+    """Refuse a linear stored unquantized that ``ignore`` does not name:
+    vLLM would build it as an INT4 layer and fail later without naming the
+    cause (:mod:`vllm.xpu_laguna_checkpoint`; read from the safetensors
+    headers)."""
+    folder = _int4_folder(vllm_config)
+    if folder is None or vllm_config.model_config is None:
         return
-    quant = _quantization_dict(mc)
-    tensors = int4_layout.tensor_index(Path(mc.model))
-    ignore = list(quant.get("ignore") or [])
-    unignored = int4_layout.unignored_plain_linears(tensors, ignore)
+    ignore = list(_quantization_dict(vllm_config.model_config).get("ignore") or [])
+    unignored = int4_layout.unignored_plain_linears(
+        int4_layout.tensor_index(folder), ignore
+    )
     if unignored:
         _fail(
             f"{_first(unignored)} stored unquantized but not in the checkpoint's "
@@ -274,16 +283,26 @@ def _check_int4_layout(vllm_config: VllmConfig) -> None:
             "and fail later on another error)",
             "add it to ignore (scripts/device/checkpoint_check.py lists all)",
         )
+
+
+def _check_kv_scales(vllm_config: VllmConfig) -> None:
+    """With an FP8 cache and the checkpoint's ``kv_cache_scheme``: refuse
+    K/V scales under names Laguna's loader skips (the cache would run with
+    the default scale). On the exact path an FP8 cache is refused anyway."""
+    folder = _int4_folder(vllm_config)
+    mc = vllm_config.model_config
+    if folder is None or mc is None:
+        return
     cache = resolved_kv_cache_dtype(vllm_config.cache_config.cache_dtype, vllm_config)
-    if quant.get("kv_cache_scheme") and cache.startswith("fp8"):
-        layers = int(getattr(mc.hf_text_config, "num_hidden_layers", 0))
-        problems = int4_layout.kv_scale_problems(tensors, layers)
-        if problems:
-            _fail(
-                f"KV cache {cache} with {_first(problems)}",
-                "store each layer's scales as model.layers.N.self_attn.k_scale "
-                "and v_scale",
-            )
+    if not (_quantization_dict(mc).get("kv_cache_scheme") and cache.startswith("fp8")):
+        return
+    layers = int(getattr(mc.hf_text_config, "num_hidden_layers", 0))
+    problems = int4_layout.kv_scale_problems(int4_layout.tensor_index(folder), layers)
+    if problems:
+        _fail(
+            f"KV cache {cache} with {_first(problems)}",
+            "store each layer's scales as model.layers.N.self_attn.k_scale and v_scale",
+        )
 
 
 def _first(items: list[str]) -> str:
