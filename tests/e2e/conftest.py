@@ -94,7 +94,8 @@ SLOW_FIRST = (
 
 CI_ONLY = "ci"
 """The marker of the end-to-end tests CI runs after the README's test command (``nox -s
-cpu_tests_ci``): the TP 4 legs, the crossover's five servers, the day-one self-test. ``nox -s
+cpu_tests_ci``): the TP 4 legs, the crossover's five servers, the day-one self-test, the INT4
+pair's engines (against its reference and through the matrix). ``nox -s
 cpu_tests`` leaves them out (``-m "not ci"``) to stay a short loop; together the two sessions run
 every end-to-end test."""
 

@@ -1,6 +1,8 @@
 """The tiny Laguna pair in the real INT4 checkpoint's format (scripts/tiny_laguna_int4.py) and the
 checkpoint check (scripts/device/checkpoint_check.py), in the CPU runtime (compressed-tensors at
-vLLM's pin, vLLM's own parser and repack). No engine starts here.
+vLLM's pin, vLLM's own parser and repack), and at load (the configuration contract).
+
+* The INT4 target in an engine against its dequantized reference (marker ``ci``: CI runs it).
 
 * The written target passes the check at TP 1 and 2 and is refused at TP 4 (per-rank expert
   input 16 wide: not a group of 32).
@@ -10,7 +12,7 @@ vLLM's pin, vLLM's own parser and repack). No engine starts here.
   dequantizes; control: the checkpoint with every byte's nibbles swapped does not.
 * Controls, one line each: a BF16 linear left out of ``ignore``, an unknown key in the
   quantization config, a KV scale under a name vLLM does not map, a drafter with a
-  ``quantization_config``.
+  ``quantization_config``; the first and the third refused at load as well.
 """
 
 from __future__ import annotations
@@ -301,6 +303,7 @@ def int4_experts_env() -> str:
     return int4_experts.ENV
 
 
+@pytest.mark.ci  # four engines (about 110 s): CI's, with the INT4 matrix (test_int4_matrix.py)
 def test_the_int4_target_runs_vllms_xpu_path_and_matches_its_reference(
     pair: int4.Int4Pair, float_int4: Path, tmp_path: Path
 ) -> None:
