@@ -1,6 +1,7 @@
 """One greedy run of a tiny (INT4 or reference) Laguna target in a process of its own, for
-test_int4_checkpoint.py: ``python tests/e2e/int4_engine.py MODEL OUT.json [KV_CACHE_DTYPE]``
-writes each prompt's tokens and chosen-token logprobs. Its own process: the INT4 stand-in
+test_int4_checkpoint.py: ``python tests/e2e/int4_engine.py MODEL OUT.json``
+writes each prompt's tokens and chosen-token logprobs (``[KV_CACHE_DTYPE [TP]]``: TP ranks through
+vLLM's multiprocessing executor). Its own process: the INT4 stand-in
 (``VXL_XPU_INT4_EXPERTS=1``, xpu_laguna_standins.int4_experts) is installed by the runtime plugin
 when vLLM loads plugins, once per process, and must not stay in a test worker."""
 
@@ -13,10 +14,13 @@ PROMPTS = ("The lagoon is calm in the morning", "A small model learns to repeat 
 MAX_TOKENS = 24
 
 
-def main(model: str, out: str, kv_cache_dtype: str = "auto") -> None:
+def main(model: str, out: str, kv_cache_dtype: str = "auto", tp: str = "1") -> None:
     from vllm import LLM, SamplingParams
 
+    ranks = int(tp)
     llm = LLM(
+        tensor_parallel_size=ranks,
+        distributed_executor_backend="mp" if ranks > 1 else None,
         model=model,
         dtype="float32",
         enforce_eager=True,

@@ -273,20 +273,29 @@ def test_the_writer_refuses_experts_that_do_not_split_into_groups_at_tp_2(tmp_pa
 
 
 # ------------------------------------------------------------- through an engine
-def _engine(model: Path, out: Path, *, stand_in: bool, kv_cache_dtype: str = "auto") -> tuple[Any, list[Any]]:
+def _engine(
+    model: Path, out: Path, *, stand_in: bool, kv_cache_dtype: str = "auto", tp: int = 1
+) -> tuple[Any, list[Any]]:
     """tests/e2e/int4_engine.py in a process of its own on a leased CPU slot: (process, rows)."""
     import os
     import sys
 
     from scripts.cpu_slots import OMP_BIND_ENV, leased_environ
 
-    with leased_environ("int4 engine"):  # binds this process's environment to the lease's cores
+    with leased_environ("int4 engine", tp=tp):  # binds this process's environment (each rank) to the lease's cores
         env = {k: v for k, v in os.environ.items() if k != int4_experts_env()}
         if stand_in:
             env[int4_experts_env()] = "1"
         assert env.get(OMP_BIND_ENV)
         proc = subprocess.run(
-            [sys.executable, str(Path(__file__).with_name("int4_engine.py")), str(model), str(out), kv_cache_dtype],
+            [
+                sys.executable,
+                str(Path(__file__).with_name("int4_engine.py")),
+                str(model),
+                str(out),
+                kv_cache_dtype,
+                str(tp),
+            ],
             env=env,
             capture_output=True,
             text=True,
@@ -332,3 +341,19 @@ def test_the_int4_target_runs_vllms_xpu_path_and_matches_its_reference(
     proc, _ = _engine(pair.target, tmp_path / "none.json", stand_in=False)
     assert proc.returncode != 0
     assert "No WNA16 MoE backend supports the deployment configuration." in proc.stdout + proc.stderr
+
+
+@pytest.mark.ci  # two 2-rank engines: CI's
+def test_the_int4_target_at_tp_2_matches_its_reference(pair: int4.Int4Pair, tmp_path: Path) -> None:
+    """At TP 2 every rank holds all experts with half of each expert's intermediate width (one
+    group of 32 for the down projection's input): vLLM's loader and XPU repack shard the packed
+    weights and their group scales, the stand-in reads each rank's shard; the reference is sharded
+    the same way. Greedy tokens equal, logprobs within float32 rounding."""
+    proc, got = _engine(pair.target, tmp_path / "int4.json", stand_in=True, tp=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref_proc, want = _engine(pair.reference, tmp_path / "ref.json", stand_in=False, kv_cache_dtype="fp8", tp=2)
+    assert ref_proc.returncode == 0, ref_proc.stderr[-3000:]
+    assert [r["tokens"] for r in got] == [r["tokens"] for r in want]
+    worst = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g["logprobs"], w["logprobs"]))
+    assert worst < 1e-4, worst
+    print(f"INT4 target at TP 2 vs its reference at TP 2: tokens equal, max |dlogprob| {worst:.2e}")
