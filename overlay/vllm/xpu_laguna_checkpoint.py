@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The layout of a Laguna INT4 checkpoint that vLLM would load wrongly
-without a word, read from its safetensors headers alone.
+"""The layout of a Laguna INT4 checkpoint, read from its safetensors headers
+alone, and the two mistakes in it that vLLM does not name.
 
 Laguna-S-2.1-INT4 is compressed-tensors W4A16 (groups of 32) in the routed
 experts only; its config group targets every ``Linear`` and its ``ignore``
@@ -21,8 +21,8 @@ wrong in vLLM 0.34.0 without naming their cause:
 The configuration contract (:mod:`vllm.config.xpu_laguna_contract`) refuses
 both before any weight loads (the KV scales when the cache is FP8);
 ``scripts/device/checkpoint_check.py`` reports them with the rest of the
-format's checks. Laguna's linear leaves and the expert names are read from
-the model (``vllm/model_executor/models/laguna.py``).
+format's checks. The linear leaves and the expert names are the ones
+``vllm/model_executor/models/laguna.py`` loads.
 """
 
 from __future__ import annotations

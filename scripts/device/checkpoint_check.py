@@ -61,10 +61,10 @@ class Summary:
 def _tensors(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (safetensors dtype code, e.g. ``BF16``, ``I32``; shape) of every tensor, read from
     the safetensors headers only."""
-    tensors = layout().tensor_index(model_dir)
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = layout().tensor_index(model_dir)
     if not tensors:
         raise CheckpointError(f"{model_dir}: no *.safetensors")
-    return dict(tensors)
+    return tensors
 
 
 def _config(model_dir: Path) -> dict[str, Any]:
@@ -95,16 +95,11 @@ def parse_problems(quant: dict[str, Any]) -> list[str]:
         return [f"quantization_config.{_refusal(exc)} (compressed-tensors refuses it)"]
     if parsed.format != "pack-quantized":
         problems.append(f"quantization_config.format is {parsed.format!r}, not 'pack-quantized'")
+    group_size = layout().GROUP_SIZE
+    expected = (4, "int", True, "group", group_size)
     for name, group in parsed.config_groups.items():
         w = getattr(group, "weights", None)
-        group_size = layout().GROUP_SIZE
-        if w is None or (w.num_bits, w.type, w.symmetric, w.strategy, w.group_size) != (
-            4,
-            "int",
-            True,
-            "group",
-            group_size,
-        ):
+        if w is None or (w.num_bits, w.type, w.symmetric, w.strategy, w.group_size) != expected:
             problems.append(f"config group {name}: weights are not INT4 symmetric groups of {group_size}")
         if getattr(group, "input_activations", None) is not None:
             problems.append(f"config group {name}: activations are quantized (W4A16 quantizes weights only)")

@@ -114,10 +114,9 @@ def check_series_contract(vllm_config: VllmConfig) -> None:
     _check_executor(vllm_config)
     _check_width(vllm_config)
     _check_drafter(vllm_config)
-    _check_int4_layout(vllm_config)
+    # off the exact path an FP8 cache is allowed: its scales must load
+    _check_int4_layout(vllm_config, kv_scales=not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY)
     if not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY:
-        # off the exact path an FP8 cache is allowed: its scales must load
-        _check_kv_scales(vllm_config)
         return
     _check_rejection(vllm_config)
     _check_async_scheduling(vllm_config)
@@ -255,27 +254,21 @@ def target_is_int4_laguna(model_config: ModelConfig) -> bool:
     return False
 
 
-def _int4_folder(vllm_config: VllmConfig) -> Path | None:
-    """The local folder of an INT4 Laguna target (None: another target, or
-    a hub id with no local folder yet, which is not checked)."""
+def _check_int4_layout(vllm_config: VllmConfig, kv_scales: bool) -> None:
+    """An INT4 Laguna target in a local folder (a hub id with no local folder
+    yet is not checked), from its safetensors headers
+    (:mod:`vllm.xpu_laguna_checkpoint`): refuse a linear stored unquantized
+    that ``ignore`` does not name (vLLM would build it as an INT4 layer and
+    fail later without naming the cause); with ``kv_scales``, an FP8 cache
+    and the checkpoint's ``kv_cache_scheme``, refuse K/V scales under names
+    Laguna's loader skips (the cache would run with the default scale)."""
     mc = vllm_config.model_config
     if mc is None or not target_is_int4_laguna(mc) or not Path(mc.model).is_dir():
-        return None
-    return Path(mc.model)
-
-
-def _check_int4_layout(vllm_config: VllmConfig) -> None:
-    """Refuse a linear stored unquantized that ``ignore`` does not name:
-    vLLM would build it as an INT4 layer and fail later without naming the
-    cause (:mod:`vllm.xpu_laguna_checkpoint`; read from the safetensors
-    headers)."""
-    folder = _int4_folder(vllm_config)
-    if folder is None or vllm_config.model_config is None:
         return
-    ignore = list(_quantization_dict(vllm_config.model_config).get("ignore") or [])
-    unignored = int4_layout.unignored_plain_linears(
-        int4_layout.tensor_index(folder), ignore
-    )
+    quant = _quantization_dict(mc)
+    tensors = int4_layout.tensor_index(Path(mc.model))
+    ignore = list(quant.get("ignore") or [])
+    unignored = int4_layout.unignored_plain_linears(tensors, ignore)
     if unignored:
         _fail(
             f"{_first(unignored)} stored unquantized but not in the checkpoint's "
@@ -283,21 +276,11 @@ def _check_int4_layout(vllm_config: VllmConfig) -> None:
             "and fail later on another error)",
             "add it to ignore (scripts/device/checkpoint_check.py lists all)",
         )
-
-
-def _check_kv_scales(vllm_config: VllmConfig) -> None:
-    """With an FP8 cache and the checkpoint's ``kv_cache_scheme``: refuse
-    K/V scales under names Laguna's loader skips (the cache would run with
-    the default scale). On the exact path an FP8 cache is refused anyway."""
-    folder = _int4_folder(vllm_config)
-    mc = vllm_config.model_config
-    if folder is None or mc is None:
-        return
     cache = resolved_kv_cache_dtype(vllm_config.cache_config.cache_dtype, vllm_config)
-    if not (_quantization_dict(mc).get("kv_cache_scheme") and cache.startswith("fp8")):
+    if not (kv_scales and quant.get("kv_cache_scheme") and cache.startswith("fp8")):
         return
     layers = int(getattr(mc.hf_text_config, "num_hidden_layers", 0))
-    problems = int4_layout.kv_scale_problems(int4_layout.tensor_index(folder), layers)
+    problems = int4_layout.kv_scale_problems(tensors, layers)
     if problems:
         _fail(
             f"KV cache {cache} with {_first(problems)}",
