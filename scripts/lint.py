@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from scripts.errors import ToolError
+from scripts.footprint import footprint
 from scripts.log import detail, info, step
 from scripts.series import REQUIRED_FIELDS, read_series
 from scripts.wheel_contents import standin_problems
@@ -54,9 +55,13 @@ def lint(layout: Layout | None = None, offline: bool = False, static_only: bool 
             detail(problem)
         if problems:
             raise ToolError(f"lint found {len(problems)} problem(s); first: {problems[0]}")
+    inputs = load_inputs(layout)
+    edits = footprint(inputs.patches)
+    info(edits.headline())
+    for row in edits.rows():
+        detail(row)
     if static_only:
         return
-    inputs = load_inputs(layout)
     with tempfile.TemporaryDirectory(prefix="vxl-lint-") as tmp:
         with step("lint: strict application on a scratch tree"):
             build_tree(inputs, Path(tmp) / "tree", source="sdist", offline=offline)

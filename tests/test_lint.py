@@ -16,7 +16,10 @@ def test_clean_series_lints_clean(vxl_project, capfd) -> None:
     project = vxl_project
     assert lint_static(project.layout()) == []
     lint(project.layout())
-    assert "lint: clean (2 patch(es), 2 overlay file(s))" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "lint: clean (2 patch(es), 2 overlay file(s))" in err
+    # the default series adds one line to envs.py and two to __init__.py
+    assert "footprint: 2 patch(es) edit 2 upstream file(s), 3 upstream line(s) (+3/-0)" in err
     assert not project.tree.exists(), "lint must not make or touch build/worktree"
 
 

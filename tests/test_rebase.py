@@ -124,6 +124,11 @@ def test_clean_rebase_moves_patches_and_pins(vxl_project: SyntheticProject) -> N
     assert out["outcome"] == report["outcome"] == "success"
     assert statuses(report) == ["clean", "clean"]
     assert all(p["effect"]["ok"] for p in report["patches"])
+    # the footprint of the rebased series: one line into envs.py, two into __init__.py
+    assert (report["footprint"]["edited_upstream_lines"], report["footprint"]["upstream_files"]) == (
+        3,
+        ["vllm/__init__.py", "vllm/envs.py"],
+    )
     assert report["onto"] == {
         "version": NEW,
         "commit": NEW_COMMIT[:9],
@@ -252,6 +257,7 @@ def test_already_upstream_is_retired_with_evidence(vxl_project: SyntheticProject
         }
     ]
     assert report["retire_proposals"] == ["0001-envs-declare-the-toy-XPU-toggle.patch"]
+    assert report["footprint"]["edited_upstream_lines"] == 2  # the retired patch's line is upstream's now
     # the survivor keeps its number (patch numbers are identities, gaps are fine)
     assert project.series_names() == ["0002-init-import-the-overlay-module.patch"]
     assert sorted(p.name for p in project.patches.glob("*.patch")) == ["0002-init-import-the-overlay-module.patch"]

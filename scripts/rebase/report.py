@@ -109,6 +109,12 @@ def summary(report: Json) -> None:
     )
     for p in report["patches"]:
         detail(_patch_line(p))
+    edits = report.get("footprint") or {}
+    if "edited_upstream_lines" in edits:
+        detail(
+            f"footprint: {edits['patches']} patch(es), {len(edits['upstream_files'])} upstream file(s), "
+            f"{edits['edited_upstream_lines']} edited upstream line(s)"
+        )
     for o in report.get("overlay", []):
         if o["status"] != "ok" or o.get("problem"):
             detail(f"overlay/{o['file']}: {o['status']}{': ' + o['problem'] if o.get('problem') else ''}")

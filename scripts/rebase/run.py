@@ -11,6 +11,7 @@ from pathlib import Path
 
 from scripts.errors import ToolError
 from scripts.export import export, series_commits
+from scripts.footprint import footprint
 from scripts.git import git, run_git, status_porcelain
 from scripts.layout import Layout
 from scripts.log import detail, step
@@ -32,6 +33,7 @@ from scripts.rebase.state import (
     save_state,
 )
 from scripts.rebase.target import full_commit, resolve_target
+from scripts.series import load_series
 from scripts.source import mirror_path
 from scripts.worktree import (
     Inputs,
@@ -63,6 +65,14 @@ class Session:
         if not self.state.dry_run:
             save_state(self.layout.rebase_state, self.state)
 
+    def footprint(self) -> Json:
+        """The footprint (:mod:`scripts.footprint`) of the series in ``patches/`` as the report is
+        written: the rebased one after a finished rebase, the one being rebased otherwise."""
+        try:
+            return footprint(load_series(self.layout.patches)).to_json()
+        except ToolError as exc:
+            return {"error": str(exc)}
+
     def replay(self) -> Replay:
         return Replay(self.state, self.tree, self.save)
 
@@ -70,6 +80,7 @@ class Session:
         dry = self.state.dry_run
         state_file = None if dry or outcome in ("success", "aborted") else self.layout.rebase_state
         report = build_report(self.state, outcome, message, next_step, state_file, None if dry else self.tree)
+        report["footprint"] = self.footprint()
         emit(report, self.report_path, dry)
         summary(report)
         if exit_code:
