@@ -2,7 +2,9 @@
 checkpoint check (scripts/device/checkpoint_check.py), in the CPU runtime (compressed-tensors at
 vLLM's pin, vLLM's own parser and repack), and at load (the configuration contract).
 
-* The INT4 target in an engine against its dequantized reference (marker ``ci``: CI runs it).
+* The INT4 target in an engine against its dequantized reference (marker ``ci``: CI runs it);
+  controls: the nibbles swapped, the bias fix (0002) off (the routing bias the router then keeps:
+  zero), no stand-in (no CPU backend); the run is labelled as a stand-in in its log.
 
 * The written target passes the check at TP 1 and 2 and is refused at TP 4 (per-rank expert
   input 16 wide: not a group of 32).
@@ -24,6 +26,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import int4_engine
 import pytest
 
 pytest.importorskip("compressed_tensors")
@@ -210,9 +213,31 @@ def test_at_load_the_series_refuses_unmapped_kv_scales_with_an_fp8_cache(pair: i
 
 def _renamed_k_scale(pair: int4.Int4Pair, tmp_path: Path) -> Path:
     """The target with layer 2's K scale under ``self_attn.attn.k_scale`` (a name vLLM skips)."""
+
+    def rename(tensors: dict[str, torch.Tensor]) -> None:
+        tensors["model.layers.2.self_attn.attn.k_scale"] = tensors.pop("model.layers.2.self_attn.k_scale")
+
+    return _edit_tensors(pair, tmp_path, rename)
+
+
+def _zero_routing_bias(pair: int4.Int4Pair, tmp_path: Path) -> Path:
+    """The target as vLLM without the bias fix (0002) computes it: every routing correction bias
+    zero, what the router keeps when the checkpoint's bias is dropped (LagunaMoE starts it at 0)."""
+
+    def zero(tensors: dict[str, torch.Tensor]) -> None:
+        biases = [k for k in tensors if k.endswith(".mlp.experts.e_score_correction_bias")]
+        assert biases and all(tensors[k].abs().min() > 0 for k in biases)
+        for key in biases:
+            tensors[key] = torch.zeros_like(tensors[key])
+
+    return _edit_tensors(pair, tmp_path, zero)
+
+
+def _edit_tensors(pair: int4.Int4Pair, tmp_path: Path, edit: Any) -> Path:
+    """A copy of the target (in ``tmp_path/target``) whose tensors ``edit`` changed in place."""
     target = _edit_config(pair, tmp_path, lambda c: None)
     tensors = load_file(str(target / int4.TENSOR_FILE))
-    tensors["model.layers.2.self_attn.attn.k_scale"] = tensors.pop("model.layers.2.self_attn.k_scale")
+    edit(tensors)
     save_file(tensors, str(target / int4.TENSOR_FILE))
     return target
 
@@ -276,40 +301,14 @@ def test_the_writer_refuses_experts_that_do_not_split_into_groups_at_tp_2(tmp_pa
 def _engine(
     model: Path, out: Path, *, stand_in: bool, kv_cache_dtype: str = "auto", tp: int = 1
 ) -> tuple[Any, list[Any]]:
-    """tests/e2e/int4_engine.py in a process of its own on a leased CPU slot: (process, rows)."""
-    import os
-    import sys
-
-    from scripts.cpu_slots import OMP_BIND_ENV, leased_environ
-
-    with leased_environ("int4 engine", tp=tp):  # binds this process's environment (each rank) to the lease's cores
-        env = {k: v for k, v in os.environ.items() if k != int4_experts_env()}
-        if stand_in:
-            env[int4_experts_env()] = "1"
-        assert env.get(OMP_BIND_ENV)
-        proc = subprocess.run(
-            [
-                sys.executable,
-                str(Path(__file__).with_name("int4_engine.py")),
-                str(model),
-                str(out),
-                kv_cache_dtype,
-                str(tp),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-    rows = json.loads(out.read_text()) if proc.returncode == 0 else []
-    return proc, rows
-
-
-def int4_experts_env() -> str:
-    from xpu_laguna_standins import int4_experts
-
-    return int4_experts.ENV
+    """tests/e2e/int4_engine.py in a process of its own on a leased CPU slot, float32, one request at
+    a time: (process, rows)."""
+    args = ["--model", str(model), "--dtype", "float32", "--enforce-eager", "--max-model-len", "512"]
+    args += ["--kv-cache-memory-bytes", str(64 << 20), "--kv-cache-dtype", kv_cache_dtype, "--seed", "0"]
+    args += ["--max-num-seqs", "1", "--no-enable-prefix-caching", "--tensor-parallel-size", str(tp)]
+    if tp > 1:
+        args += ["--distributed-executor-backend", "mp"]
+    return int4_engine.run(out, args, stand_in=stand_in, tp=tp)
 
 
 @pytest.mark.ci  # four engines (about 110 s): CI's, with the INT4 matrix (test_int4_matrix.py)
@@ -322,8 +321,11 @@ def test_the_int4_target_runs_vllms_xpu_path_and_matches_its_reference(
     within float32 rounding (the stand-in and the CPU's unquantized MoE sum in other orders)."""
     proc, got = _engine(pair.target, tmp_path / "int4.json", stand_in=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    from xpu_laguna_standins.int4_experts import STAND_IN_LINE
+
     for line in ("Using CompressedTensorsWNA16MoEMethod", "Using XPU WNA16 MoE backend", "Using XPUExpertsWNA16"):
         assert line in proc.stdout + proc.stderr, line
+    assert STAND_IN_LINE in proc.stdout + proc.stderr  # the run is labelled
     ref_proc, want = _engine(pair.reference, tmp_path / "ref.json", stand_in=False, kv_cache_dtype="fp8")
     assert ref_proc.returncode == 0, ref_proc.stderr[-3000:]
     assert [r["tokens"] for r in got] == [r["tokens"] for r in want]
@@ -337,6 +339,12 @@ def test_the_int4_target_runs_vllms_xpu_path_and_matches_its_reference(
     proc, wrong = _engine(swapped.target, tmp_path / "swapped.json", stand_in=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["logprobs"] for r in wrong] != [r["logprobs"] for r in want]
+    # control: the bias fix (0002) off, as its router computes it: the logprobs leave the reference
+    proc, unbiased = _engine(_zero_routing_bias(pair, tmp_path), tmp_path / "unbiased.json", stand_in=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    off = max(abs(a - b) for g, w in zip(unbiased, want) for a, b in zip(g["logprobs"], w["logprobs"]))
+    print(f"bias fix off (routing bias zero): max |dlogprob| {off:.2e} against the reference")
+    assert off > 1e-2, off
     # control: without the stand-in, CPU vLLM has no backend for this MoE (the reason for it)
     proc, _ = _engine(pair.target, tmp_path / "none.json", stand_in=False)
     assert proc.returncode != 0

@@ -6,7 +6,9 @@ the device kernel's, depend on how many rows the call has). In BF16 with a BF16 
 recipe's; ``auto`` would resolve to the checkpoint's FP8), the DFlash M8 leg on the exact path must
 give the INT4 teacher's tokens and bitwise logprobs at TP 1 and TP 2, with the series' per-row
 routed-experts form on its verify rows; negative control: that form off
-(``VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE=off``) and the verify rows differ. CI runs it (``ci`` marker)."""
+(``VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE=off``) and the verify rows differ. The served recipe with the
+pair: greedy tokens and logprobs over HTTP bitwise those of the INT4 target alone offline, from the
+same arguments (control: the per-row experts form off in the server). CI runs it (``ci`` marker)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,11 @@ from typing import Any
 
 import pytest
 
+from served_markers import EXACT_ON
+
+from scripts import REPO_ROOT
 from scripts import tiny_laguna_int4 as int4
+from scripts.recipe import RECIPE_DIR, cpu_tiny_recipe, shell_env
 from scripts.tiny_laguna import ensure_models
 from tests.tool_run import run_module
 
@@ -68,3 +74,87 @@ def test_without_the_per_row_experts_form_the_verify_rows_differ(pair: int4.Int4
     assert proc.returncode != 0, proc.stdout[-3000:]
     lp = _dflash(data)["logprobs"]
     assert lp["positions"] > 0 and lp["logprobs_bitwise_equal"] < lp["positions"], lp
+
+
+def _recipe_args(pair: int4.Int4Pair) -> list[str]:
+    """``vllm serve`` arguments: the tiny CPU recipe with the INT4 pair in place of the tiny one, in
+    BF16 with a BF16 cache (``auto`` would resolve to the checkpoint's FP8, which the exact path
+    refuses), everything else as the recipe says."""
+    spec = next(s.value for s in cpu_tiny_recipe().serve if s.key == "speculative-config")
+    return [
+        "--config", str(RECIPE_DIR / "cpu-tiny.yaml"), "--model", str(pair.target),
+        "--speculative-config", json.dumps({**spec, "model": str(pair.draft)}),
+        "--dtype", "bfloat16", "--kv-cache-dtype", "bfloat16",
+    ]  # fmt: skip
+
+
+def _served_env() -> dict[str, str]:
+    """The server's environment as docs/serving.md sets it on CPU (a clean one, the recipe's env
+    file, the series-attention plugin), with the INT4 experts stand-in on."""
+    from xpu_laguna_standins import int4_experts
+
+    from scripts.measure.emulation import series_attention_env
+    from scripts.measure.server import base_env
+
+    return {**base_env(), **shell_env(RECIPE_DIR / "cpu-tiny.env"), **series_attention_env(), int4_experts.ENV: "1"}
+
+
+@pytest.fixture(scope="module")
+def offline_teacher(pair: int4.Int4Pair, tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    """The INT4 target alone, offline, built from the served arguments by vLLM's own parser
+    (``tests/e2e/int4_engine.py --no-speculation``), in the server's environment."""
+    from int4_engine import NO_SPECULATION, run
+
+    out = tmp_path_factory.mktemp("int4-teacher") / "teacher.json"
+    proc, rows = run(out, [*_recipe_args(pair), NO_SPECULATION], stand_in=True, env=_served_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return rows
+
+
+@pytest.mark.parametrize("moe_form", ["recipe", "off"])
+def test_the_served_recipe_on_the_int4_pair_is_bitwise_its_offline_teacher(
+    pair: int4.Int4Pair, offline_teacher: list[Any], tmp_path: Path, moe_form: str
+) -> None:
+    """The recipe served as docs/serving.md starts it on CPU with the INT4 pair and DFlash: each
+    prompt's greedy tokens and chosen-token logprobs over HTTP are bitwise those of the INT4 target
+    alone, offline, from the same arguments (``offline_teacher``). The offline INT4 target against
+    its dequantized reference is test_int4_checkpoint.py's. Control (``off``): the same server with
+    the series' per-row experts form off (``VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE=off``): the verify
+    rows leave the teacher's bits."""
+    import sys
+
+    import httpx
+    from int4_engine import MAX_TOKENS, PROMPTS
+    from xpu_laguna_standins import int4_experts
+
+    from scripts.cpu_slots import cpu_lease
+    from scripts.measure.emulation import settled_counters
+    from scripts.measure.server import HOST, Server, api_server_argv, free_port
+
+    env = _served_env() | ({"VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE": "off"} if moe_form == "off" else {})
+    port, log_path = free_port(), tmp_path / "server.log"
+    argv = api_server_argv(sys.executable, port, _recipe_args(pair))
+    served = []
+    with cpu_lease("int4 recipe server") as lease, Server(argv, env | lease.env(), log_path, port, cwd=REPO_ROOT) as srv:
+        srv.wait_ready(600)
+        for prompt in PROMPTS:
+            body = {"model": str(pair.target), "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+            body.update(logprobs=1, ignore_eos=True, return_token_ids=True)
+            reply = httpx.post(f"http://{HOST}:{port}/v1/completions", json=body, timeout=300)
+            assert reply.status_code == 200, reply.text[:500]
+            choice = reply.json()["choices"][0]
+            served.append({"tokens": choice["token_ids"], "logprobs": choice["logprobs"]["token_logprobs"]})
+        counters = settled_counters(log_path, 10.0) or {"exact_calls_by_width": {}}
+    log = log_path.read_text(encoding="utf-8", errors="replace")
+    for line in (EXACT_ON, "Using XPUExpertsWNA16", int4_experts.STAND_IN_LINE):
+        assert line in log, line
+    assert sum(n for w, n in counters["exact_calls_by_width"].items() if int(w) > 1) > 0, counters
+    assert all(len(r["tokens"]) == MAX_TOKENS for r in served)
+    total = len(PROMPTS) * MAX_TOKENS
+    equal = sum(a == b for s, t in zip(served, offline_teacher) for a, b in zip(s["logprobs"], t["logprobs"]))
+    print(f"served INT4 pair + DFlash ({moe_form}) vs offline INT4 teacher: {equal}/{total} logprobs bitwise")
+    if moe_form == "off":
+        assert equal < total
+        return
+    assert [r["tokens"] for r in served] == [r["tokens"] for r in offline_teacher]
+    assert equal == total

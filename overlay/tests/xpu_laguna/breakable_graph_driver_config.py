@@ -48,6 +48,7 @@ def run_config() -> dict[str, Any]:
         "cudagraph_mode": cc.cudagraph_mode.name,
         "sizes": cc.cudagraph_capture_sizes,
         "max": cc.max_cudagraph_capture_size,
+        "use_breakable_cudagraph": cc.use_breakable_cudagraph,
         "env": os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH"),
     }
     res["cuda_again"] = expect_error(lambda: configure_breakable_graph(cfg, CudaLike()))

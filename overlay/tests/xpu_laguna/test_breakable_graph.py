@@ -295,9 +295,9 @@ def test_v2_manager_builds_the_series_wrapper(
 
 @pytest.fixture(autouse=True)
 def _breakable_switch_restored(monkeypatch):
-    """configure_breakable_graph sets VLLM_USE_BREAKABLE_CUDAGRAPH in
-    os.environ (as VllmConfig does); each test here starts without it and
-    leaves none behind (it changes how later configs resolve compilation)."""
+    """Each test here starts without VLLM_USE_BREAKABLE_CUDAGRAPH and
+    leaves none behind (it changes how later configs resolve compilation);
+    configure_breakable_graph never writes it."""
     monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "0")
     monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH")
 
@@ -318,20 +318,21 @@ def _config_stand_in():
 
 def test_the_configuration_forces_no_runner_and_arms_v2s_path(monkeypatch) -> None:
     """Model Runner V2 is vLLM 0.34.0's only runner: the configuration step
-    accepts it and turns on V2's breakable path through upstream's own switch
-    (VLLM_USE_BREAKABLE_CUDAGRAPH, which VllmConfig resolves into
-    compilation_config.use_breakable_cudagraph)."""
+    accepts it and turns on V2's breakable path in this config
+    (compilation_config.use_breakable_cudagraph, the field V2 reads), not
+    through the environment a later config would inherit."""
     from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
 
     monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
     cfg = _config_stand_in()
-    configure_breakable_graph(cfg, _PlatformStandIn("cuda"))
+    assert configure_breakable_graph(cfg, _PlatformStandIn("cuda")) is True
     cc = cfg.compilation_config
+    assert cc.use_breakable_cudagraph is True
     assert cc.cudagraph_capture_sizes == [8]
     assert cc.prefill_cudagraph_capture_token_sizes == [8]
     assert cc.max_prefill_cudagraph_capture_tokens == 8
     assert cc.decode_cudagraph_capture_request_sizes == []
-    assert os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "1"
+    assert "VLLM_USE_BREAKABLE_CUDAGRAPH" not in os.environ
 
 
 @pytest.mark.parametrize(
@@ -408,9 +409,51 @@ def test_breakable_graphs_configure_only_a_laguna_target(
         architectures=[architecture], enforce_eager=False
     )
     try:
-        configure_breakable_graph(cfg, _PlatformStandIn("cuda"))
+        assert configure_breakable_graph(cfg, _PlatformStandIn("cuda")) is configured
     finally:
         reset_series_scope()
     sizes = cfg.compilation_config.prefill_cudagraph_capture_token_sizes
     assert (sizes == [8]) is configured
-    assert ("VLLM_USE_BREAKABLE_CUDAGRAPH" in os.environ) is configured
+    assert (cfg.compilation_config.use_breakable_cudagraph is True) is configured
+    assert "VLLM_USE_BREAKABLE_CUDAGRAPH" not in os.environ
+
+
+@pytest.mark.parametrize("leaked", [False, True])
+def test_a_later_config_in_the_process_resolves_its_own_graph_path(
+    monkeypatch, tmp_path, leaked
+) -> None:
+    """The series' graph configuration of one engine (a Laguna config,
+    platform given as CUDA) does not reach the next config this process
+    builds: another model's VllmConfig resolves upstream's breakable path
+    off, as its own settings say. Control (``leaked``): the switch the
+    series used to write into ``os.environ`` turns it on for that model."""
+    from types import SimpleNamespace
+
+    from laguna_model_testlib import write_tiny_llama
+
+    from vllm.compilation.xpu_breakable_graph.config import (
+        configure_breakable_graph,
+        reset_series_scope,
+    )
+    from vllm.engine.arg_utils import EngineArgs
+
+    monkeypatch.setenv("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", "1")
+    laguna = _config_stand_in()
+    laguna.model_config = SimpleNamespace(
+        architectures=["LagunaForCausalLM"], enforce_eager=False
+    )
+    try:
+        assert configure_breakable_graph(laguna, _PlatformStandIn("cuda"))
+    finally:
+        reset_series_scope()
+    assert laguna.compilation_config.use_breakable_cudagraph is True
+    if leaked:
+        monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
+    monkeypatch.delenv("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH")
+    llama = EngineArgs(
+        model=str(write_tiny_llama(tmp_path / "llama")),
+        max_model_len=128,
+        skip_tokenizer_init=True,
+    ).create_engine_config()
+    reset_series_scope()
+    assert llama.compilation_config.use_breakable_cudagraph is leaked

@@ -283,7 +283,8 @@ def test_configuration(observed) -> None:
         "cudagraph_mode": "PIECEWISE",
         "sizes": [8],
         "max": 8,
-        "env": "1",
+        "use_breakable_cudagraph": True,  # upstream's path on in this config
+        "env": None,  # and nothing written to the environment
     }
     for case, text in {
         "full_mode": "needs cudagraph_mode PIECEWISE, not FULL",

@@ -37,11 +37,14 @@ test-side stand-in: never in the wheel.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch
 
 ENV = "VXL_XPU_INT4_EXPERTS"
+STAND_IN_LINE = "XPU INT4 experts: the kernel call is a CPU stand-in (reference dequantize-and-matmul)"
+"""Printed to stderr once per process that installs the stand-in: the label a run's log carries."""
 
 
 def _dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -140,7 +143,10 @@ def install() -> bool:
     from vllm.model_executor.layers.fused_moe.experts import xpu_moe
     from vllm.model_executor.layers.fused_moe.oracle import int_wna16
 
+    if getattr(xpu_moe, "XpuFusedMoe", None) is ReferenceXpuFusedMoe:
+        return True  # the plugin ran before in this process
     _define_arch_ops()
+    print(STAND_IN_LINE, file=sys.stderr, flush=True)
     xpu_moe.XpuFusedMoe = ReferenceXpuFusedMoe
     xpu_moe.XPUExperts._supports_current_device = staticmethod(lambda: True)
     int_wna16._get_priority_backends = lambda: [int_wna16.WNA16MoEBackend.XPU]

@@ -114,17 +114,20 @@ def xpu_laguna_series_active(vllm_config: VllmConfig | None = None) -> bool:
 
 def configure_breakable_graph(
     vllm_config: VllmConfig, platform: Platform | None = None
-) -> None:
+) -> bool:
     """Turn ``vllm_config`` into the breakable-graph configuration: mode
     NONE, ``cudagraph_mode`` PIECEWISE, one capture size equal to the
-    verifier width. A target the series is not for (:func:`series_in_scope`)
-    keeps upstream's configuration. Raises :class:`BreakableGraphConfigError`
-    (one line) for combinations that cannot work."""
+    verifier width, and upstream's breakable path on in this config
+    (``compilation_config.use_breakable_cudagraph``, the field V2 reads);
+    True when it did. A target the series is not for
+    (:func:`series_in_scope`) keeps upstream's configuration (False).
+    Raises :class:`BreakableGraphConfigError` (one line) for combinations
+    that cannot work."""
     if not series_in_scope(vllm_config):
         # Another model (or Laguna on CPU without an explicit toggle): the
         # configuration stays upstream's (series_in_scope logs nothing here;
         # the contract's one line says the series is inactive).
-        return
+        return False
     if platform is None:
         from vllm.platforms import current_platform
 
@@ -204,17 +207,17 @@ def configure_breakable_graph(
         fail(f"max_num_batched_tokens {sched.max_num_batched_tokens} < width {width}")
 
     apply_breakable_graph_settings(vllm_config)
-    # The upstream breakable path and its config checks key on this env var
-    # (VllmConfig sets it the same way when it auto-enables the path).
-    import os
-
-    os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
+    # Upstream's breakable path, on in this config only: nothing is written
+    # to the environment, so a later config in this process (or a child's)
+    # resolves as its own settings say.
+    cc.use_breakable_cudagraph = True
     logger.info_once(
         "Breakable %s graphs: mode NONE, cudagraph_mode PIECEWISE, capture "
         "size %d (verify width)",
         platform.device_type,
         width,
     )
+    return True
 
 
 def apply_breakable_graph_settings(vllm_config: VllmConfig) -> None:
