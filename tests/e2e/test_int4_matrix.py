@@ -76,15 +76,15 @@ def test_without_the_per_row_experts_form_the_verify_rows_differ(pair: int4.Int4
     assert lp["positions"] > 0 and lp["logprobs_bitwise_equal"] < lp["positions"], lp
 
 
-def _recipe_args(pair: int4.Int4Pair) -> list[str]:
+def _recipe_args(pair: int4.Int4Pair, tp: int = 1) -> list[str]:
     """``vllm serve`` arguments: the tiny CPU recipe with the INT4 pair in place of the tiny one, in
     BF16 with a BF16 cache (``auto`` would resolve to the checkpoint's FP8, which the exact path
-    refuses), everything else as the recipe says."""
+    refuses), at ``tp`` ranks, everything else as the recipe says."""
     spec = next(s.value for s in cpu_tiny_recipe().serve if s.key == "speculative-config")
     return [
         "--config", str(RECIPE_DIR / "cpu-tiny.yaml"), "--model", str(pair.target),
         "--speculative-config", json.dumps({**spec, "model": str(pair.draft)}),
-        "--dtype", "bfloat16", "--kv-cache-dtype", "bfloat16",
+        "--dtype", "bfloat16", "--kv-cache-dtype", "bfloat16", "--tensor-parallel-size", str(tp),
     ]  # fmt: skip
 
 
@@ -100,24 +100,32 @@ def _served_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def offline_teacher(pair: int4.Int4Pair, tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
-    """The INT4 target alone, offline, built from the served arguments by vLLM's own parser
-    (``tests/e2e/int4_engine.py --no-speculation``), in the server's environment."""
+def offline_teacher(pair: int4.Int4Pair, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``teacher(tp)``: the INT4 target alone at ``tp`` ranks, offline, built from the served
+    arguments by vLLM's own parser (``tests/e2e/int4_engine.py --no-speculation``), in the server's
+    environment; run once per ``tp``."""
     from int4_engine import NO_SPECULATION, run
 
-    out = tmp_path_factory.mktemp("int4-teacher") / "teacher.json"
-    proc, rows = run(out, [*_recipe_args(pair), NO_SPECULATION], stand_in=True, env=_served_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return rows
+    done: dict[int, list[Any]] = {}
+
+    def teacher(tp: int) -> list[Any]:
+        if tp not in done:
+            out = tmp_path_factory.mktemp(f"int4-teacher-tp{tp}") / "teacher.json"
+            args = [*_recipe_args(pair, tp), NO_SPECULATION]
+            proc, done[tp] = run(out, args, stand_in=True, tp=tp, env=_served_env())
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        return done[tp]
+
+    return teacher
 
 
-@pytest.mark.parametrize("moe_form", ["recipe", "off"])
+@pytest.mark.parametrize(("tp", "moe_form"), [(1, "recipe"), (2, "recipe"), (1, "off")])
 def test_the_served_recipe_on_the_int4_pair_is_bitwise_its_offline_teacher(
-    pair: int4.Int4Pair, offline_teacher: list[Any], tmp_path: Path, moe_form: str
+    pair: int4.Int4Pair, offline_teacher: Any, tmp_path: Path, tp: int, moe_form: str
 ) -> None:
     """The recipe served as docs/serving.md starts it on CPU with the INT4 pair and DFlash: each
     prompt's greedy tokens and chosen-token logprobs over HTTP are bitwise those of the INT4 target
-    alone, offline, from the same arguments (``offline_teacher``). The offline INT4 target against
+    alone, offline, from the same arguments (``offline_teacher``), at TP 1 and 2. The offline INT4 target against
     its dequantized reference is test_int4_checkpoint.py's. Control (``off``): the same server with
     the series' per-row experts form off (``VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE=off``): the verify
     rows leave the teacher's bits."""
@@ -133,9 +141,9 @@ def test_the_served_recipe_on_the_int4_pair_is_bitwise_its_offline_teacher(
 
     env = _served_env() | ({"VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE": "off"} if moe_form == "off" else {})
     port, log_path = free_port(), tmp_path / "server.log"
-    argv = api_server_argv(sys.executable, port, _recipe_args(pair))
+    argv = api_server_argv(sys.executable, port, _recipe_args(pair, tp))
     served = []
-    with cpu_lease("int4 recipe server") as lease, Server(argv, env | lease.env(), log_path, port, cwd=REPO_ROOT) as srv:
+    with cpu_lease("int4 recipe server") as lease, Server(argv, env | lease.env(tp), log_path, port, cwd=REPO_ROOT) as srv:
         srv.wait_ready(600)
         for prompt in PROMPTS:
             body = {"model": str(pair.target), "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0}
@@ -150,11 +158,11 @@ def test_the_served_recipe_on_the_int4_pair_is_bitwise_its_offline_teacher(
         assert line in log, line
     assert sum(n for w, n in counters["exact_calls_by_width"].items() if int(w) > 1) > 0, counters
     assert all(len(r["tokens"]) == MAX_TOKENS for r in served)
-    total = len(PROMPTS) * MAX_TOKENS
-    equal = sum(a == b for s, t in zip(served, offline_teacher) for a, b in zip(s["logprobs"], t["logprobs"]))
-    print(f"served INT4 pair + DFlash ({moe_form}) vs offline INT4 teacher: {equal}/{total} logprobs bitwise")
+    total, teacher = len(PROMPTS) * MAX_TOKENS, offline_teacher(tp)
+    equal = sum(a == b for s, t in zip(served, teacher) for a, b in zip(s["logprobs"], t["logprobs"]))
+    print(f"served INT4 pair + DFlash at TP {tp} ({moe_form}) vs offline INT4 teacher: {equal}/{total} bitwise")
     if moe_form == "off":
         assert equal < total
         return
-    assert [r["tokens"] for r in served] == [r["tokens"] for r in offline_teacher]
+    assert [r["tokens"] for r in served] == [r["tokens"] for r in teacher]
     assert equal == total
