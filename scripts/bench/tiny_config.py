@@ -16,11 +16,13 @@ def tiny_vllm_config(
     head_dim: int | None = None,
     dtype: str = "float32",
     max_len: int | None = None,
+    laguna: bool = False,
     **sections: Any,
 ) -> Any:
     """``heads`` x ``head_dim`` wide (default: 64 wide, transformers' head size), ``max_len``
-    positions (default: transformers' and vLLM's); ``sections`` go to ``VllmConfig``."""
-    from transformers import LlamaConfig
+    positions (default: transformers' and vLLM's); a one-layer Laguna (4 experts) instead of a
+    Llama with ``laguna`` (the target the series acts on); ``sections`` go to ``VllmConfig``."""
+    from transformers import LagunaConfig, LlamaConfig
     from vllm.config import ModelConfig, VllmConfig
 
     path = tempfile.mkdtemp(prefix=prefix)
@@ -29,7 +31,10 @@ def tiny_vllm_config(
         shape["head_dim"] = head_dim
     if max_len:
         shape["max_position_embeddings"] = max_len
-    LlamaConfig(
+    if laguna:
+        shape |= {"architectures": ["LagunaForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2}
+        shape |= {"moe_intermediate_size": 64, "shared_expert_intermediate_size": 64}
+    (LagunaConfig if laguna else LlamaConfig)(
         **shape,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
