@@ -60,7 +60,13 @@ class Footprint:
             "upstream_files": list(self.files),
             "edited_upstream_lines": self.edited,
             "per_patch": [
-                {"name": p.name, "files": list(p.files), "added": p.added, "removed": p.removed, "new_files": list(p.new_files)}
+                {
+                    "name": p.name,
+                    "files": list(p.files),
+                    "added": p.added,
+                    "removed": p.removed,
+                    "new_files": list(p.new_files),
+                }
                 for p in self.patches
             ],
         }

@@ -25,7 +25,9 @@ def _rows(stdout: str, first_cells: tuple[str, ...]) -> dict[str, list[float]]:
 def test_metadata_microbench_measures_inline_against_prebuilt() -> None:
     """The bench builds a Laguna target's configuration, so the prebuilt metadata is active in its
     prebuilt mode (before, on a Llama, it ended in "prebuilt toggle did not take effect")."""
-    proc = run_module("scripts.bench.metadata_microbench", "--steps", "20", "--rounds", "2", "--cols", "64", timeout=300)
+    proc = run_module(
+        "scripts.bench.metadata_microbench", "--steps", "20", "--rounds", "2", "--cols", "64", timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _rows(proc.stdout, ("exact metadata [us]", "step metadata [us]"))
     assert set(rows) == {"exact metadata [us]", "step metadata [us]"}, proc.stdout

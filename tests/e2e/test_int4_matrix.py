@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from served_markers import EXACT_ON
 
 from scripts import REPO_ROOT
@@ -143,7 +142,10 @@ def test_the_served_recipe_on_the_int4_pair_is_bitwise_its_offline_teacher(
     port, log_path = free_port(), tmp_path / "server.log"
     argv = api_server_argv(sys.executable, port, _recipe_args(pair, tp))
     served = []
-    with cpu_lease("int4 recipe server") as lease, Server(argv, env | lease.env(tp), log_path, port, cwd=REPO_ROOT) as srv:
+    with (
+        cpu_lease("int4 recipe server") as lease,
+        Server(argv, env | lease.env(tp), log_path, port, cwd=REPO_ROOT) as srv,
+    ):
         srv.wait_ready(600)
         for prompt in PROMPTS:
             body = {"model": str(pair.target), "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0}
