@@ -8,18 +8,14 @@ from pathlib import Path
 from scripts.footprint import footprint
 from scripts.series import Patch
 
-EDIT = """\
-diff --git a/vllm/envs.py b/vllm/envs.py
-index 1111111111111111111111111111111111111111..2222222222222222222222222222222222222222 100644
---- a/vllm/envs.py
-+++ b/vllm/envs.py
-@@ -1,4 +1,5 @@
- a = 1
--b = 2
-+b = 3
-+c = 4
- d = 5
- e = 6
+
+def _modified(path: str, hunk: str) -> str:
+    """A git diff of an existing file (``path``) with one hunk."""
+    index = f"index {'1' * 40}..{'2' * 40} 100644"
+    return f"diff --git a/{path} b/{path}\n{index}\n--- a/{path}\n+++ b/{path}\n{hunk}"
+
+
+NEW_FILE = """\
 diff --git a/vllm/new_module.py b/vllm/new_module.py
 new file mode 100644
 index 0000000000000000000000000000000000000000..3333333333333333333333333333333333333333
@@ -29,25 +25,10 @@ index 0000000000000000000000000000000000000000..33333333333333333333333333333333
 +x = 1
 +y = 2
 """
-
-SECOND = """\
-diff --git a/vllm/config/vllm.py b/vllm/config/vllm.py
-index 4444444444444444444444444444444444444444..5555555555555555555555555555555555555555 100644
---- a/vllm/config/vllm.py
-+++ b/vllm/config/vllm.py
-@@ -10,3 +10,2 @@
- keep = True
--drop = True
- last = True
-diff --git a/vllm/envs.py b/vllm/envs.py
-index 2222222222222222222222222222222222222222..6666666666666666666666666666666666666666 100644
---- a/vllm/envs.py
-+++ b/vllm/envs.py
-@@ -5,2 +5,3 @@
- e = 6
-+f = 7
- g = 8
-"""
+EDIT = _modified("vllm/envs.py", "@@ -1,4 +1,5 @@\n a = 1\n-b = 2\n+b = 3\n+c = 4\n d = 5\n e = 6\n") + NEW_FILE
+SECOND = _modified("vllm/config/vllm.py", "@@ -10,3 +10,2 @@\n keep = True\n-drop = True\n last = True\n") + _modified(
+    "vllm/envs.py", "@@ -5,2 +5,3 @@\n e = 6\n+f = 7\n g = 8\n"
+)
 
 
 def _patch(name: str, diff: str) -> Patch:
