@@ -43,6 +43,11 @@ def lint_static(layout: Layout) -> list[str]:
         for path in patch.files:
             if path.startswith(tuple(f"{o.relpath}" for o in inputs.overlay)):
                 problems.append(f"{patch.name}: edits {path}, which is an overlay file")
+    for edits in footprint(inputs.patches).patches:
+        for path in edits.new_files:
+            problems.append(
+                f"{edits.name}: creates {path} (a new file belongs in overlay/{path}; patches edit upstream files)"
+            )
     problems += standin_problems(inputs)  # the wheel carries no test stand-ins
     return problems
 

@@ -105,6 +105,19 @@ def test_patch_editing_an_overlay_file_is_a_problem(vxl_project) -> None:
     )
 
 
+def test_patch_creating_a_file_is_a_problem(vxl_project) -> None:
+    """A new file belongs in overlay/ (what ``export`` makes of a tree commit that adds one is a
+    patch; lint names it); the patch that only edits an upstream file is the control."""
+    project = vxl_project
+    project.add_patch(Change("add a module", {"vllm/brand_new.py": "VALUE = 1\n"}), project.patched_files(), 3)
+    assert lint_static(project.layout()) == [
+        "0003-add-a-module.patch: creates vllm/brand_new.py (a new file belongs in overlay/vllm/brand_new.py; "
+        "patches edit upstream files)"
+    ]
+    project.add_patch(Change("utils: a change", {"vllm/utils.py": "x = 1\n"}), project.patched_files(), 4)
+    assert len(lint_static(project.layout())) == 1
+
+
 def test_conflicting_patch_fails_full_lint_but_not_static(vxl_project) -> None:
     project = vxl_project
     base = project.patched_files()
