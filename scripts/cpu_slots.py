@@ -1,10 +1,19 @@
 """Machine-wide CPU slots for vLLM CPU engines: how many run at once, and which cores each gets.
 
-A vLLM CPU engine binds its OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``; by default "auto",
-which on a small machine puts every engine on the same core) and holds about 1-2 GB. Two engines
-started side by side by two commands (a matrix leg, a test server, a crossover leg) would share
-cores and, past a few, run the machine out of memory. Every engine the tooling starts on CPU
-first takes a slot here:
+A vLLM CPU engine holds about 1-2 GB and runs its model on OpenMP threads. Two engines started
+side by side by two commands (a matrix leg, a test server, a crossover leg) would share cores and,
+past a few, run the machine out of memory. Every engine the tooling starts on CPU first takes a
+slot here, and a lease gives the engine two things (:meth:`Lease.env`):
+
+* ``VLLM_CPU_OMP_THREADS_BIND``: vLLM 0.34.0 reads it only in the multiprocessing executor, which
+  binds each worker it starts (TP > 1) to its core list;
+* ``OMP_NUM_THREADS``, the slot's core count: the thread count of every process the engine runs
+  its model in without such a worker (TP 1: the uniprocess executor, in the engine core or, with
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, in the caller). Without it each of those uses one thread
+  per core of the machine, and two engines on two cores spin-wait for each other's threads: the
+  matrix's TP 1 legs ran 6.5x slower side by side than alone (docs/cpu-runs.md). A process that
+  already imported torch (an in-process engine, a fork of the matrix's preloaded interpreter)
+  takes the count through :func:`use_threads`.
 
 * a slot is one core set: the usable cores (``os.sched_getaffinity``) split into
   :func:`slot_count` equal, disjoint sets. An engine takes one slot, whatever its TP size: its
@@ -23,8 +32,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +44,7 @@ from scripts.log import info
 
 SLOTS_ENV = "VXL_CPU_SLOTS"
 OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+THREADS_ENV = "OMP_NUM_THREADS"
 GIB_PER_SLOT = 4
 """Memory per slot: a tiny-model CPU engine peaks near 2 GB (TP 2: two workers), twice that
 leaves room for the test process and the page cache."""
@@ -85,8 +96,17 @@ class Lease:
         return omp_bind(tp, [list(self.cores)])
 
     def env(self, tp: int = 1) -> dict[str, str]:
-        """What the engine's environment needs: its ranks bound to this lease's cores."""
-        return {OMP_BIND_ENV: self.bind(tp)}
+        """What the engine's environment needs: its ranks bound to this lease's cores, and as many
+        threads per process as the lease has cores."""
+        return {OMP_BIND_ENV: self.bind(tp), THREADS_ENV: str(len(self.cores))}
+
+
+def use_threads(env: Mapping[str, str]) -> None:
+    """Give this process the thread count ``env`` names (:data:`THREADS_ENV`) when torch is
+    already imported: torch reads the variable only when it starts its thread pool."""
+    torch = sys.modules.get("torch")
+    if torch is not None and THREADS_ENV in env:
+        torch.set_num_threads(int(env[THREADS_ENV]))
 
 
 def slots_dir() -> Path:
@@ -153,15 +173,20 @@ def cpu_lease_if(on_cpu: bool, label: str) -> Iterator[Lease | None]:
 @contextmanager
 def leased_environ(label: str, tp: int = 1) -> Iterator[Lease]:
     """:func:`cpu_lease` for an engine started in this process (``vllm.LLM``): while the block
-    runs, ``os.environ`` binds its ranks to the lease's cores (vLLM reads the variable when its
-    workers start), then the old value is back."""
+    runs, ``os.environ`` holds the lease's :meth:`Lease.env` (vLLM's workers read it when they
+    start) and this process runs torch on the lease's thread count (:func:`use_threads`); then
+    the old values are back in ``os.environ``. The thread count stays: vLLM's CPU worker forbids
+    changing it once an engine has run, and every lease of one machine has the same size."""
     with cpu_lease(label) as lease:
-        old = os.environ.get(OMP_BIND_ENV)
-        os.environ[OMP_BIND_ENV] = lease.bind(tp)
+        env = lease.env(tp)
+        old = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        use_threads(env)
         try:
             yield lease
         finally:
-            if old is None:
-                os.environ.pop(OMP_BIND_ENV, None)
-            else:
-                os.environ[OMP_BIND_ENV] = old
+            for key, value in old.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value

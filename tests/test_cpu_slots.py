@@ -49,7 +49,8 @@ def test_slot_count_from_the_environment_and_its_errors(monkeypatch: pytest.Monk
 def test_two_leases_get_disjoint_cores_and_a_third_waits() -> None:
     with cpu_slots.cpu_lease("a") as a, cpu_slots.cpu_lease("b") as b:
         assert {a.bind(), b.bind()} == {"0,1", "2,3"}
-        assert a.env() == {cpu_slots.OMP_BIND_ENV: a.bind()}
+        # the ranks' binding, and one thread per core of the slot in every process of the engine
+        assert a.env() == {cpu_slots.OMP_BIND_ENV: a.bind(), cpu_slots.THREADS_ENV: "2"}
         assert b.bind(2) == "2,3|2,3"  # a TP 2 engine's ranks share the slot's cores
         with pytest.raises(ToolError, match="no free CPU slot of 2"):
             with cpu_slots.cpu_lease("c", timeout_s=0.5):
@@ -93,8 +94,33 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
         assert (a.slot, b.slot) == (0, 1)
 
 
+class _Torch:
+    """What :func:`cpu_slots.use_threads` asks of torch."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+
+    def set_num_threads(self, n: int) -> None:
+        self.threads.append(n)
+
+
 def test_leased_environ_binds_this_process_while_held(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cpu_slots.OMP_BIND_ENV, "auto")
+    monkeypatch.delenv(cpu_slots.THREADS_ENV, raising=False)
+    torch = _Torch()
+    monkeypatch.setitem(sys.modules, "torch", torch)  # an in-process engine's torch is imported already
     with cpu_slots.leased_environ("in-process", tp=2) as lease:
         assert os.environ[cpu_slots.OMP_BIND_ENV] == lease.bind(2) == "0,1|0,1"
-    assert os.environ[cpu_slots.OMP_BIND_ENV] == "auto"
+        assert os.environ[cpu_slots.THREADS_ENV] == "2" and torch.threads == [2]
+    assert os.environ[cpu_slots.OMP_BIND_ENV] == "auto" and cpu_slots.THREADS_ENV not in os.environ
+
+
+def test_use_threads_reaches_an_imported_torch_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = _Torch()
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    cpu_slots.use_threads({cpu_slots.THREADS_ENV: "3"})  # no torch yet: it reads the variable itself
+    assert "torch" not in sys.modules
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    cpu_slots.use_threads({})  # no count named: nothing to do
+    cpu_slots.use_threads({cpu_slots.THREADS_ENV: "3"})
+    assert torch.threads == [3]

@@ -39,6 +39,7 @@ PROBE = textwrap.dedent(
             "pid": os.getpid(),
             "parent": os.getppid(),
             "preloaded": sorted(m for m in ("colorsys", "wave") if m in sys.modules),
+            "threads": getattr(sys.modules.get("torch"), "threads", "no torch"),
         }
         with open(argv[0], "w") as f:
             json.dump(seen, f)
@@ -98,6 +99,27 @@ def test_fork_gets_the_leg_environment_path_log_and_exit_code(
     again = json.loads(out.read_text())
     assert code == 0 and again["toggle"] is None and again["pid"] != seen["pid"]
     assert seen["parent"] == again["parent"] == interpreter.pid  # both forks of the one interpreter
+
+
+FAKE_TORCH = "threads = None\n\ndef set_num_threads(n):\n    global threads\n    threads = n\n"
+
+
+def test_a_fork_takes_the_legs_thread_count_into_the_preloaded_torch(
+    tmp_path: Path, probe: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch is imported before the fork, so the leg's OMP_NUM_THREADS (its CPU slot's, from
+    scripts/cpu_slots.py) must be handed to it in the fork; the control: a leg that names no
+    count leaves the preloaded torch as it was."""
+    fake = tmp_path / "fake_torch"
+    fake.mkdir()
+    (fake / "torch.py").write_text(FAKE_TORCH)
+    monkeypatch.syspath_prepend(str(fake))  # the spawned interpreter starts with this sys.path
+    with PreloadedInterpreter(preload=("torch",)) as owned:
+        env = {"PYTHONPATH": str(probe), "OMP_NUM_THREADS": "3"}
+        assert owned.run([str(tmp_path / "a.json"), "0"], env, None, entry="matrix_probe:main", timeout_s=60).returncode == 0
+        assert json.loads((tmp_path / "a.json").read_text())["threads"] == 3
+        assert _leg(owned, tmp_path / "b.json", probe) == 0
+        assert json.loads((tmp_path / "b.json").read_text())["threads"] is None
 
 
 def test_a_crashed_fork_is_a_nonzero_exit(tmp_path: Path, probe: Path, interpreter: PreloadedInterpreter) -> None:

@@ -15,6 +15,7 @@ from scripts.matrix.logprobs import collect_logprobs
 
 def run_leg(config: dict[str, Any]) -> dict[str, Any]:
     """Run one leg in this process: a fresh engine, one request at a time."""
+    import torch
     from vllm import LLM, SamplingParams
 
     leg = Leg(**config["leg"])
@@ -110,6 +111,8 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         "startup_seconds": startup_seconds,
         # TP 1: the engine runs in this process; past TP 1 each rank's is in attention.ranks
         "interpreter": interpreter_time() if config["tp"] == 1 else attention["ranks"][0].get("interpreter", {}),
+        # torch's thread count in each process that ran the model (scripts.cpu_slots: the lease's)
+        "threads": [torch.get_num_threads()] if config["tp"] == 1 else [r["threads"] for r in attention["ranks"]],
         "draft_tokens": drafts,
         "accepted_tokens": accepted,
         "acceptance_rate": (accepted / drafts) if drafts else None,
@@ -135,9 +138,14 @@ def _acceptance(metrics: Any) -> dict[str, Any]:
 
 
 def _rank_counts(worker: Any) -> dict[str, Any]:
+    import torch
     from vllm.v1.attention.backends import xpu_laguna_exact
 
-    return {**xpu_laguna_exact.counters.snapshot(), "interpreter": interpreter_time()}
+    return {
+        **xpu_laguna_exact.counters.snapshot(),
+        "interpreter": interpreter_time(),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def interpreter_time() -> dict[str, Any]:

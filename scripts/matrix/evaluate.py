@@ -40,6 +40,7 @@ class LegResult:
     drafts: int = 0  # verify steps with drafted tokens
     cpu_bind: str = ""  # VLLM_CPU_OMP_THREADS_BIND of the leg's CPU slot (scripts.cpu_slots); "" off CPU
     leg_start: str = ""  # how the leg's process started: "preloaded" or "fresh" (scripts.matrix.preloaded)
+    threads: list[int] = field(default_factory=list)  # torch's threads per model process (rank order)
 
 
 def logprob_verdict(
@@ -158,6 +159,7 @@ def evaluate(
             tp=tp,
             cpu_bind=str((data or {}).get("cpu_bind", "")),
             leg_start=str((data or {}).get("leg_start", "")),
+            threads=[int(t) for t in (data or {}).get("threads", [])],
         )
         if data is None or "status" in data:
             result.status = (data or {}).get("status", "error: no output")

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts import procs
+from scripts.cpu_slots import use_threads
 
 PRELOAD = ("vllm.entrypoints.llm",)
 """What the preloaded interpreter imports once (and with it torch, inductor and transformers)."""
@@ -241,6 +242,7 @@ def _fork_main(
         os.dup2(sink, 2)
         os.close(sink)
     os.environ.update(env)
+    use_threads(env)  # torch is imported already: the lease's thread count must reach it here
     # the entries a fresh interpreter would have put on sys.path from PYTHONPATH (the TP > 1 legs'
     # hooks: the series-attention plugin is found through sys.path)
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]

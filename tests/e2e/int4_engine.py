@@ -32,11 +32,11 @@ def run(
     lease's core binding and the INT4 stand-in's switch (``stand_in``) over it."""
     from xpu_laguna_standins import int4_experts
 
-    from scripts.cpu_slots import OMP_BIND_ENV, leased_environ
+    from scripts.cpu_slots import cpu_lease
 
-    with leased_environ("int4 engine", tp=tp):  # binds this process's environment (each rank) to the lease's cores
+    with cpu_lease("int4 engine") as lease:
         merged = {k: v for k, v in (os.environ if env is None else env).items() if k != int4_experts.ENV}
-        merged[OMP_BIND_ENV] = os.environ[OMP_BIND_ENV]
+        merged.update(lease.env(tp))  # its ranks on the lease's cores, its thread count the lease's
         if stand_in:
             merged[int4_experts.ENV] = "1"
         proc = subprocess.run(

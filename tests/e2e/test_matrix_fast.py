@@ -42,6 +42,12 @@ def test_matrix_fast_subset(fast_run: tuple[subprocess.CompletedProcess[str], di
     # every leg that ran is a fork of the preloaded interpreter (scripts/matrix/preloaded.py)
     assert sorted(legs) == sorted(FAST_RUN_LEGS)
     assert {leg["leg_start"] for leg in legs.values()} == {"preloaded"}
+    # every process that ran a model did so on its CPU slot's thread count (scripts/cpu_slots.py:
+    # without it a TP 1 engine takes one thread per core of the machine, and two legs side by side
+    # spin-wait for each other's threads, 6.5x slower)
+    for leg in legs.values():
+        per_rank = len(leg["cpu_bind"].split("|")[0].split(","))
+        assert leg["threads"] == [per_rank] * leg["tp"], (leg["name"], leg["cpu_bind"], leg["threads"])
     for name in ("dflash-graph0-meta0", "dflash-graph0-meta1"):
         assert legs[name]["status"] == "passed", legs[name]["mismatches"]
         assert legs[name]["teacher_exact"] == ALL
