@@ -116,7 +116,8 @@ def test_a_fork_takes_the_legs_thread_count_into_the_preloaded_torch(
     monkeypatch.syspath_prepend(str(fake))  # the spawned interpreter starts with this sys.path
     with PreloadedInterpreter(preload=("torch",)) as owned:
         env = {"PYTHONPATH": str(probe), "OMP_NUM_THREADS": "3"}
-        assert owned.run([str(tmp_path / "a.json"), "0"], env, None, entry="matrix_probe:main", timeout_s=60).returncode == 0
+        done = owned.run([str(tmp_path / "a.json"), "0"], env, None, entry="matrix_probe:main", timeout_s=60)
+        assert done.returncode == 0
         assert json.loads((tmp_path / "a.json").read_text())["threads"] == 3
         assert _leg(owned, tmp_path / "b.json", probe) == 0
         assert json.loads((tmp_path / "b.json").read_text())["threads"] is None
