@@ -10,7 +10,7 @@ from scripts.errors import ToolError
 from scripts.footprint import footprint
 from scripts.log import detail, info, step
 from scripts.series import REQUIRED_FIELDS, read_series
-from scripts.wheel_contents import standin_problems
+from scripts.wheel_contents import construction_problems, standin_problems
 from scripts.worktree import Layout, build_tree, load_inputs
 
 _NUMBER = re.compile(r"^(\d{4})-")
@@ -49,12 +49,13 @@ def lint_static(layout: Layout) -> list[str]:
                 f"{edits.name}: creates {path} (a new file belongs in overlay/{path}; patches edit upstream files)"
             )
     problems += standin_problems(inputs)  # the wheel carries no test stand-ins
+    problems += construction_problems(inputs)  # nor an environment write or generated source
     return problems
 
 
 def lint(layout: Layout | None = None, offline: bool = False, static_only: bool = False) -> None:
     layout = layout or Layout()
-    with step("lint: series, headers, paths, overlay manifest, no test stand-ins in the wheel"):
+    with step("lint: series, headers, paths, overlay manifest, no test stand-ins, env writes or exec in the wheel"):
         problems = lint_static(layout)
         for problem in problems:
             detail(problem)

@@ -8,6 +8,10 @@ reference attention kernels, the emulated device graphs, the XCCL ring all-reduc
 must not be able to fall into them.
 Checked without building, from ``patches/`` and ``overlay/`` (:func:`standin_problems`, part of
 ``nox -s lint``).
+
+The same files decide what the series does when vLLM builds an object, from the config it is
+given: none of them writes the process environment (a later engine in the process, and every
+child it starts, would inherit the decision) or runs generated source (:func:`construction_problems`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,22 @@ WHEEL_PACKAGE_PREFIX = "vllm"  # setuptools packages.find include "vllm*"
 # The stand-ins' earlier homes (inside the wheel up to the vLLM 0.34.0 port; the XCCL ring's in
 # the patch tests, as xccl_ring_standin): never in the wheel.
 FORMER_STANDIN_MODULES = frozenset({"xpu_laguna_reference", "xpu_breakable_graph_emulation", "xccl_ring_standin"})
+_CONSTRUCTION_RULES = (
+    (re.compile(r"\b(?:exec|eval)\("), "runs generated source (exec/eval); build the object instead"),
+    (
+        re.compile(
+            "|".join(
+                (
+                    r"os\.environ\[[^\]]+\]\s*=(?!=)",
+                    r"os\.environ\.(?:update|setdefault|pop|clear)\(",
+                    r"os\.putenv\(",
+                    r"del os\.environ",
+                )
+            )
+        ),
+        "writes os.environ; decide from the config the object is built with",
+    ),
+)
 _TEST_SIDE_IMPORT = re.compile(rf"^\s*(?:from|import)\s+(?:{cpu_standins.PACKAGE}|scripts)\b", re.MULTILINE)
 
 
@@ -63,4 +83,15 @@ def standin_problems(inputs: Inputs) -> list[str]:
             problems.append(f"{path}: a test stand-in in the wheel (it belongs in scripts/cpu_standins/)")
         elif _TEST_SIDE_IMPORT.search(text):
             problems.append(f"{path}: imports the test side ({cpu_standins.PACKAGE} or scripts) from the wheel")
+    return problems
+
+
+def construction_problems(inputs: Inputs) -> list[str]:
+    """One line per packaged line of the series (an overlay file's, a patch's added one) that writes
+    the environment or runs generated source, naming the line; empty when clean."""
+    problems = []
+    for path, text in sorted(series_wheel_files(inputs).items()):
+        for line in text.splitlines():
+            code = line.split("#", 1)[0].strip()
+            problems += [f"{path}: `{code}` {why}" for rule, why in _CONSTRUCTION_RULES if rule.search(code)]
     return problems

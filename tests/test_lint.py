@@ -118,6 +118,31 @@ def test_patch_creating_a_file_is_a_problem(vxl_project) -> None:
     assert len(lint_static(project.layout())) == 1
 
 
+def test_environment_writes_and_generated_source_in_the_wheel_are_problems(vxl_project) -> None:
+    """What the series does is decided when vLLM builds an object from its config: a packaged line
+    that writes os.environ (a patch's added line, an overlay file's) or runs exec/eval is named; the
+    controls read the environment, compare with it, or only mention the words in a comment."""
+    project = vxl_project
+    project.write_overlay(
+        {
+            "vllm/toy_overlay.py": "import os\n\nVALUE = os.environ.get('X')\n"
+            "SAME = os.environ['X'] == '1'  # os.environ['X'] = '1' would leak, so would exec()\n"
+        }
+    )
+    read = Change("utils: read a switch", {"vllm/utils.py": "import os\nX = os.environ.get('X')\n"})
+    project.add_patch(read, project.patched_files(), 3)
+    assert [p for p in lint_static(project.layout()) if "`" in p] == []
+    project.write_overlay({"vllm/toy_overlay.py": "exec(compile('Y = 1', 'y', 'exec'))\n"})
+    leak = Change("utils: leak a switch", {"vllm/utils.py": "import os\nos.environ['VLLM_SWITCH'] = '1'\n"})
+    project.add_patch(leak, project.patched_files(), 4)
+    assert [p for p in lint_static(project.layout()) if "`" in p] == [
+        "vllm/toy_overlay.py: `exec(compile('Y = 1', 'y', 'exec'))` runs generated source (exec/eval); "
+        "build the object instead",
+        "vllm/utils.py: `os.environ['VLLM_SWITCH'] = '1'` writes os.environ; decide from the config the object "
+        "is built with",
+    ]
+
+
 def test_conflicting_patch_fails_full_lint_but_not_static(vxl_project) -> None:
     project = vxl_project
     base = project.patched_files()

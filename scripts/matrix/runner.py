@@ -38,8 +38,8 @@ LEG_TIMEOUT_BASE_S = 600.0
 """Per leg, before any token: importing vLLM, loading the models, warm-up and (on a device)
 graph capture; a tiny-model CPU leg needs 10-40 s of it, a real model on a device minutes."""
 LEG_TIMEOUT_PER_TOKEN_S = 1.0
-"""Per token a leg generates: CPU legs of the tiny pair took 0.1-0.25 s per token (27-64 s for
-256 tokens, docs/cpu-runs.md) and slow down about 3x with two engines on two cores."""
+"""Per token a leg generates: CPU legs of the tiny pair take 0.02-0.25 s per token
+(docs/cpu-runs.md); the margin covers a slow machine and interpreted Triton."""
 
 
 def default_leg_timeout(prompts: int, max_tokens: int, long_prompt_tokens: int) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -142,44 +143,59 @@ def static_input_probe(
     (``_MOVED`` when the structure differs).
 
     For the model runner's calling convention (keyword arguments only, the
-    non-tensor ones None, a slot-mapping dict) the probe is straight-line
-    code generated for the captured names: a dict lookup and a
-    ``data_ptr()`` per tensor, what every replay pays (the host time per
-    step is what ``scripts/bench/graph_host_overhead.py`` measures against
-    upstream's wrapper). The source holds no captured name, only ``k0``,
-    ``n0``, ``s0``... bound in its namespace. Other conventions fall back
-    to :func:`static_input_pointers`.
+    non-tensor ones None, a slot-mapping dict) the probe is a closure over
+    the captured names: a dict lookup and a ``data_ptr()`` per tensor, what
+    every replay pays (the host time per step is what
+    ``scripts/bench/graph_host_overhead.py`` measures against upstream's
+    wrapper). Other conventions fall back to :func:`static_input_pointers`.
     """
-    others = [k for k, v in kwargs.items() if not isinstance(v, torch.Tensor)]
+    others = tuple(k for k, v in kwargs.items() if not isinstance(v, torch.Tensor))
     if (
         args
         or not isinstance(slot_mapping, dict)
         or any(kwargs[k] is not None for k in others)
     ):
         return lambda a, k, sm: tuple(static_input_pointers(a, k, sm, slot_names))
-    tensors = [k for k in kwargs if k not in others]
-    namespace: dict[str, Any] = {"_MOVED": _MOVED}
-    namespace.update((f"k{i}", k) for i, k in enumerate(tensors))
-    namespace.update((f"n{i}", k) for i, k in enumerate(others))
-    namespace.update((f"s{i}", k) for i, k in enumerate(slot_names))
-    reads = [f"kwargs[k{i}].data_ptr(), " for i in range(len(tensors))]
-    reads += [f"slot_mapping[s{i}].data_ptr(), " for i in range(len(slot_names))]
-    # a keyword passed as None equals one not passed (Model Runner V2 passes
-    # inputs_embeds=None on real steps, not at capture)
-    nones = "".join(f" or kwargs.get(n{i}) is not None" for i in range(len(others)))
-    source = (
-        "def probe(args, kwargs, slot_mapping):\n"
-        "    try:\n"
-        "        if args or sum(v is not None for v in kwargs.values()) != "
-        f"{len(tensors)} or "
-        f"len(slot_mapping) != {len(slot_mapping)}{nones}:\n"
-        "            return _MOVED\n"
-        f"        return ({''.join(reads)})\n"
-        "    except (KeyError, AttributeError, TypeError):\n"
-        "        return _MOVED\n"
-    )
-    exec(compile(source, "<static_input_probe>", "exec"), namespace)
-    return namespace["probe"]
+    tensors = tuple(k for k in kwargs if k not in others)
+    layers = len(slot_mapping)
+    read_inputs = _getter(tensors)
+    read_slots = _getter(slot_names)
+    data_ptr = torch.Tensor.data_ptr
+
+    def probe(
+        args: tuple[Any, ...], kwargs: dict[str, Any], slot_mapping: Any
+    ) -> tuple[Any, ...]:
+        try:
+            # a keyword passed as None equals one not passed (Model Runner V2
+            # passes inputs_embeds=None on real steps, not at capture)
+            if (
+                args
+                or sum(v is not None for v in kwargs.values()) != len(tensors)
+                or len(slot_mapping) != layers
+            ):
+                return _MOVED
+            for name in others:
+                if kwargs.get(name) is not None:
+                    return _MOVED
+            return (
+                *map(data_ptr, read_inputs(kwargs)),
+                *map(data_ptr, read_slots(slot_mapping)),
+            )
+        except (KeyError, AttributeError, TypeError):
+            return _MOVED
+
+    return probe
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """``d -> (d[name] for name in names)`` as a tuple, in C (``itemgetter``
+    returns a bare value for one name, so that case is wrapped)."""
+    if len(names) == 1:
+        (name,) = names
+        return lambda d: (d[name],)
+    if not names:
+        return lambda d: ()
+    return operator.itemgetter(*names)
 
 
 def first_difference(
