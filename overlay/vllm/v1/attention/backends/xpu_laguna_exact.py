@@ -237,14 +237,15 @@ def split_plan_enabled() -> bool:
     return not envs.VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN
 
 
-def exact_verify_width() -> int:
+def exact_verify_width(vllm_config: "VllmConfig | None" = None) -> int:
     """The largest verify width M that takes the exact path (0 = off): the
     toggle on, the series in scope (a Laguna target on XPU, or a CPU run
-    that asks: ``series_in_scope``, decided from the VllmConfig) and the
-    platform running FLASH_ATTN on the XPU or reference kernels."""
+    that asks: ``series_in_scope``, decided from ``vllm_config``, else the
+    current one) and the platform running FLASH_ATTN on the XPU or reference
+    kernels."""
     from vllm.compilation.xpu_breakable_graph.config import series_in_scope
 
-    if not series_in_scope():
+    if not series_in_scope(vllm_config):
         return 0
     on = bool(envs.VLLM_XPU_LAGUNA_EXACT_VERIFY) and exact_path_available()
     width = int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH) if on else 0
@@ -275,10 +276,12 @@ def exact_verify_width() -> int:
 def step_width(
     common_attn_metadata: "CommonAttentionMetadata",
     dcp_world_size: int,
+    vllm_config: "VllmConfig | None" = None,
 ) -> int:
     """Q if this step is eligible for the exact path (1 = a single-request
-    decode, which then runs with the planned split count), else 0."""
-    width = exact_verify_width()
+    decode, which then runs with the planned split count), else 0; the
+    series' scope decided from ``vllm_config`` (the builder's)."""
+    width = exact_verify_width(vllm_config)
     cm = common_attn_metadata
     q = cm.max_query_len
     if (
@@ -329,7 +332,8 @@ def plan_step(
     ``prebuilt`` is the builder's prebuilt-metadata owner (widths 2..M), if
     any; width 1 is always built inline.
     """
-    q = step_width(common_attn_metadata, dcp_world_size)
+    # the builder's own config decides, not the process's last decision
+    q = step_width(common_attn_metadata, dcp_world_size, vllm_config)
     if q == 0:
         return None
     seq_len = exact_seq_len(common_attn_metadata, host_seq_lens_exact(vllm_config))
