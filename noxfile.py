@@ -173,8 +173,11 @@ def cpu_tests(session: nox.Session) -> None:
 
 @nox.session(name="cpu_tests_ci", reuse_venv=True, default=False)
 def cpu_tests_ci(session: nox.Session) -> None:
-    """The end-to-end tests CI adds to cpu_tests (marker ci: TP 4 legs, crossover servers, day-one self-test)."""
-    _e2e(session, _cpu_runtime(session), "ci")
+    """What CI adds to cpu_tests: each patch-test file alone (none may pass only after another ran), then the
+    end-to-end tests of marker ci (TP 4 legs, crossover servers, day-one self-test, the INT4 pair's engines)."""
+    python = _cpu_runtime(session)
+    session.run("python", "-m", "scripts.patch_tests", "--python", python)
+    _e2e(session, python, "ci")
 
 
 def _e2e(session: nox.Session, python: str, marker: str) -> None:

@@ -96,6 +96,10 @@ ENTRY_POINTS = (
         "python -m scripts.bench.verify_step_cost",
         "row-invariant forms and rank-order collectives vs the plain path, per verify step, on CPU",
     ),
+    (
+        "python -m scripts.patch_tests --python PY",
+        "each patch-test file of the patched tree alone, in a fresh pytest process (CI: cpu_tests_ci)",
+    ),
     ("python -m scripts.old_line build", "clone, check out the vLLM 0.26.0 line and build its wheel (CI)"),
     (
         "python -m scripts.recipe render",
