@@ -222,8 +222,11 @@ def test_eligibility(monkeypatch, case):
 
 
 def _config(async_scheduling: bool = False, spec: bool = False) -> SimpleNamespace:
-    """The two VllmConfig fields plan_step reads."""
+    """The VllmConfig fields plan_step reads: the target's architecture (the
+    series' scope is decided from the builder's config) and the two that say
+    whether the host's sequence lengths are exact."""
     return SimpleNamespace(
+        model_config=SimpleNamespace(architectures=["LagunaForCausalLM"]),
         scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
         speculative_config=SimpleNamespace() if spec else None,
     )
