@@ -173,8 +173,7 @@ def cpu_tests(session: nox.Session) -> None:
 
 @nox.session(name="cpu_tests_ci", reuse_venv=True, default=False)
 def cpu_tests_ci(session: nox.Session) -> None:
-    """What CI adds to cpu_tests: each patch-test file alone (none may pass only after another ran), then the
-    end-to-end tests of marker ci (TP 4 legs, crossover servers, day-one self-test, the INT4 pair's engines)."""
+    """What CI adds to cpu_tests: each patch-test file alone, then the e2e tests of marker ci (TP 4 legs, crossover, day one, INT4)."""
     python = _cpu_runtime(session)
     session.run("python", "-m", "scripts.patch_tests", "--python", python)
     _e2e(session, python, "ci")
