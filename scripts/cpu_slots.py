@@ -16,11 +16,10 @@ slot here, and a lease gives the engine two things (:meth:`Lease.env`):
   takes the count through :func:`use_threads`.
 
 * a slot is one core set: the usable cores (``os.sched_getaffinity``) split into
-  :func:`slot_count` equal, disjoint sets. An engine takes one slot by default, whatever its TP
-  size: its ranks share the slot's cores (``0|0`` for TP 2 on a one-core slot). The matrix asks
-  for one slot per rank (``slots=tp``, at most all of them: ``0|1``), taken together or not at
-  all; two TP 2 legs one after the other with a core per rank took 58 s, side by side with
-  both ranks on one core 61 s (docs/cpu-runs.md), and nothing is left on one core at the end;
+  :func:`slot_count` equal, disjoint sets. An engine takes one slot, whatever its TP size: its
+  ranks share the slot's cores (``0|0`` for TP 2 on a one-core slot). The ranks of a tiny model
+  mostly wait for each other in collectives, so two engines on two cores finish sooner than one
+  engine with a core per rank followed by the next;
 * the slot count is the number of usable cores, at most one slot per :data:`GIB_PER_SLOT` of
   the machine's memory; ``VXL_CPU_SLOTS`` overrides it (``1`` runs every engine alone, on all
   cores);
@@ -88,28 +87,18 @@ def omp_bind(tp: int, core_sets: list[list[int]]) -> str:
 
 @dataclass(frozen=True)
 class Lease:
-    slots: tuple[int, ...]
-    core_sets: tuple[tuple[int, ...], ...]  # one per slot, in slot order
+    slot: int
+    cores: tuple[int, ...]
     waited_s: float
 
-    @property
-    def slot(self) -> int:
-        """The first slot of the lease."""
-        return self.slots[0]
-
-    @property
-    def cores(self) -> tuple[int, ...]:
-        return tuple(core for cores in self.core_sets for core in cores)
-
     def bind(self, tp: int = 1) -> str:
-        """``VLLM_CPU_OMP_THREADS_BIND`` for an engine of ``tp`` ranks over this lease's slots:
-        rank r on slot ``r * slots // tp`` (one slot: every rank on its cores)."""
-        return omp_bind(tp, [list(cores) for cores in self.core_sets])
+        """``VLLM_CPU_OMP_THREADS_BIND`` for an engine of ``tp`` ranks, all on this slot's cores."""
+        return omp_bind(tp, [list(self.cores)])
 
     def env(self, tp: int = 1) -> dict[str, str]:
         """What the engine's environment needs: its ranks bound to this lease's cores, and as many
-        threads per process as one slot has cores."""
-        return {OMP_BIND_ENV: self.bind(tp), THREADS_ENV: str(len(self.core_sets[0]))}
+        threads per process as the lease has cores."""
+        return {OMP_BIND_ENV: self.bind(tp), THREADS_ENV: str(len(self.cores))}
 
 
 def use_threads(env: Mapping[str, str]) -> None:
@@ -142,56 +131,42 @@ def _note(fd: int, label: str) -> None:
     os.write(fd, f"{label} (pid {os.getpid()})\n".encode())
 
 
-def _lock_free(folder: Path, slots: int, want: int) -> list[tuple[int, int]]:
-    """``want`` free slots locked at once as (slot, fd), or none (every lock taken is let go)."""
-    held: list[tuple[int, int]] = []
-    for slot in range(slots):
-        fd = _try_lock(folder / f"slot-{slot}.lock")
-        if fd is not None:
-            held.append((slot, fd))
-            if len(held) == want:
-                return held
-    for _, fd in held:
-        os.close(fd)
-    return []
-
-
 @contextmanager
-def cpu_lease(label: str, *, slots: int = 1, timeout_s: float = 3600.0) -> Iterator[Lease]:
-    """Hold ``slots`` CPU slots (at most all of them) for one engine while the block runs: a TP
-    ``n`` engine asks for ``n``, one rank per slot, so that its ranks never wait for each other on
-    one core (taken together or not at all, so two such engines cannot each hold half)."""
-    total = slot_count()
-    want = max(1, min(slots, total))
+def cpu_lease(label: str, *, timeout_s: float = 3600.0) -> Iterator[Lease]:
+    """Hold one CPU slot for one engine while the block runs."""
+    slots = slot_count()
     folder = slots_dir()
     folder.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     said = False
-    what = "a free CPU slot" if want == 1 else f"{want} free CPU slots"
-    while not (held := _lock_free(folder, total, want)):
-        if time.monotonic() - start > timeout_s:
-            raise ToolError(f"{label}: no {what.removeprefix('a ')} of {total} after {timeout_s:.0f}s")
-        if not said:
-            info(f"{label}: waiting for {what} of {total} ({folder})")
-            said = True
-        time.sleep(POLL_S)
+    while True:
+        for slot in range(slots):
+            fd = _try_lock(folder / f"slot-{slot}.lock")
+            if fd is not None:
+                break
+        else:
+            if time.monotonic() - start > timeout_s:
+                raise ToolError(f"{label}: no free CPU slot of {slots} after {timeout_s:.0f}s")
+            if not said:
+                info(f"{label}: waiting for a free CPU slot of {slots} ({folder})")
+                said = True
+            time.sleep(POLL_S)
+            continue
+        break
     try:
-        for _, fd in held:
-            _note(fd, label)
-        core_sets = tuple(tuple(slot_cores(slot, total, usable_cores())) for slot, _ in held)
-        yield Lease(tuple(slot for slot, _ in held), core_sets, time.monotonic() - start)
+        _note(fd, label)
+        yield Lease(slot, tuple(slot_cores(slot, slots, usable_cores())), time.monotonic() - start)
     finally:
-        for _, fd in held:
-            os.close(fd)  # releases the slot
+        os.close(fd)  # releases the slot
 
 
 @contextmanager
-def cpu_lease_if(on_cpu: bool, label: str, *, slots: int = 1) -> Iterator[Lease | None]:
+def cpu_lease_if(on_cpu: bool, label: str) -> Iterator[Lease | None]:
     """:func:`cpu_lease` on CPU; elsewhere None (a device engine needs no CPU slot)."""
     if not on_cpu:
         yield None
         return
-    with cpu_lease(label, slots=slots) as lease:
+    with cpu_lease(label) as lease:
         yield lease
 
 

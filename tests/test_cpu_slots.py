@@ -94,25 +94,6 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
         assert (a.slot, b.slot) == (0, 1)
 
 
-def test_a_lease_of_two_slots_takes_both_or_waits_holding_none() -> None:
-    with cpu_slots.cpu_lease("tp 2", slots=2) as both:
-        assert both.slots == (0, 1) and both.cores == (0, 1, 2, 3)
-        assert both.bind(2) == "0,1|2,3"  # one rank per slot
-        assert both.env(2)[cpu_slots.THREADS_ENV] == "2"  # a rank's threads: one slot's cores
-        with pytest.raises(ToolError, match="no free CPU slot of 2"):
-            with cpu_slots.cpu_lease("one more", timeout_s=0.3):
-                pass
-    with cpu_slots.cpu_lease("holder") as one:
-        with pytest.raises(ToolError, match="no 2 free CPU slots of 2"):
-            with cpu_slots.cpu_lease("tp 2", slots=2, timeout_s=0.3):
-                pass
-        # the waiting two-slot lease held nothing meanwhile: the other slot is free
-        with cpu_slots.cpu_lease("beside", timeout_s=0) as beside:
-            assert {one.slot, beside.slot} == {0, 1}
-    with cpu_slots.cpu_lease("tp 4", slots=4) as capped:  # at most every slot
-        assert capped.slots == (0, 1) and capped.bind(4) == "0,1|0,1|2,3|2,3"
-
-
 class _Torch:
     """What :func:`cpu_slots.use_threads` asks of torch."""
 

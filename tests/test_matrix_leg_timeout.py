@@ -83,8 +83,8 @@ def test_a_timed_out_leg_leaves_nothing_and_frees_its_slot(
     real_lease = runner.cpu_lease_if
 
     @contextmanager
-    def watched(on_cpu: bool, label: str, *, slots: int = 1) -> Iterator[cpu_slots.Lease | None]:
-        with real_lease(on_cpu, label, slots=slots) as lease:
+    def watched(on_cpu: bool, label: str) -> Iterator[cpu_slots.Lease | None]:
+        with real_lease(on_cpu, label) as lease:
             yield lease
             left_at_release.append(_left(stand_in))  # just before the slot is released
 

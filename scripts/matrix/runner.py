@@ -136,7 +136,7 @@ def _run_one(
     tp = int(config["tp"])
     with (
         tempfile.TemporaryDirectory(prefix="vxl-leg-") as tmp,
-        cpu_lease_if(device == "cpu", f"matrix leg {leg.name}", slots=tp) as lease,
+        cpu_lease_if(device == "cpu", f"matrix leg {leg.name}") as lease,
     ):
         cfg, out = Path(tmp) / "config.json", Path(tmp) / "out.json"
         cfg.write_text(json.dumps(config))
