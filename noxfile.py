@@ -148,7 +148,7 @@ def _installed_python(session: nox.Session) -> tuple[str | None, list[str]]:
 def cpu_tests(session: nox.Session) -> None:
     """Patch tests inside the patched tree, then end-to-end tests on CPU but those CI adds (cpu_tests_ci), in the shared CPU runtime (-- -k EXPR filters both)."""
     python = _cpu_runtime(session)
-    tree_tests = str(LAYOUT.worktree / "tests" / "xpu_laguna")
+    tree_tests = str(LAYOUT.patch_tests)
     # run from outside the tree so `import vllm` is the runtime's (with the patched files), not the source dir;
     # a -k that selects no patch test (exit 5) must not stop the e2e run
     session.run(

@@ -44,6 +44,11 @@ class Layout:
         return self.build / "worktree"
 
     @property
+    def patch_tests(self) -> Path:
+        """The series' patch tests inside the work tree (overlay/tests/xpu_laguna, laid by apply)."""
+        return self.worktree / "tests" / "xpu_laguna"
+
+    @property
     def staging(self) -> Path:
         """Where a rebuilt work tree is assembled before it replaces ``worktree``."""
         return self.build / "worktree.new"

@@ -14,6 +14,7 @@ CLI: ``python -m scripts.patch_tests [--python PY] [--tests DIR] [--jobs N]``.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -75,8 +76,6 @@ def run_all(python: str, files: Sequence[Path], jobs: int) -> list[Alone]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import sys
-
     from scripts.cli import ToolParser
 
     parser = ToolParser(
@@ -101,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> None:
         if args.jobs is not None and args.jobs < 1:
             raise ToolError(f"--jobs {args.jobs}: expected at least 1")
-        folder = args.tests or Layout().worktree / "tests" / "xpu_laguna"
+        folder = args.tests or Layout().patch_tests
         files = patch_test_files(folder)
         jobs = args.jobs or slot_count()
         with step(f"patch tests alone: {len(files)} file(s) in {folder}, {jobs} at once"):
