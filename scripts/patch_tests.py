@@ -14,6 +14,7 @@ CLI: ``python -m scripts.patch_tests [--python PY] [--tests DIR] [--jobs N]``.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -100,11 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> None:
         if args.jobs is not None and args.jobs < 1:
             raise ToolError(f"--jobs {args.jobs}: expected at least 1")
+        found = shutil.which(args.python)
+        if found is None:
+            raise ToolError(f"--python {args.python}: no such interpreter")
+        python = os.path.abspath(found)  # the files run from their own folder
         folder = args.tests or Layout().patch_tests
         files = patch_test_files(folder)
         jobs = args.jobs or slot_count()
         with step(f"patch tests alone: {len(files)} file(s) in {folder}, {jobs} at once"):
-            results = run_all(args.python, files, jobs)
+            results = run_all(python, files, jobs)
         failed = [r for r in results if not r.passed]
         for result in failed:
             info(f"{result.path.name} fails alone; the last lines of its output:\n{result.tail}")

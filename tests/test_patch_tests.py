@@ -52,3 +52,8 @@ def test_a_file_that_needs_another_file_first_fails_alone(tree_tests: Path, caps
 def test_no_test_files_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match="no test_\\*.py files"):
         patch_tests.patch_test_files(tmp_path)
+
+
+def test_an_interpreter_that_is_not_there_is_one_line(tree_tests: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert patch_tests.main(["--python", "no/such/python", "--tests", str(tree_tests)]) == 1
+    assert capsys.readouterr().err.strip().endswith("error: --python no/such/python: no such interpreter")
