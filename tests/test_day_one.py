@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scripts.device import day_one as acc
+from scripts.series_options import DEFAULTS
 
 
 def _step(name: str, code: str, kind: str = acc.EXACTNESS, limit_s: float = 60, json_out: str = "") -> acc.Step:
@@ -40,11 +41,12 @@ def test_recommend_takes_the_fastest_form_that_is_row_invariant_everywhere() -> 
     moe = [_moe("plain", 3, repeat_equal=6), _moe("rows", 8)]
     got = {r.key: r.value for r in acc.recommend(ops, moe)}
     assert got == {
-        "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM": "rows",
-        "VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM": "pad",
-        "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "1",
-        "VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE": "rows",
+        "row_invariant_linear_form": "rows",
+        "row_invariant_qk_norm": "pad",
+        "exact_tp_reduce": True,
+        "row_invariant_moe": "rows",
     }
+    assert set(got) <= set(DEFAULTS)  # option keys the engine knows
 
 
 def test_recommend_turns_the_experts_form_off_only_when_plain_is_invariant_and_repeatable() -> None:
@@ -53,13 +55,20 @@ def test_recommend_turns_the_experts_form_off_only_when_plain_is_invariant_and_r
     assert acc.recommend([], [_moe("plain", 8, repeat_equal=7), _moe("rows", 8)])[0].value == "rows"
 
 
-def test_no_invariant_form_is_a_failure_and_only_a_comment_in_the_env_file() -> None:
+def test_no_invariant_form_is_a_failure_and_never_set_in_the_recommended_config() -> None:
     recs = acc.recommend([_linear("batch_invariant", 7), _linear("rows", 6), _linear("plain", 8)], [])
-    assert [(r.key, r.value) for r in recs] == [("VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM", "")]
-    text = acc.env_file(recs, "h")
-    assert "\nVLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM=" not in text
-    assert "# VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM: NONE" in text
-    assert acc.verdict([], recs) == ["VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM: no linear form row-invariant"]
+    assert [(r.key, r.value) for r in recs] == [("row_invariant_linear_form", None)]
+    run = {"exact_verify": True, "row_invariant_linears": "all"}
+    assert acc.recommended_config(recs, run) == {"xpu_laguna": run}  # the run's own value, nothing chosen
+    assert acc.verdict([], recs) == ["row_invariant_linear_form: no linear form row-invariant"]
+
+
+def test_the_recommended_config_is_the_runs_options_with_the_recommendations_applied() -> None:
+    recs = acc.recommend([{"op": "qk_norm", "shape": "s", "switch": "tokens", "compared": 8, "equal": 8}], [])
+    run = {"exact_verify": True, "row_invariant_qk_norm": "pad", "verify_width": 8}
+    assert acc.recommended_config(recs, run) == {
+        "xpu_laguna": {"exact_verify": True, "row_invariant_qk_norm": "tokens", "verify_width": 8}
+    }
 
 
 def test_not_run_rows_recommend_nothing() -> None:
@@ -78,7 +87,8 @@ def test_run_all_writes_the_report_the_env_file_and_the_table(tmp_path: Path, ca
         _step("attention", "print('PASS (3 cases)')"),
         acc.Step("rows", None, 60, acc.EXACTNESS, why="needs --model-dir and --draft-dir"),
     ]
-    acc.run_all(steps, sys.executable, tmp_path, "test label", device_result=False)
+    options = {"exact_verify": True, "verify_width": 8}
+    acc.run_all(steps, sys.executable, tmp_path, "test label", device_result=False, options=options)
     out = capsys.readouterr().out
     assert "[1/4] split-divergence" in out and "[4/4] rows: not run (needs --model-dir" in out
     assert "OK: test label" in out
@@ -86,8 +96,10 @@ def test_run_all_writes_the_report_the_env_file_and_the_table(tmp_path: Path, ca
     assert report["device_result"] is False and report["failed"] == []
     assert [s["status"] for s in report["steps"]] == ["pass", "pass", "pass", "not run"]
     assert report["steps"][2]["last_line"] == "PASS (3 cases)"
-    env = (tmp_path / "recommended.env").read_text()
-    assert "\nVLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM=batch_invariant\n" in env
+    recommended = json.loads((tmp_path / "recommended.json").read_text())
+    assert recommended == {"xpu_laguna": {**options, "row_invariant_linear_form": "batch_invariant"}}
+    assert report["additional_config"] == recommended
+    assert "recommend xpu_laguna.row_invariant_linear_form=batch_invariant" in out
     assert (tmp_path / "logs" / "attention.log").read_text().strip() == "PASS (3 cases)"
 
 
@@ -136,16 +148,27 @@ def test_a_stale_json_from_an_earlier_run_is_not_read(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "day-one.json").read_text())["recommended"] == []
 
 
-def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, capsys, monkeypatch) -> None:
+    old_env = tmp_path / "old.env"
+    old_env.write_text("HF_HUB_OFFLINE=1\nVLLM_XPU_LAGUNA_EXACT_VERIFY=0\n")
     for argv, line in (
         (["--only", "nope"], "--only: unknown step(s) nope"),
         (["--model-dir", str(tmp_path)], "--model-dir and --draft-dir go together"),
         (["--model-dir", str(tmp_path), "--draft-dir", str(tmp_path)], "no config.json there"),
+        (["--series-options", '{"verify_width": 40}'], "must be 1..16, not 40"),
+        (["--series-options", '{"exact_verfy": false}'], "unknown option 'exact_verfy'"),
+        (["--env-file", str(old_env)], f"--env-file {old_env}: VLLM_XPU_LAGUNA_EXACT_VERIFY is no longer read"),
     ):
         with pytest.raises(SystemExit) as exc:
             acc.main(argv)
         assert exc.value.code == 2
         assert line in capsys.readouterr().err
+    assert acc.main(["--check-only"]) == 0  # the negative control: nothing wrong
+    monkeypatch.setenv("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", "1")  # the checks' engines would refuse it
+    with pytest.raises(SystemExit) as exc:
+        acc.main(["--check-only"])
+    assert exc.value.code == 2
+    assert "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH is no longer read" in capsys.readouterr().err
 
 
 def test_the_device_steps_are_in_order_and_the_pair_steps_wait_for_the_pair(tmp_path: Path) -> None:
@@ -157,3 +180,26 @@ def test_the_device_steps_are_in_order_and_the_pair_steps_wait_for_the_pair(tmp_
     assert all("--device" not in s.argv or "xpu" in s.argv for s in with_pair if s.argv)
     self_test = acc.self_test_steps(tmp_path, tmp_path / "tiny", tmp_path / "int4")
     assert [s.name for s in self_test][0] == "models" and set(acc.STEP_NAMES) == {s.name for s in self_test}
+
+
+def test_the_checks_that_take_options_get_the_runs(tmp_path: Path) -> None:
+    options = {"exact_verify": True, "prebuilt_metadata": True, "verify_width": 8}
+    series = ("--series-options", json.dumps(options))
+    doctor = ("--additional-config", json.dumps({"xpu_laguna": options}))
+    for steps in (
+        acc.device_steps(tmp_path, tmp_path / "m", tmp_path / "d", options),
+        acc.self_test_steps(tmp_path, tmp_path / "tiny", tmp_path / "int4", options),
+    ):
+        argv = {s.name: " ".join(s.argv or ()) for s in steps}
+        assert {name for name, line in argv.items() if " ".join(series) in line} == {"ops", "graphs", "rows"}
+        assert " ".join(doctor) in argv["stack"]
+        assert not any("VLLM_XPU_LAGUNA_" in line for line in argv.values())
+
+
+def test_the_default_options_are_the_recipes(tmp_path: Path) -> None:
+    from scripts.recipe import cpu_tiny_recipe
+
+    assert acc.recipe_options(cpu=True) == cpu_tiny_recipe().additional_config["xpu_laguna"]
+    assert acc.recipe_options(cpu=True)["exact_verify"] is True  # on CPU the series is asked for explicitly
+    assert acc.recipe_options(cpu=False)["breakable_graph"] is True
+    assert "VLLM_XPU_LAGUNA_" not in acc.recipe_env(cpu=False).read_text()

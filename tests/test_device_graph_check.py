@@ -4,6 +4,7 @@ tests/test_tool_usage_errors.py)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -21,18 +22,39 @@ def test_help() -> None:
     assert_help_names(_run("--help"), "--metadata", "--spec")
 
 
+def _options(line: str) -> dict[str, object]:
+    """The JSON of ``--additional-config '...'`` in a dry-run line."""
+    start = line.index("--additional-config '") + len("--additional-config '")
+    return json.loads(line[start : line.index("'", start)])
+
+
 def test_dry_run_plan() -> None:
     proc = _run("--dry-run", "--device", "xpu", "--width", "4")
     assert proc.returncode == 0
     legs = [ln.split()[0] for ln in proc.stdout.splitlines()[1:]]
     assert legs == ["off-md0", "on-md0", "off-md1", "on-md1"]
     on = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith("on-md1"))
-    assert "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1" in on
-    assert "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA=1" in on
-    assert "VLLM_XPU_LAGUNA_VERIFY_WIDTH=4" in on
+    assert _options(on) == {"xpu_laguna": {"breakable_graph": True, "prebuilt_metadata": True, "verify_width": 4}}
     assert "VLLM_XPU_ENABLE_XPU_GRAPH" not in proc.stdout  # gone in vLLM 0.32.0 (graphs on by default)
+    assert "VLLM_XPU_LAGUNA_" not in proc.stdout  # the options travel in the engine's config
     off = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith("off-md0"))
-    assert "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=0" in off
+    assert _options(off) == {"xpu_laguna": {"breakable_graph": False, "prebuilt_metadata": False, "verify_width": 4}}
+
+
+def test_series_options_go_under_the_legs_own() -> None:
+    given = json.dumps({"exact_verify": True, "breakable_graph": True, "verify_width": 8, "row_invariant_moe": "off"})
+    proc = _run("--dry-run", "--device", "xpu", "--width", "4", "--metadata", "off", "--series-options", given)
+    assert proc.returncode == 0, proc.stderr
+    off = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith("off-md0"))
+    assert _options(off)["xpu_laguna"] == {
+        "exact_verify": True,
+        "row_invariant_moe": "off",
+        "breakable_graph": False,  # the leg's own switch wins
+        "prebuilt_metadata": False,
+        "verify_width": 4,
+    }
+    bad = _run("--dry-run", "--series-options", '{"verify_width": 40}')
+    assert bad.returncode == 2 and "verify_width']: must be 1..16, not 40" in bad.stderr
 
 
 def test_table_marks_token_mismatch_and_speedup() -> None:

@@ -24,6 +24,7 @@ def _run(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
 
 def test_help() -> None:
     options = ("--device", "--shapes", "--rows", "--trials", "--ops", "--ranks", "--json", "--onednn-verbose")
+    options += ("--series-options",)
     assert_help_names(_run("--help"), *options)
 
 
@@ -116,6 +117,18 @@ def test_series_form_follows_the_defaults() -> None:
     assert oc.series_form("int4", {**defaults, "int4": "false"}, "xpu") == "off"
     assert oc.series_form("all_reduce", None, "xpu") == "dist.all_reduce"
     assert oc.series_form("qk_norm", None, "xpu") is None
+
+
+def test_series_defaults_are_the_options_defaults_under_the_given_options() -> None:
+    defaults, source = oc.series_defaults()
+    assert defaults == {"qk_norm": "pad", "linears": "all", "linear_form": "none", "int4": "true"}
+    assert "overlay/vllm/config/xpu_laguna_options.py" in source
+    given = {"row_invariant_qk_norm": "tokens", "row_invariant_int4": False, "row_invariant_linear_form": "rows"}
+    defaults, source = oc.series_defaults(given)
+    assert defaults == {"qk_norm": "tokens", "linears": "all", "linear_form": "rows", "int4": "false"}
+    assert "--series-options" in source
+    assert oc.series_form("int4", defaults, "xpu") == "off"
+    assert oc.series_form("linear:router", defaults, "xpu") == "rows"
 
 
 def test_recommendation() -> None:

@@ -94,7 +94,7 @@ def test_a_timed_out_leg_leaves_nothing_and_frees_its_slot(
         tp=1, jobs=1, leg_start=start, leg_timeout=LIMIT_S, prompts=3, max_tokens=8, long_prompt_tokens=0
     )
     how = runner.LegProcess(module="matrix_hang", entry="matrix_hang:main", preload=(), grace_s=GRACE_S)
-    configs = {leg.name: {"tp": 1, "prompts": ["p"]}}
+    configs = {leg.name: {"tp": 1, "options": leg.options(), "prompts": ["p"]}}
     began = time.monotonic()
     outputs = runner.run_legs((leg,), configs, args, "cpu", tmp_path / "report.json", how)
     wall = time.monotonic() - began

@@ -13,9 +13,16 @@ from scripts import cpu_standins
 from scripts.cpu_slots import OMP_BIND_ENV
 from scripts.matrix.cli import main
 from scripts.matrix.evaluate import evaluate
-from scripts.matrix.legs import EQUAL_BY_ARITHMETIC, LEGS, STANDIN_ENV, TP4_LEGS, TP_REDUCE_ENV
+from scripts.matrix.legs import (
+    EQUAL_BY_ARITHMETIC,
+    LEGS,
+    STANDIN_OPTION,
+    TP4_LEGS,
+    TP_REDUCE_OPTION,
+)
 from scripts.matrix.runner import leg_environment
 from scripts.measure.emulation import PLUGIN_DIR
+from scripts.series_options import ENV_PREFIX
 from tests.fake_vllm import run_probe, write_fake_vllm
 from tests.test_matrix_logprobs import TEACHER, _out
 
@@ -23,12 +30,14 @@ LEG = {leg.name: leg for leg in LEGS}
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_tp2_legs_carry_the_reduction_toggles_and_no_fixed_cpu_binding() -> None:
-    env = LEG["dflash-graph0-meta1-tp2"].env()
-    assert (env[TP_REDUCE_ENV], env[STANDIN_ENV]) == ("1", "1")
-    assert OMP_BIND_ENV not in env  # the cores come from the leg's CPU slots (runner), not the leg
-    assert LEG["dflash-ring-tp2-diagnostic"].env()[TP_REDUCE_ENV] == "0"
-    assert TP_REDUCE_ENV not in LEG["dflash-graph0-meta0"].env()  # TP 1 legs unchanged
+def test_tp2_legs_carry_the_reduction_options_and_no_fixed_cpu_binding() -> None:
+    options = LEG["dflash-graph0-meta1-tp2"].options()
+    assert (options[TP_REDUCE_OPTION], options[STANDIN_OPTION]) == (True, True)
+    assert LEG["dflash-ring-tp2-diagnostic"].options()[TP_REDUCE_OPTION] is False
+    assert TP_REDUCE_OPTION not in LEG["dflash-graph0-meta0"].options()  # TP 1 legs unchanged
+    # the cores come from the leg's CPU slots (runner), not the leg; no series variable either
+    env = leg_environment(LEG["dflash-graph0-meta1-tp2"], 1, "cpu", {})
+    assert OMP_BIND_ENV not in env and not [k for k in env if k.startswith(ENV_PREFIX)]
 
 
 def test_tp_legs_install_the_series_hooks_in_their_workers() -> None:
@@ -36,6 +45,10 @@ def test_tp_legs_install_the_series_hooks_in_their_workers() -> None:
     assert env["XPU_LAGUNA_CPU_SERIES_ATTENTION"] == "1" and env["XPU_LAGUNA_EMULATED_GRAPHS"] == "1"
     assert env["PYTHONPATH"].endswith(":/x") and "series_attention" in env["PYTHONPATH"]
     assert "XPU_LAGUNA_CPU_SERIES_ATTENTION" not in leg_environment(LEG["teacher"], 1, "cpu", {})
+    # the graph emulation's marker alone decides in a worker (its options are in the engine's config,
+    # which a process cannot read at start-up): only a graph leg sets it
+    eager = leg_environment(LEG["dflash-graph0-meta1-tp2"], 1, "cpu", {})
+    assert eager["XPU_LAGUNA_CPU_SERIES_ATTENTION"] == "1" and "XPU_LAGUNA_EMULATED_GRAPHS" not in eager
 
 
 # A stand-in vllm package for the plugin probe (tests/fake_vllm.py: the platform is CPU unless
@@ -88,19 +101,21 @@ def _probe_plugins(tmp_path: Path, **env: str) -> dict[str, object]:
 def test_ring_legs_get_the_xccl_standin_from_the_runtime_plugin(tmp_path: Path) -> None:
     """The ring stand-in is the runtime's test-side package (scripts/cpu_standins, laid by sync):
     its general plugin registers the ring on CPU in every process vLLM loads plugins in (the TP
-    legs' mp-executor workers among them), so a leg only sets the toggle, adds no path, and no
+    legs' mp-executor workers among them), so a leg only sets the option, adds no path, and no
     other plugin registers it. Negative control: off CPU nothing is registered and the toggle's
     ring is the one-line error."""
-    ring = leg_environment(LEG["dflash-ring-tp2-diagnostic"], 1, "cpu", {})
-    plain = leg_environment(replace(LEG["dflash-ring-tp2-diagnostic"], xccl_standin=False), 1, "cpu", {})
-    assert ring[STANDIN_ENV] == "1" and TP_REDUCE_ENV in ring and ring["PYTHONPATH"] == plain["PYTHONPATH"]
+    ring_leg = LEG["dflash-ring-tp2-diagnostic"]
+    ring = leg_environment(ring_leg, 1, "cpu", {})
+    plain = leg_environment(replace(ring_leg, xccl_standin=False), 1, "cpu", {})
+    assert ring_leg.options()[STANDIN_OPTION] is True and ring_leg.options()[TP_REDUCE_OPTION] is False
+    assert ring == plain  # the switch is the engine's option only: the same environment either way
     assert "xccl" not in (next(PLUGIN_DIR.glob("*.dist-info")) / "entry_points.txt").read_text()
     assert (cpu_standins.HERE / cpu_standins.PACKAGE / "xccl_ring.py").is_file()
     on_cpu = _probe_plugins(tmp_path)
     assert on_cpu == {"plugins": [cpu_standins.PACKAGE], "ring": True, "error": None}
     off_cpu = _probe_plugins(tmp_path, FAKE_PLATFORM="xpu")
     assert off_cpu["ring"] is False and "\n" not in off_cpu["error"]
-    assert off_cpu["error"].startswith("VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1 needs the XCCL ring stand-in")
+    assert "needs the XCCL ring stand-in" in off_cpu["error"]
 
 
 def test_each_leg_is_gated_against_its_own_teacher() -> None:
@@ -149,9 +164,9 @@ TP4 = {leg.name: leg for leg in TP4_LEGS}
 def test_tp4_legs_are_opt_in_and_named_by_the_cli() -> None:
     assert not {leg.name for leg in TP4_LEGS} & set(LEG)  # not in the default run
     assert all(leg.tp == 4 and leg.xccl_standin for leg in TP4_LEGS)
-    env = TP4["dflash-graph0-meta1-tp4"].env()
-    assert (env[TP_REDUCE_ENV], env[STANDIN_ENV]) == ("1", "1") and OMP_BIND_ENV not in env
-    assert TP4["teacher-ring-tp4"].env()[TP_REDUCE_ENV] == "0"
+    options = TP4["dflash-graph0-meta1-tp4"].options()
+    assert (options[TP_REDUCE_OPTION], options[STANDIN_OPTION]) == (True, True)
+    assert TP4["teacher-ring-tp4"].options()[TP_REDUCE_OPTION] is False
     assert TP4["dflash-ring-tp4-diagnostic"].teacher == "teacher-ring-tp4"
     assert main(["run", "--tiny", "/tmp/nowhere-tiny", "--legs", ",".join(TP4), "--check-only"]) == 0
 

@@ -21,6 +21,24 @@ def test_assignments() -> None:
             parse_assignments(bad, "--env")
 
 
+def test_option_assignments_are_typed_and_series_variables_refused() -> None:
+    given = ["xpu_laguna.verify_width=4", "xpu_laguna.row_invariant_qk_norm=tokens", "xpu_laguna.exact_verify=false"]
+    assert parse_assignments(given, "--env") == {
+        "xpu_laguna.verify_width": 4,
+        "xpu_laguna.row_invariant_qk_norm": "tokens",
+        "xpu_laguna.exact_verify": False,
+    }
+    with pytest.raises(
+        ToolError,
+        match="--env: VLLM_XPU_LAGUNA_VERIFY_WIDTH is no longer read by the series; "
+        "set the option xpu_laguna.verify_width instead",
+    ):
+        parse_assignments(["VLLM_XPU_LAGUNA_VERIFY_WIDTH=4"], "--env")
+    for bad in (["xpu_laguna.=1"], ["other.key=1"], ["xpu_laguna.a-b=1"]):
+        with pytest.raises(ToolError, match="--env expects NAME=VALUE or xpu_laguna.KEY=VALUE"):
+            parse_assignments(bad, "--env")
+
+
 def test_only_the_treatment_differs_between_legs() -> None:
     base = {"PATH": "/bin", "HF_HUB_OFFLINE": "1"}
     envs = leg_environments(base, {"T": "0"}, {"T": "1"})

@@ -1,5 +1,6 @@
 """scripts.recipe: the checked-in recipes are the rendered ones, every derived number comes from one width,
-the env files read the same in a shell and in systemd, and the docs name every setting."""
+the series' options are vLLM config (``additional-config``) and the env files carry none of them, the env
+files read the same in a shell and in systemd, and the docs name every setting."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from scripts.errors import ToolError
 from scripts.pins import load_pins, parse_pins
 from scripts.recipe import (
     RECIPE_DIR,
+    TENSOR_PARALLEL,
     VERIFY_WIDTH,
     Recipe,
     Setting,
@@ -32,6 +34,7 @@ from scripts.recipe import (
     rendered,
     xpu_recipe,
 )
+from scripts.series_options import DEFAULTS, ENV_PREFIX, OPTIONS_KEY
 
 
 def _yaml_values(text: str) -> dict[str, object]:
@@ -73,9 +76,8 @@ def test_width_tokens_and_capture_size_follow_from_one_number(width: int) -> Non
     pins = load_pins()
     for recipe in (xpu_recipe(pins, width=width), cpu_tiny_recipe(width=width)):
         serve = _yaml_values(render_yaml(recipe))
-        env = dict(line.split("=", 1) for line in render_env(recipe).splitlines() if line and line[0] != "#")
         assert serve["speculative-config"]["num_speculative_tokens"] == width - 1
-        assert env["VLLM_XPU_LAGUNA_VERIFY_WIDTH"] == str(width)
+        assert serve["additional-config"][OPTIONS_KEY]["verify_width"] == width
         if recipe.name != "cpu-tiny":
             assert serve["compilation-config"]["cudagraph_capture_sizes"] == [width]
             assert serve["compilation-config"]["max_cudagraph_capture_size"] == width
@@ -98,6 +100,57 @@ def test_the_record_values_and_the_pinned_revisions() -> None:
     assert serve["kv-cache-dtype"] == "bfloat16" and serve["max-num-seqs"] == 1
     assert serve["no-async-scheduling"] is True and serve["no-enable-prefix-caching"] is True
     assert (serve["max-model-len"], serve["block-size"]) == (8192, 64)
+
+
+def test_the_series_options_are_vllm_config_and_the_env_files_hold_none() -> None:
+    """The series reads ``additional_config["xpu_laguna"]`` only: the YAML carries every option the old
+    env files set, typed, with the same values; the env files keep only the platform's variables."""
+    for name, graphs in (("laguna-s-int4-dflash-tp4", True), ("cpu-tiny", False)):
+        serve = _yaml_values((RECIPE_DIR / f"{name}.yaml").read_text())
+        assert set(serve["additional-config"]) == {OPTIONS_KEY}
+        options = serve["additional-config"][OPTIONS_KEY]
+        assert options == {
+            "exact_verify": True,
+            "verify_width": VERIFY_WIDTH,
+            "prebuilt_metadata": True,
+            "breakable_graph": graphs,
+            "exact_tp_reduce": True,
+            "row_invariant_qk_norm": "pad",
+            "row_invariant_linears": "all",
+            "debug_xccl_standin": False,
+            "debug_no_split_plan": False,
+            "debug_prebuilt_full_guard": False,
+        }
+        assert set(options) <= set(DEFAULTS)  # every key one the engine knows
+        recipe = next(r for r in recipes() if r.name == name)
+        assert recipe.additional_config == serve["additional-config"]
+        env = (RECIPE_DIR / f"{name}.env").read_text()
+        assert ENV_PREFIX not in env and not any(s.key.startswith(ENV_PREFIX) for s in recipe.env)
+    # on CPU the series engages only when asked explicitly: the CPU recipe names exact_verify itself
+    assert cpu_tiny_recipe().additional_config[OPTIONS_KEY]["exact_verify"] is True
+    assert xpu_recipe(load_pins()).additional_config[OPTIONS_KEY]["breakable_graph"] is True
+    assert TENSOR_PARALLEL > 1 and xpu_recipe(load_pins()).additional_config[OPTIONS_KEY]["exact_tp_reduce"] is True
+
+
+def test_negative_control_a_series_variable_in_an_env_file_is_refused() -> None:
+    recipe = Recipe("x", "x", (), (Setting("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", "1", "n"),))
+    with pytest.raises(
+        ToolError,
+        match=r"x\.env: VLLM_XPU_LAGUNA_BREAKABLE_GRAPH is no longer read by the series; "
+        r"set the option xpu_laguna\.breakable_graph instead",
+    ):
+        render_env(recipe)
+
+
+def test_negative_control_an_option_the_engine_would_refuse_is_refused_at_render() -> None:
+    for bad, why in (
+        (Setting("verify_width", 32, "n"), "must be 1..16"),
+        (Setting("breakable_graph", "1", "n"), "must be true or false"),
+        (Setting("exact_verfy", True, "n"), "unknown option 'exact_verfy'"),
+    ):
+        with pytest.raises(ToolError, match=why):
+            render_yaml(Recipe("x", "x", (), (), (bad,)))
+    assert "additional-config" not in render_yaml(Recipe("x", "x", (), ()))  # no options: no key
 
 
 def test_local_copies_render_without_editing() -> None:
@@ -213,7 +266,8 @@ def test_the_wheels_drafter_identity_reads_the_pins_as_the_record_carries_them(t
 
 def test_docs_name_every_setting() -> None:
     docs = (REPO_ROOT / "docs/serving.md").read_text()
+    assert "`additional-config`" in docs
     for recipe in recipes():
-        for s in recipe.serve + recipe.env:
+        for s in recipe.serve + recipe.options + recipe.env:
             assert f"`{s.key}`" in docs, f"docs/serving.md does not explain {s.key}"
         assert f"recipes/{recipe.yaml_name}" in docs and f"recipes/{recipe.env_name}" in docs

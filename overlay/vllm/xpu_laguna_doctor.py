@@ -3,7 +3,8 @@
 """Pre-flight checks of a machine that serves Laguna-S-2.1-INT4 + DFlash with
 the XPU Laguna series.
 
-``python -m vllm.xpu_laguna_doctor [--model DIR] [--draft DIR]`` prints one
+``python -m vllm.xpu_laguna_doctor [--model DIR] [--draft DIR]
+[--additional-config JSON]`` prints one
 line per check, ``ok`` / ``warn`` / ``fail``, its name and what it found, and
 exits 1 if any check failed (2 for bad options). Nothing runs on the device:
 the kernel check reads the installed signature and op schema.
@@ -13,10 +14,12 @@ torch and vllm_xpu_kernels against the pins the record carries; the XPU
 devices (count, names, the Xe-core count the KV split plan reads); that vLLM
 forwards ``num_splits_kv`` (patch 0008) and the kernel accepts it; the
 oneAPI / oneCCL variables of the serving recipe (:data:`RECIPE_DEVICE_ENV`)
-and the series' debug switches; with ``--model`` the target's quantization
-and what ``--kv-cache-dtype auto`` resolves to; with ``--draft`` a DFlash
-drafter that fits the target and which drafter it is, told by content as the
-configuration contract tells it (:mod:`vllm.xpu_laguna_drafter`).
+and the series' options as the server will get them (``--additional-config``:
+validated, debug options warn, a ``VLLM_XPU_LAGUNA_*`` variable fails); with
+``--model`` the target's quantization and what ``--kv-cache-dtype auto``
+resolves to; with ``--draft`` a DFlash drafter that fits the target and
+which drafter it is, told by content as the configuration contract tells it
+(:mod:`vllm.xpu_laguna_drafter`).
 
 Without an XPU every device check says ``no XPU device: ...``. A serving
 machine needs one, so those lines fail; ``--no-device`` (checking a wheel or
@@ -354,27 +357,45 @@ def check_environment(environ: dict[str, str]) -> list[Check]:
     return out
 
 
-def check_toggles() -> list[Check]:
-    """The series' toggles as ``vllm.envs`` reads them; debug switches warn."""
-    import vllm.envs as envs
-
-    values = (
-        f"exact verify {int(envs.VLLM_XPU_LAGUNA_EXACT_VERIFY)}, width "
-        f"{envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH}, prebuilt metadata "
-        f"{int(envs.VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA)}, "
-        f"breakable graph {int(envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH)}"
+def check_options(
+    additional_config: dict[str, Any], environ: dict[str, str]
+) -> list[Check]:
+    """The series' options as the server will get them (``--additional-config``)
+    and no ``VLLM_XPU_LAGUNA_*`` variable (the series refuses one); debug
+    options warn."""
+    from vllm.config.xpu_laguna_options import (
+        ADDITIONAL_CONFIG_KEY,
+        XpuLagunaOptions,
+        XpuLagunaOptionsError,
+        refuse_environment,
     )
-    out = [Check(OK, "series-toggles", values)]
-    for var in (
-        "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN",
-        "VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD",
+
+    out = []
+    try:
+        refuse_environment(environ)
+    except XpuLagunaOptionsError as err:
+        out.append(Check(FAIL, "series-environment", str(err)))
+    raw = additional_config.get(ADDITIONAL_CONFIG_KEY)
+    try:
+        options = (
+            XpuLagunaOptions() if raw is None else XpuLagunaOptions.from_mapping(raw)
+        )
+    except XpuLagunaOptionsError as err:
+        return [*out, Check(FAIL, "series-options", str(err))]
+    values = (
+        f"exact verify {options.exact_verify}, width {options.verify_width}, "
+        f"prebuilt metadata {options.prebuilt_metadata}, breakable graph "
+        f"{options.breakable_graph}"
+    )
+    out.append(Check(OK, "series-options", values))
+    for name in (
+        "debug_no_split_plan",
+        "debug_prebuilt_full_guard",
+        "debug_xccl_standin",
     ):
-        if getattr(envs, var):
-            out.append(Check(WARN, var, "on: a debug switch, not for serving"))
+        if getattr(options, name):
+            out.append(Check(WARN, name, "on: a debug option, not for serving"))
     return out
-
-
-# ------------------------------------------------------------------- models
 
 
 def _config(directory: Path) -> tuple[dict[str, Any] | None, str]:
@@ -563,7 +584,7 @@ def run(args: argparse.Namespace, environ: dict[str, str]) -> list[Check]:
     checks.append(check_vllm_forwards_split_count(source))
     checks.append(check_kernel_split_count(_kernel_interface, have_xpu, device_status))
     checks += check_environment(environ)
-    checks += check_toggles()
+    checks += check_options(args.additional_config, environ)
     pins = (record or {}).get("pins", {})
     target = None
     if args.model is None:
@@ -587,6 +608,16 @@ def _directory(value: str) -> Path:
     if not path.is_dir():
         raise argparse.ArgumentTypeError(f"{value}: not a directory")
     return path
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return parsed
 
 
 def parser() -> argparse.ArgumentParser:
@@ -630,6 +661,15 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="ranks the server will run, one XPU each (default: "
         f"{DEFAULT_TENSOR_PARALLEL_SIZE}, the recipe's)",
+    )
+    p.add_argument(
+        "--additional-config",
+        type=_json_object,
+        default={},
+        metavar="JSON",
+        help="the JSON the server gets as --additional-config; its "
+        "'xpu_laguna' options are validated and shown (default: none, the "
+        "series' defaults)",
     )
     p.add_argument(
         "--no-device",

@@ -28,7 +28,6 @@ Usage (from the repository root)::
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -45,16 +44,27 @@ HEAD_SIZE = 128
 BLOCK = 64
 WINDOW = 512
 WIDTH = 8
-SERIES_ENV = {"VLLM_XPU_LAGUNA_EXACT_VERIFY": "1", "VLLM_XPU_LAGUNA_VERIFY_WIDTH": str(WIDTH)}
-PREBUILT_ENV = "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"
 
 
-def _vllm_config(max_len: int) -> Any:
+def series_options(prebuilt: bool, full_guards: bool) -> dict[str, object]:
+    """The series' options of one mode's configuration: exact verify at this width named on (on
+    CPU a switch named true is how a configuration asks for the series), the prebuilt metadata on
+    or off, its debug guard mode."""
+    return {
+        "exact_verify": True,
+        "verify_width": WIDTH,
+        "prebuilt_metadata": prebuilt,
+        "debug_prebuilt_full_guard": full_guards,
+    }
+
+
+def _vllm_config(max_len: int, options: dict[str, object]) -> Any:
     from vllm.config import CacheConfig, ParallelConfig
 
     return tiny_vllm_config(
         "metadata_microbench_",
         laguna=True,  # the series acts on a Laguna target only
+        options=options,
         heads=HEADS,
         kv_heads=KV_HEADS,
         head_dim=HEAD_SIZE,
@@ -65,16 +75,14 @@ def _vllm_config(max_len: int) -> Any:
     )
 
 
-def _builders(config: Any, prebuilt: bool) -> list[Any]:
+def _builders(config: Any) -> list[Any]:
+    """One builder per KV-cache group, each given ``config`` (and under it as the current one):
+    the mode's series options are that configuration's."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
-    # This bench is a process of its own: the series' switches are its environment (on CPU a
-    # switch set explicitly is how a run asks for the series), set before each builder set.
-    os.environ.update(SERIES_ENV)
-    os.environ[PREBUILT_ENV] = "1" if prebuilt else "0"
     common = {
         "block_size": BLOCK,
         "num_kv_heads": KV_HEADS,
@@ -201,13 +209,16 @@ def main(argv: list[str] | None = None) -> int:
         print("error: needs torch and the patched vLLM tree", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    config = _vllm_config(args.cols * BLOCK)
-    modes = {"inline": _builders(config, False), "prebuilt": _builders(config, True)}
-    for builder in modes["prebuilt"]:
-        if builder.laguna_prebuilt is not None:  # the debug guard mode, per owner
-            builder.laguna_prebuilt.full_guard_every_call = args.full_guards
+    modes = {
+        name: _builders(_vllm_config(args.cols * BLOCK, series_options(prebuilt, args.full_guards)))
+        for name, prebuilt in (("inline", False), ("prebuilt", True))
+    }
     if modes["prebuilt"][0].laguna_prebuilt is None or modes["inline"][0].laguna_prebuilt:
-        print("error: prebuilt toggle did not take effect", file=sys.stderr)
+        print("error: the prebuilt_metadata option did not take effect", file=sys.stderr)
+        return 2
+    owners = [b.laguna_prebuilt for b in modes["prebuilt"] if b.laguna_prebuilt is not None]
+    if any(owner.full_guard_every_call != args.full_guards for owner in owners):
+        print("error: the debug_prebuilt_full_guard option did not take effect", file=sys.stderr)
         return 2
     step = Step(args.cols, seq_len=args.cols * BLOCK // 2)
     prepared = {name: _full_step(b, step) for name, b in modes.items()}  # warm-up

@@ -6,7 +6,8 @@ time limit (stopped as a group, :mod:`scripts.procs`), its output in ``OUT/logs/
 
 1. ``stack``: the doctor (``vllm.xpu_laguna_doctor``): the installed torch, Triton and
    ``vllm_xpu_kernels`` against ``pins.toml``, the XPU count and memory against TP 4, the recipe's
-   variables; with ``--model-dir``/``--draft-dir`` the drafter identified by content;
+   variables and the series' options; with ``--model-dir``/``--draft-dir`` the drafter identified
+   by content;
 2. ``checkpoint``: ``checkpoint_check`` on the target and drafter (strict parse, exactly the
    routed experts packed W4A16 group 32, the ignore list, groups per rank at TP 4, KV scales);
 3. ``split-divergence``: the KV lengths where verify and decode would split differently;
@@ -18,10 +19,15 @@ time limit (stopped as a group, :mod:`scripts.procs`), its output in ``OUT/logs/
 8. ``rows``: ``row_invariance_check`` on the real pair (every module of each verify row vs the
    teacher's decode).
 
-It ends with one table, one JSON report (``OUT/day-one.json``) and the options it recommends
-from the results (``OUT/recommended.env``, the recipe's env-file form: source it after
-``recipes/laguna-s-int4-dflash-tp4.env``). Exit status 1 when an exactness check fails (or no
-form of an op is row-invariant), 2 for bad options.
+The checks run under the recipe's settings: the variables of its env file in their environment,
+and the series' options of its YAML (``additional-config``, ``xpu_laguna``; ``--series-options``
+over them) where a check takes them (the doctor, ``ops``, ``graphs``, ``rows``): the series reads
+no environment variable. It ends with one table, one JSON report (``OUT/day-one.json``) and the
+options it recommends from the results, by option key (``row_invariant_linear_form``, ...):
+``OUT/recommended.json`` is the whole ``--additional-config`` argument, the run's options with the
+recommendations applied (``vllm serve --config recipes/laguna-s-int4-dflash-tp4.yaml
+--additional-config "$(cat OUT/recommended.json)"``; the command line wins over the file). Exit
+status 1 when an exactness check fails (or no form of an op is row-invariant), 2 for bad options.
 
 ``--cpu-self-test`` runs the same steps on CPU with each check's own self-test options (reference
 kernels, small shapes, emulated graphs, the tiny INT4 pair): it proves this command, never the
@@ -36,6 +42,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +51,16 @@ from scripts import procs
 from scripts.device import _report as report
 from scripts.errors import ToolError, exit_status
 from scripts.recipe import shell_env
+from scripts.series_options import (
+    ADDITIONAL_CONFIG_ARG,
+    OPTIONS_KEY,
+    additional_config,
+    options_argument,
+    refuse_series_env,
+)
 
+RECOMMENDED_FILE = "recommended.json"
+"""The recommended ``--additional-config`` (JSON), in the report folder."""
 SELF_TEST_LABEL = "CPU SELF-TEST (stand-in kernels, emulated graphs, tiny models): not a device result"
 EXACTNESS = "exactness"
 MEASUREMENT = "measurement"
@@ -95,11 +111,26 @@ def _reporting(name: str, module: str, out: Path, limit_s: float, kind: str, *ar
     return Step(name, _module(module, *args, "--json", str(out / file)), limit_s, kind, json_out=file)
 
 
-def device_steps(out: Path, model: Path | None, draft: Path | None) -> list[Step]:
-    """The steps at the real shapes, on the XPU."""
+def _series(options: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The series' options on a check's command line (``--series-options JSON``)."""
+    return ("--series-options", json.dumps(dict(options or {})))
+
+
+def _doctor(options: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The series' options on the doctor's command line: the server's whole ``--additional-config``."""
+    return (ADDITIONAL_CONFIG_ARG, json.dumps(additional_config(dict(options or {}))))
+
+
+def device_steps(
+    out: Path, model: Path | None, draft: Path | None, options: Mapping[str, Any] | None = None
+) -> list[Step]:
+    """The steps at the real shapes, on the XPU; ``options``: the series' options of the checks
+    that take them."""
     pair = model is not None and draft is not None
     need_pair = "needs --model-dir and --draft-dir"
-    stack = _module("vllm.xpu_laguna_doctor", *(("--model", str(model), "--draft", str(draft)) if pair else ()))
+    models = ("--model", str(model), "--draft", str(draft)) if pair else ()
+    stack = _module("vllm.xpu_laguna_doctor", *models, *_doctor(options))
+    series = _series(options)
     return [
         Step("stack", stack, 300, EXACTNESS),
         Step(
@@ -115,12 +146,14 @@ def device_steps(out: Path, model: Path | None, draft: Path | None) -> list[Step
         ),
         Step("split-divergence", _module("scripts.device.split_divergence"), 120, INFO),
         Step("attention", _module("scripts.device.xpu_attention_check", "--device", "xpu"), 3600, EXACTNESS),
-        _reporting("ops", "scripts.device.op_invariance_check", out, 3600, MEASUREMENT, "--device", "xpu"),
+        _reporting("ops", "scripts.device.op_invariance_check", out, 3600, MEASUREMENT, "--device", "xpu", *series),
         _reporting("moe", "scripts.device.moe_invariance_check", out, 1800, MEASUREMENT, "--device", "xpu"),
-        _reporting("graphs", "scripts.device.graph_check", out, 3600, EXACTNESS, "--device", "xpu"),
+        _reporting("graphs", "scripts.device.graph_check", out, 3600, EXACTNESS, "--device", "xpu", *series),
         Step(
             "rows",
-            _module("scripts.device.row_invariance_check", "--model-dir", str(model), "--draft-dir", str(draft))
+            _module(
+                "scripts.device.row_invariance_check", "--model-dir", str(model), "--draft-dir", str(draft), *series
+            )
             if pair
             else None,
             3600,
@@ -130,15 +163,20 @@ def device_steps(out: Path, model: Path | None, draft: Path | None) -> list[Step
     ]
 
 
-def self_test_steps(out: Path, tiny: Path, tiny_int4: Path) -> list[Step]:
+def self_test_steps(out: Path, tiny: Path, tiny_int4: Path, options: Mapping[str, Any] | None = None) -> list[Step]:
     """The same steps with each check's CPU self-test options (small shapes, reference kernels,
     emulated graphs, the tiny pairs); ``tiny_int4`` is written by the first step."""
     target, draft = tiny_int4 / "target", tiny_int4 / "draft"
+    series = _series(options)
     return [
         Step("models", _module("scripts.tiny_laguna_int4", "--out", str(tiny_int4)), 600, INFO),
         Step(
             "stack",
-            _module("vllm.xpu_laguna_doctor", "--no-device", "--model", str(target), "--draft", str(draft)),
+            _module(
+                "vllm.xpu_laguna_doctor",
+                *("--no-device", "--model", str(target), "--draft", str(draft)),
+                *_doctor(options),
+            ),
             300,
             INFO,  # no XPU stack here: the lines are shown, not gated
         ),
@@ -156,6 +194,7 @@ def self_test_steps(out: Path, tiny: Path, tiny_int4: Path) -> list[Step]:
             "ops",
             "scripts.device.op_invariance_check",
             *(out, 900, MEASUREMENT, "--device", "cpu", "--shapes", "small", "--trials", "1", "--ranks", "2"),
+            *series,
         ),
         _reporting(
             "moe",
@@ -167,10 +206,15 @@ def self_test_steps(out: Path, tiny: Path, tiny_int4: Path) -> list[Step]:
             "scripts.device.graph_check",
             *(out, 1200, EXACTNESS, "--emulate-graphs", "--models", str(tiny), "--metadata", "on"),
             *("--prompts", "1", "--tokens", "24", "--long-prompt-tokens", "0", "--min-cycles", "3"),
+            *series,
         ),
         Step(
             "rows",
-            _module("scripts.device.row_invariance_check", "--tiny", str(tiny), "--prompts", "1", "--max-tokens", "8"),
+            _module(
+                "scripts.device.row_invariance_check",
+                *("--tiny", str(tiny), "--prompts", "1", "--max-tokens", "8"),
+                *series,
+            ),
             1200,
             EXACTNESS,
         ),
@@ -182,10 +226,11 @@ def self_test_steps(out: Path, tiny: Path, tiny_int4: Path) -> list[Step]:
 
 @dataclass(frozen=True)
 class Recommendation:
-    """One series option chosen from the measurements (empty ``value``: none works)."""
+    """One series option (its key in ``additional_config["xpu_laguna"]``) chosen from the
+    measurements, its typed value (None: none works)."""
 
     key: str
-    value: str
+    value: str | bool | None
     why: str
 
 
@@ -199,7 +244,7 @@ def _invariant(rows: list[dict[str, Any]], switch: str) -> bool | None:
 
 def _choose(rows: list[dict[str, Any]], key: str, forms: tuple[str, ...], what: str) -> Recommendation:
     """The first of ``forms`` row-invariant on every measured row (empty: none is)."""
-    form = next((f for f in forms if _invariant(rows, f)), "")
+    form = next((f for f in forms if _invariant(rows, f)), None)
     why = f"{form}: row-invariant on every {what} shape measured" if form else f"no {what} form row-invariant"
     return Recommendation(key, form, why)
 
@@ -210,41 +255,38 @@ def recommend(ops: list[dict[str, Any]], moe: list[dict[str, Any]]) -> list[Reco
     out: list[Recommendation] = []
     linears = [r for r in ops if str(r["op"]).startswith("linear:")]
     if linears:
-        out.append(_choose(linears, "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM", ("batch_invariant", "rows"), "linear"))
+        out.append(_choose(linears, "row_invariant_linear_form", ("batch_invariant", "rows"), "linear"))
     norms = [r for r in ops if r["op"] == "qk_norm"]
     if norms:
-        out.append(_choose(norms, "VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM", ("pad", "tokens"), "q/k norm"))
+        out.append(_choose(norms, "row_invariant_qk_norm", ("pad", "tokens"), "q/k norm"))
     reduce_rows = [r for r in ops if r["op"] == "all_reduce"]
     if _invariant(reduce_rows, "gather+rank-sum") is not None:
         ok = bool(_invariant(reduce_rows, "gather+rank-sum"))
         out.append(
             Recommendation(
-                "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE",
-                "1" if ok else "",
-                "1: the rank-order sum is row-invariant" if ok else "the rank-order sum is not row-invariant",
+                "exact_tp_reduce",
+                True if ok else None,
+                "true: the rank-order sum is row-invariant" if ok else "the rank-order sum is not row-invariant",
             )
         )
     if moe:
         plain = _invariant(moe, "plain") and all(r.get("repeat_equal") in (None, r["compared"]) for r in moe)
         per_row = _invariant(moe, "rows")
-        value = "off" if plain else "rows" if per_row else ""
+        value = "off" if plain else "rows" if per_row else None
         why = {
             "off": "off: the plain call is row-invariant and repeatable at every M measured (fewer weight reads)",
             "rows": "rows: the plain call is not row-invariant; one call per row is",
-            "": "no routed-experts form row-invariant (not run-to-run deterministic at one row?)",
+            None: "no routed-experts form row-invariant (not run-to-run deterministic at one row?)",
         }[value]
-        out.append(Recommendation("VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE", value, why))
+        out.append(Recommendation("row_invariant_moe", value, why))
     return out
 
 
-def env_file(recommendations: list[Recommendation], header: str) -> str:
-    """The recommendations as an env file (the recipe's form); a key with no working value is a
-    comment, never a line that would set it."""
-    lines = [f"# {header}", "# set -a; . recipes/laguna-s-int4-dflash-tp4.env; . THIS_FILE; set +a", ""]
-    for rec in recommendations:
-        lines.append(f"# {rec.why}")
-        lines.append(f"{rec.key}={rec.value}" if rec.value else f"# {rec.key}: NONE (see the report)")
-    return "\n".join(lines) + "\n"
+def recommended_config(recommendations: list[Recommendation], options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``--additional-config`` a server takes: the run's ``options`` with each recommended value
+    applied; a key with no working value keeps the run's value (the run failed: see the report)."""
+    chosen = {rec.key: rec.value for rec in recommendations if rec.value is not None}
+    return additional_config({**options, **chosen})
 
 
 # --------------------------------------------------------------------------------------- running
@@ -284,41 +326,61 @@ def verdict(outcomes: list[Outcome], recommendations: list[Recommendation]) -> l
     """What failed: an exactness step not passed (run and failed, or timed out), a measurement
     that did not finish, or an option with no working value."""
     failed = [f"{o.name}: {o.status}" for o in outcomes if o.kind != INFO and o.status in ("FAIL", "timed out")]
-    failed += [f"{r.key}: {r.why}" for r in recommendations if not r.value]
+    failed += [f"{r.key}: {r.why}" for r in recommendations if r.value is None]
     return failed
 
 
 def day_one(args: Any) -> None:
     """The steps the options select, run by :func:`run_all` into ``args.out``."""
     out: Path = args.out
+    options = {**recipe_options(args.cpu_self_test), **args.series_options}
     if args.cpu_self_test:
         from scripts.layout import Layout
 
-        steps = self_test_steps(out, Layout().tiny_models, out / "tiny-int4")
+        steps = self_test_steps(out, Layout().tiny_models, out / "tiny-int4", options)
     else:
-        steps = device_steps(out, args.model_dir, args.draft_dir)
+        steps = device_steps(out, args.model_dir, args.draft_dir, options)
     if args.only:
         steps = [s for s in steps if s.name in args.only]
     label = SELF_TEST_LABEL if args.cpu_self_test else "device run (XPU)"
     env_path = args.env_file or recipe_env(args.cpu_self_test)
     env = {**os.environ, **shell_env(env_path)}
-    print(f"series settings from {env_path} (over this environment)", flush=True)
-    run_all(steps, args.python, out, label, device_result=not args.cpu_self_test, env=env)
+    refuse_series_env(env, f"the checks' environment (this one and {env_path})")
+    print(f"variables from {env_path} (over this environment); the series' options: {json.dumps(options)}", flush=True)
+    run_all(steps, args.python, out, label, device_result=not args.cpu_self_test, env=env, options=options)
+
+
+def _recipe(cpu: bool) -> Any:
+    from scripts.recipe import recipes
+
+    xpu, cpu_tiny = recipes()
+    return cpu_tiny if cpu else xpu
 
 
 def recipe_env(cpu: bool) -> Path:
     """The env file of the recipe the checks run under: the XPU recipe's, or the tiny CPU one's."""
-    from scripts.recipe import RECIPE_DIR, recipes
+    from scripts.recipe import RECIPE_DIR
 
-    xpu, cpu_tiny = recipes()
-    return RECIPE_DIR / (cpu_tiny if cpu else xpu).env_name
+    return RECIPE_DIR / _recipe(cpu).env_name
+
+
+def recipe_options(cpu: bool) -> dict[str, Any]:
+    """The series' options of that recipe (its YAML's ``additional-config``)."""
+    return dict(_recipe(cpu).additional_config.get(OPTIONS_KEY, {}))
 
 
 def run_all(
-    steps: list[Step], python: str, out: Path, label: str, device_result: bool, env: dict[str, str] | None = None
+    steps: list[Step],
+    python: str,
+    out: Path,
+    label: str,
+    device_result: bool,
+    env: dict[str, str] | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> None:
     """Run ``steps`` in order with ``python``; write ``OUT/day-one.json`` and
-    ``OUT/recommended.env``, print the table; raise :class:`DayOneError` when anything failed."""
+    ``OUT/recommended.json`` (``options``, the run's, with the recommendations applied), print the
+    table; raise :class:`DayOneError` when anything failed."""
     try:
         (out / "logs").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -333,7 +395,8 @@ def run_all(
         by_name["moe"].data.get("rows", []) if "moe" in by_name else [],
     )
     failed = verdict(outcomes, recommendations)
-    (out / "recommended.env").write_text(env_file(recommendations, f"recommended by the day-one run: {label}"))
+    recommended = recommended_config(recommendations, options or {})
+    (out / RECOMMENDED_FILE).write_text(json.dumps(recommended, indent=1) + "\n", encoding="utf-8")
     header = [
         f"day one: {label}",
         f"{len(outcomes)} step(s) in {time.monotonic() - began:.0f} s; logs in {out}/logs",
@@ -345,16 +408,21 @@ def run_all(
         pad_last=False,
     )
     for rec in recommendations:
-        print(f"recommend {rec.key}={rec.value or 'NONE'}  ({rec.why})")
+        shown = "NONE" if rec.value is None else json.dumps(rec.value).strip('"')
+        print(f"recommend {OPTIONS_KEY}.{rec.key}={shown}  ({rec.why})")
     document = {
         "label": label,
         "device_result": device_result,
         "steps": [asdict(o) for o in outcomes],
         "recommended": [asdict(r) for r in recommendations],
+        "additional_config": recommended,
         "failed": failed,
     }
     (out / "day-one.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
-    print(f"recommended options: {out / 'recommended.env'}; report: {out / 'day-one.json'}")
+    print(
+        f"recommended options: {out / RECOMMENDED_FILE} (vllm serve --config RECIPE.yaml "
+        f'{ADDITIONAL_CONFIG_ARG} "$(cat {out / RECOMMENDED_FILE})"); report: {out / "day-one.json"}'
+    )
     if failed:
         raise DayOneError(f"FAILED ({len(failed)}): " + "; ".join(failed))
     print(f"OK: {label}")
@@ -384,8 +452,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--env-file",
         type=Path,
-        help="the series' settings the checks run under, read as `set -a; . FILE` reads it (default: the "
-        "XPU recipe's recipes/*.env; with --cpu-self-test the tiny CPU recipe's)",
+        help="the variables the checks run under, read as `set -a; . FILE` reads it (default: the "
+        "XPU recipe's recipes/*.env; with --cpu-self-test the tiny CPU recipe's); the series reads none",
+    )
+    parser.add_argument(
+        "--series-options",
+        type=options_argument,
+        default={},
+        metavar="JSON",
+        help=f"the series' options of the checks, a JSON object over the recipe's additional-config "
+        f"{OPTIONS_KEY!r} (e.g. '{{\"exact_verify\": false}}'; default: the recipe's as they are)",
     )
     parser.add_argument("--python", default=sys.executable, help="interpreter of the checks (default: this one)")
     parser.add_argument("--only", type=_names, default=(), help=f"comma list of steps to run: {', '.join(STEP_NAMES)}")
@@ -403,6 +479,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{flag} {folder}: no config.json there")
     if args.env_file is not None and not args.env_file.is_file():
         parser.error(f"--env-file {args.env_file}: no such file")
+    try:
+        refuse_series_env(os.environ, "this environment")
+        if args.env_file is not None:
+            refuse_series_env(shell_env(args.env_file), f"--env-file {args.env_file}")
+    except ToolError as exc:
+        parser.error(str(exc))
     unknown = [n for n in args.only if n not in STEP_NAMES]
     if unknown:
         parser.error(f"--only: unknown step(s) {', '.join(unknown)}; steps: {', '.join(STEP_NAMES)}")

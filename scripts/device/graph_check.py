@@ -5,9 +5,13 @@ XPU, runs the tiny random Laguna target (``scripts.tiny_laguna``) once per
 leg, each leg in its own process and one engine at a time:
 
 * ``off-md0`` graphs off (eager), prebuilt exact metadata off: the reference;
-* ``on-md0``  ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1``;
+* ``on-md0``  the series' option ``breakable_graph`` on;
 * with ``--metadata both`` also ``off-md1`` / ``on-md1``
-  (``VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA=1``).
+  (the option ``prebuilt_metadata`` on).
+
+Each leg's engine gets its options in its config (``additional_config["xpu_laguna"]``): the leg's
+``breakable_graph``, ``prebuilt_metadata`` and ``verify_width`` (``--width``), always named, over
+``--series-options`` (the day-one run passes the recipe's).
 
 Each leg generates greedily and times every engine step (cycle). By default
 the first prompt is a long one past 4K tokens (``--long-prompt-tokens``),
@@ -25,7 +29,7 @@ stand-in graph (the test-side ``xpu_laguna_standins.emulated_graphs``): a self
 test of this script, reported as emulated, never as a device result.
 
 Without a device the legs refuse with one line (exit 3); ``--help``,
-argument validation and ``--dry-run`` (the plan: legs and their
+argument validation and ``--dry-run`` (the plan: legs, their options and
 environments) need no torch.
 
     python3 -m scripts.device.graph_check --dry-run
@@ -47,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts import procs
-from scripts.matrix.legs import GRAPH_ENV, META_ENV
+from scripts.series_options import OPTIONS_KEY, additional_config, checked, options_argument
 
 __all__ = ["Leg", "LegResult", "plan_legs", "validate", "main"]
 
@@ -121,18 +125,18 @@ class Leg:
     def name(self) -> str:
         return f"{'on' if self.graphs else 'off'}-md{int(self.metadata)}"
 
-    def env(self, width: int, device: str) -> dict[str, str]:
-        env = {
-            GRAPH_ENV: "1" if self.graphs else "0",
-            META_ENV: "1" if self.metadata else "0",
-            "VLLM_XPU_LAGUNA_VERIFY_WIDTH": str(width),
-            # In-process engine core: step timings without IPC, capture log
-            # lines on this leg's own output.
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        }
-        # vLLM 0.32.0 has XPU graphs on by default (no VLLM_XPU_ENABLE_XPU_GRAPH);
-        # the off legs run eagerly through enforce_eager.
-        return env
+    def options(self, width: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The series' options of this leg's engine: ``extra`` (``--series-options``) under the
+        leg's own switches and the verify width, which are always named (on CPU a switch named
+        true is how an engine asks for the series)."""
+        own = {"breakable_graph": self.graphs, "prebuilt_metadata": self.metadata, "verify_width": width}
+        return checked({**(extra or {}), **own}, f"leg {self.name}: {OPTIONS_KEY}")
+
+    def env(self, device: str) -> dict[str, str]:
+        # In-process engine core: step timings without IPC, capture log lines on this leg's own
+        # output. vLLM 0.32.0 has XPU graphs on by default (no VLLM_XPU_ENABLE_XPU_GRAPH); the
+        # off legs run eagerly through enforce_eager.
+        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 @dataclass
@@ -283,6 +287,7 @@ def run_leg(args: argparse.Namespace, leg: Leg) -> dict[str, Any]:
         kv_cache_memory_bytes=512 << 20,
         enable_prefix_caching=False,
         speculative_config=_speculative_config(args),
+        additional_config=additional_config(leg.options(args.width, args.series_options)),
         **extra,
     )
     try:
@@ -353,6 +358,8 @@ def _child_argv(args: argparse.Namespace, leg: Leg) -> list[str]:
         args.dtype,
         "--long-prompt-tokens",
         str(args.long_prompt_tokens),
+        "--series-options",
+        json.dumps(args.series_options),
     ]
     if args.cpu_plumbing:
         argv.append("--cpu-plumbing")
@@ -363,7 +370,7 @@ def _child_argv(args: argparse.Namespace, leg: Leg) -> list[str]:
 
 def _run_child(args: argparse.Namespace, leg: Leg, root: Path, device: str) -> LegResult:
     res = LegResult(leg=leg)
-    env = dict(os.environ, **leg.env(args.width, device))
+    env = dict(os.environ, **leg.env(device))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
     t0 = time.perf_counter()
     # its own process group: on the time limit the leg's engine processes go with it
@@ -396,7 +403,7 @@ def _run_child(args: argparse.Namespace, leg: Leg, root: Path, device: str) -> L
 
 
 def _guess_device() -> str:
-    """Cheap guess for the XPU graph env toggle, without importing torch."""
+    """Cheap guess of the device for the dry-run plan, without importing torch."""
     return "xpu" if Path("/dev/dri").exists() and not Path("/dev/nvidia0").exists() else "cuda"
 
 
@@ -451,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tokens", type=int, default=128, help="tokens per prompt")
     p.add_argument("--prompts", type=int, default=2, help="number of prompts")
-    p.add_argument("--width", type=int, default=8, help="verify width = capture size (VLLM_XPU_LAGUNA_VERIFY_WIDTH)")
+    p.add_argument("--width", type=int, default=8, help="verify width = capture size (the option verify_width)")
     p.add_argument(
         "--spec",
         choices=("none", "ngram", "dflash"),
@@ -470,7 +477,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="model dtype")
     p.add_argument("--leg-timeout", type=int, default=600, help="seconds per leg")
     p.add_argument("--json", type=Path, help="also write the results here (default: not written)")
-    p.add_argument("--dry-run", action="store_true", help="print the legs and their environments, run nothing")
+    p.add_argument(
+        "--series-options",
+        type=options_argument,
+        default={},
+        metavar="JSON",
+        help=f"the series' options of every leg's engine, a JSON object (additional_config[{OPTIONS_KEY!r}]); "
+        "the legs' breakable_graph, prebuilt_metadata and verify_width win (default: none)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the legs, their options and environments, run nothing")
     p.add_argument(
         "--long-prompt-tokens",
         type=int,
@@ -509,8 +524,9 @@ def _main(argv: list[str] | None) -> int:
         device = args.device if args.device != "auto" else _guess_device()
         print(f"graph check plan ({device}, spec={args.spec}, width={args.width}):")
         for leg in legs:
-            env = " ".join(f"{k}={v}" for k, v in leg.env(args.width, device).items())
-            print(f"  {leg.name:<7} {env}")
+            env = " ".join(f"{k}={v}" for k, v in leg.env(device).items())
+            options = json.dumps(additional_config(leg.options(args.width, args.series_options)))
+            print(f"  {leg.name:<7} --additional-config '{options}' {env}")
         return 0
     root = Path(__file__).resolve().parents[2]
     device = _detect_device(args.device, allow_cpu=args.cpu_plumbing or args.emulate_graphs)

@@ -7,7 +7,7 @@ SiLU-and-mul, a second grouped GEMM, ``moe_gather``) are not row-invariant by co
 each row count M this runs ``--trials`` fresh random inputs (hidden states, router top-k) through
 
 * ``plain``: one M-row call, as a verify step makes it without the series' form;
-* ``rows``: the series' form (``VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE=rows``): one call per row on
+* ``rows``: the series' form (the option ``row_invariant_moe``: ``rows``): one call per row on
   ``x[i:i+1]`` (``xpu_laguna_row_invariant_moe.experts_per_row`` of the installed vLLM, else this
   script's own loop, said in the header);
 

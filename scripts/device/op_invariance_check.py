@@ -19,8 +19,9 @@ importable vLLM and a device, Triton on CPU is only its interpreter); ``_xpu_C.i
 (``dist.all_reduce`` vs all-gather + rank-order BF16 sum, needs ``--ranks`` processes: gloo on
 CPU, one device each otherwise); softplus (gate), sigmoid (router), SiLU (MLPs), off / apply
 (patch 0009's CPU padding; unchanged off CPU). The forms are the series' own
-(overlay/vllm/model_executor/layers/xpu_laguna_row_invariant.py); the defaults are read from
-the patched ``vllm/envs.py`` (build/worktree or the installed vllm).
+(overlay/vllm/model_executor/layers/xpu_laguna_row_invariant.py); the series' setting of each is
+its option (``row_invariant_*``): the options' defaults (overlay/vllm/config/xpu_laguna_options.py)
+under ``--series-options`` (the day-one run passes the recipe's).
 
 Shapes (``--shapes laguna-s-tp4``), per rank at TP 4, from the Laguna-S-2.1 config (hidden 3072,
 head_dim 128, 48 q heads on the 12 full and 72 on the 36 sliding layers, 8 KV heads, layer-0
@@ -51,7 +52,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -59,6 +60,7 @@ from typing import Any
 
 from scripts.device import _all_reduce_ranks as all_reduce_ranks
 from scripts.device import _report as report
+from scripts.series_options import options_argument
 
 OPS = ("qk_norm", "linear", "int4", "fused_moe", "all_reduce", "elementwise")
 NOT_RUN = "not run"
@@ -117,21 +119,18 @@ def load_forms() -> tuple[ModuleType, str]:
     return module, module.__name__
 
 
-def series_defaults() -> tuple[dict[str, str] | None, str]:
-    """The row-invariant switches as vLLM would read them here (defaults unless set)."""
-    from scripts.layout import Layout
+def series_defaults(given: Mapping[str, Any] | None = None) -> tuple[dict[str, str] | None, str]:
+    """The row-invariant options the series runs with: ``given`` (``--series-options``) over the
+    options' defaults; values as text (``none`` for an unset form)."""
+    from scripts.series_options import DEFAULTS, OPTIONS_FILE
 
-    path = Layout().worktree / "vllm/envs.py"
-    try:
-        envs = _load(path, "_vxl_envs") if path.exists() else importlib.import_module("vllm.envs")
-        table = envs.environment_variables
-        values = {
-            key: str(table[f"VLLM_XPU_LAGUNA_ROW_INVARIANT_{key.upper()}"]()).lower()
-            for key in ("qk_norm", "linears", "linear_form", "int4")
-        }
-    except (ImportError, KeyError, OSError, ValueError) as e:
-        return None, f"unknown ({type(e).__name__}: {e})"
-    return values, str(path) if path.exists() else "vllm.envs"
+    values = {**DEFAULTS, **(given or {})}
+    out = {
+        key: "none" if values[f"row_invariant_{key}"] is None else str(values[f"row_invariant_{key}"]).lower()
+        for key in ("qk_norm", "linears", "linear_form", "int4")
+    }
+    source = f"the options' defaults, overlay/{OPTIONS_FILE}"
+    return out, source + (f", under --series-options {json.dumps(dict(given))}" if given else "")
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -594,6 +593,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank-timeout", type=float, default=300.0, help="seconds the all-reduce ranks may take")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON here (default: no file)")
     p.add_argument(
+        "--series-options",
+        type=options_argument,
+        default={},
+        metavar="JSON",
+        help="the series' options the 'change default?' column compares with, a JSON object of "
+        "additional_config['xpu_laguna'] (default: none, the options' defaults)",
+    )
+    p.add_argument(
         "--onednn-verbose",
         action="store_true",
         help="set ONEDNN_VERBOSE=1 before torch loads: oneDNN prints each primitive's shapes under a '== case' line",
@@ -625,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --device {device}: no {device} device here", file=sys.stderr)
         return 2
     forms, forms_from = load_forms()
-    defaults, defaults_from = series_defaults()
+    defaults, defaults_from = series_defaults(a.series_options)
     ctx = Ctx(torch, device, a.trials, a.rows, SHAPES[a.shapes], forms)
     rows: list[Row] = []
     for op in OPS:

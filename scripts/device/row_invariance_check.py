@@ -10,12 +10,18 @@ forward order), the rows compared and the rows bitwise equal, and per differing 
 module that differs in execution order (a module finishes after its children, so the first is
 the most specific one): the op that is not row-invariant.
 
+Both engines get the series' options of ``--series-options`` in their config
+(``additional_config["xpu_laguna"]``; the day-one run passes the recipe's); on CPU an engine runs the
+series only when they turn one of its switches on (``{"exact_verify": true}``), and
+``{"exact_verify": false}`` is the negative control: the attention is then the first module that
+differs.
+
 On CPU (``--tiny DIR``) it runs the FlashAttention backend on the reference kernels, like the
 matrix. On an XPU/CUDA machine (``--model-dir``/``--draft-dir``) it measures whether the
 device's GEMM, MoE, attention and elementwise kernels are row-invariant there: device results
 only come from a device run.
 
-    python -m scripts.device.row_invariance_check --tiny build/tiny-laguna
+    python -m scripts.device.row_invariance_check --tiny build/tiny-laguna --series-options '{"exact_verify": true}'
     python -m scripts.device.row_invariance_check --model-dir M --draft-dir D --dtype bfloat16
 """
 
@@ -97,9 +103,17 @@ def _install_hooks(model: Any) -> None:
 
 
 def _run(
-    target: str, draft: str | None, prompts: list[str], max_tokens: int, dtype: str, cpu: bool
+    target: str,
+    draft: str | None,
+    prompts: list[str],
+    max_tokens: int,
+    dtype: str,
+    cpu: bool,
+    options: dict[str, Any],
 ) -> tuple[Records, list[str], list[list[int]], list[int]]:
     from vllm import LLM, SamplingParams
+
+    from scripts.series_options import additional_config
 
     records: Records = {}
     _CURRENT.clear()
@@ -113,6 +127,7 @@ def _run(
         "enforce_eager": True,
         "max_model_len": 8192,
         "max_num_seqs": 1,
+        "additional_config": additional_config(options),
     }
     if cpu:
         kwargs["kv_cache_memory_bytes"] = 256 << 20
@@ -162,6 +177,7 @@ def compare(
 
 def main(argv: list[str] | None = None) -> int:
     from scripts.cli import ToolParser
+    from scripts.series_options import options_argument
 
     parser = ToolParser(
         prog="python -m scripts.device.row_invariance_check",
@@ -174,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="default: float32 with --tiny, bfloat16 otherwise")
     parser.add_argument("--prompts", type=int, default=3, help="prompts (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per prompt (default: %(default)s)")
+    parser.add_argument(
+        "--series-options",
+        type=options_argument,
+        default={},
+        metavar="JSON",
+        help="the series' options of both engines, a JSON object of additional_config['xpu_laguna'] (default: none)",
+    )
     parser.add_argument(
         "--long-prompt-tokens",
         type=int,
@@ -214,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         from scripts.matrix.logprobs import long_prompt
 
         prompts.append(long_prompt(target, args.long_prompt_tokens, tuple(words), "rowcheck", 0)[0])
-    teacher, order, t_tokens, prompt_lens = _run(target, None, prompts, args.max_tokens, dtype, device == "cpu")
-    spec, _, s_tokens, _ = _run(target, draft, prompts, args.max_tokens, dtype, device == "cpu")
+    run = (args.max_tokens, dtype, device == "cpu", args.series_options)
+    teacher, order, t_tokens, prompt_lens = _run(target, None, prompts, *run)
+    spec, _, s_tokens, _ = _run(target, draft, prompts, *run)
     # generated positions whose whole prefix agrees (teacher-exact up to there)
     generated: set[tuple[int, int]] = set()
     for plen, want, got in zip(prompt_lens, t_tokens, s_tokens):

@@ -17,7 +17,7 @@ inputs it runs:
   rows grouped by their planned KV split count, one paged-decode call per group,
   explicit ``num_splits_kv``);
 * ``noplan``: the same rows in one call without a split count (the kernel picks
-  one for the whole call: the debug switch VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN);
+  one for the whole call: the series' debug option ``debug_no_split_plan``);
 * ``decode``: q separate q=1 decodes with the planned count (as the backend runs a
   single-request decode), and the same decodes with the kernel's own choice;
 * ``chunk``: the upstream q-row verify call (causal, cu_seqlens_q=[0, q]);

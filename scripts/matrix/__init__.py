@@ -25,6 +25,10 @@ reported on their own. Every leg gets the same token budget (``--max-num-batched
 default ``--max-model-len``: every prompt prefilled in one chunk; a chunked prefill of that prompt
 leaves a last-bit logprob difference, see the README). The longest context per leg is reported.
 
+Each leg's engine gets the series' options in its config, ``additional_config["xpu_laguna"]``
+(:meth:`.legs.Leg.options`: the leg's switches, named explicitly; ``--series-options`` adds others),
+never in its environment: a ``VLLM_XPU_LAGUNA_*`` variable is refused before any leg starts.
+
 ``python -m scripts.matrix run ...`` is the driver (it needs vLLM importable, i.e. the CPU
 runtime on this machine); ``python -m scripts.matrix leg CONFIG`` runs one leg. On CPU a leg's
 process is a fork of one interpreter that imported vLLM once (:mod:`.preloaded`).

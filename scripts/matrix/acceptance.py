@@ -30,7 +30,6 @@ def measure(models: Path, args: argparse.Namespace) -> tuple[SpecAcceptance, dic
     from scripts.matrix import engine as matrix_engine
 
     leg = next(leg for leg in matrix.LEGS if leg.name == args.leg)
-    os.environ.update(leg.env())
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine, as the matrix's CPU legs
     target, draft = models / "target", models / "draft"
     prompts = matrix.make_prompts(args.prompts, args.max_tokens, args.seed)
@@ -43,6 +42,7 @@ def measure(models: Path, args: argparse.Namespace) -> tuple[SpecAcceptance, dic
         "method": "dflash",
         "dtype": "float32",
         "tp": 1,
+        "options": leg.options(),  # the series' options of its engine (additional_config)
         "max_model_len": args.max_model_len,
         "max_num_batched_tokens": None,
         "kv_cache_memory_bytes": args.kv_cache_bytes,

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import scripts.matrix
+from scripts.errors import ToolError
 from scripts.layout import Layout
 from scripts.matrix.driver import drive
 from scripts.matrix.engine import FAULTS, run_leg
-from scripts.matrix.legs import ALL_LEGS, LEGS, LONG_PROMPT_TOKENS, TP4_LEGS
+from scripts.matrix.legs import ALL_LEGS, LEG_OPTIONS, LEGS, LONG_PROMPT_TOKENS, TP4_LEGS
 from scripts.matrix.preloaded import LEG_STARTS
 from scripts.matrix.runner import LEG_TIMEOUT_BASE_S, LEG_TIMEOUT_PER_TOKEN_S, default_leg_timeout
 from scripts.procs import stopping_on_signals
+from scripts.series_options import OPTIONS_KEY, checked, refuse_series_env
 
 DEFAULT_PROMPTS = 13
 DEFAULT_MAX_TOKENS = 128
@@ -132,6 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         "(default: none)",
     )
     run.add_argument(
+        "--series-options",
+        type=series_options,
+        default={},
+        metavar="JSON",
+        help=f"more of the series' options for every leg's engine, a JSON object merged into its "
+        f'additional_config[{OPTIONS_KEY!r}] (e.g. \'{{"row_invariant_moe": "off"}}\'); the legs\' own '
+        f"switches ({', '.join(LEG_OPTIONS)}) are not allowed; checked as the engine checks them (default: none)",
+    )
+    run.add_argument(
         "--no-emulated-graphs",
         action="store_true",
         help="on CPU, report the graph legs as not run instead of running them through the "
@@ -154,6 +167,35 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with stopping_on_signals():  # the legs are waited for in worker threads
         return drive(args)
+
+
+def series_options(text: str) -> dict[str, object]:
+    """``--series-options``: a JSON object of the series' options, checked as the engine checks
+    them (:func:`scripts.series_options.checked`), that names none of the legs' own switches
+    (:data:`scripts.matrix.legs.LEG_OPTIONS`)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object of option to value, not {text!r}")
+    taken = sorted(set(value) & set(LEG_OPTIONS))
+    if taken:
+        raise argparse.ArgumentTypeError(f"{', '.join(taken)}: set by the legs themselves (see --legs)")
+    try:
+        return checked(value, OPTIONS_KEY)
+    except ToolError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def environment_problem(environ: Mapping[str, str]) -> str | None:
+    """A ``VLLM_XPU_LAGUNA_*`` variable in ``environ`` (every leg's engine would refuse to start),
+    in one line; None: none."""
+    try:
+        refuse_series_env(environ, "the environment")
+    except ToolError as exc:
+        return f"{exc} (the matrix sets each leg's own options; --series-options adds others)"
+    return None
 
 
 def _default_timeout() -> float:
@@ -199,6 +241,9 @@ def _tp_problem(args: argparse.Namespace, tps: list[int]) -> str | None:
 def validate_run(args: argparse.Namespace) -> str | None:
     """What is wrong with ``run``'s options, in one line (None: nothing). Runs before anything is
     installed, generated or started; needs neither torch nor vLLM."""
+    problem = environment_problem(os.environ)
+    if problem:
+        return problem
     if args.model_dir:
         problem = _model_problem("--model-dir", args.model_dir)
         if problem:

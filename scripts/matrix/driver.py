@@ -110,6 +110,8 @@ def _drive(
             "method": args.method,
             "dtype": dtype,
             "tp": leg.tp_size(args.tp),
+            # the series' options of the leg's engine (its additional_config), never its environment
+            "options": leg.options(args.tp, args.series_options),
             "max_model_len": args.max_model_len,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
@@ -137,6 +139,7 @@ def _drive(
         long_context=long_ones,
         graph_expectation=_graph_expectation(models, args),
         default_tp=args.tp,
+        series_options=args.series_options,
     )
     return finish(
         Path(args.report),

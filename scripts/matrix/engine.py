@@ -11,10 +11,13 @@ from typing import Any
 
 from scripts.matrix.legs import LOGPROBS_TOPK, WIDTH, Leg
 from scripts.matrix.logprobs import collect_logprobs
+from scripts.series_options import additional_config
 
 
 def run_leg(config: dict[str, Any]) -> dict[str, Any]:
-    """Run one leg in this process: a fresh engine, one request at a time."""
+    """Run one leg in this process: a fresh engine, one request at a time, given the series'
+    options of ``config["options"]`` (:meth:`scripts.matrix.legs.Leg.options`) in its
+    ``additional_config``."""
     import torch
     from vllm import LLM, SamplingParams
 
@@ -29,10 +32,14 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
         tensor_parallel_size=config["tp"],
         enforce_eager=not leg.graph,
         kv_cache_dtype=config.get("kv_cache_dtype", "auto"),
+        # the series' options (checked with the engine's own words before it starts) reach every
+        # process of the engine, workers included, with its config
+        additional_config=additional_config(config["options"]),
     )
     if config["tp"] > 1:
         # one worker process per rank (vLLM-CPU's TP); on CPU the leg's environment carries the
-        # OpenMP binding and the hooks that install the series' attention in every worker
+        # OpenMP binding and the hooks that install the series' attention in every worker (the
+        # series' options travel with the engine's config)
         kwargs["distributed_executor_backend"] = "mp"
     # The same token budget in every leg; by default max_model_len, so every prompt is prefilled
     # in one chunk. With the CPU default (4096) the long-context prompt is prefilled in chunks and
@@ -208,8 +215,8 @@ def _inject_mutation(llm: Any, mutation: str) -> None:
 def _install_graph_emulation() -> None:
     """CPU: breakable graphs through the recording stand-in (emulated device graphs).
 
-    Needs the in-process engine (the driver sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and
-    ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` (the leg's environment).
+    Needs the in-process engine (the driver sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and the
+    option ``breakable_graph`` on (the leg's ``additional_config``).
     """
     from scripts.cpu_standins import standin_module
 

@@ -3,6 +3,7 @@ gate and the graph legs' accounting."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,7 @@ from scripts.tokens import first_difference
 class LegResult:
     name: str
     status: str  # "passed", "failed", NOT_RUN_NO_GRAPHS, "error: ..."
-    env: dict[str, str] = field(default_factory=dict)
+    options: dict[str, object] = field(default_factory=dict)  # the series' options of its engine (Leg.options)
     acceptance_rate: float | None = None
     draft_tokens: int = 0
     accepted_tokens: int = 0
@@ -141,9 +142,11 @@ def evaluate(
     long_context: frozenset[int] = frozenset(),
     graph_expectation: dict[int, GraphExpectation] | None = None,
     default_tp: int = 1,
+    series_options: Mapping[str, object] | None = None,
 ) -> list[LegResult]:
     """Verdicts per leg; each leg is compared with its own teacher (``Leg.teacher``), a teacher
-    leg with itself. ``graph_expectation``: the expected topology by TP size."""
+    leg with itself. ``graph_expectation``: the expected topology by TP size; ``series_options``:
+    the run's ``--series-options`` (recorded with each leg's own options)."""
     reference_leg: dict[str, list[list[int]]] = {}
     results = []
     for leg in legs:
@@ -154,7 +157,7 @@ def evaluate(
         result = LegResult(
             leg.name,
             status="",
-            env=leg.env(default_tp) if leg.speculative or tp > 1 else {},
+            options=leg.options(default_tp, series_options),
             teacher=teacher_name,
             tp=tp,
             cpu_bind=str((data or {}).get("cpu_bind", "")),

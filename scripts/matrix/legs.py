@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scripts.matrix.logprobs import long_prompt
 
 WIDTH = 8  # DFlash M8: 7 drafted tokens + 1 verified
-GRAPH_ENV = "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH"
-META_ENV = "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"
-EXACT_ENV = "VLLM_XPU_LAGUNA_EXACT_VERIFY"
-NO_PLAN_ENV = "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN"
-TP_REDUCE_ENV = "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"  # patch 0010: all-gather + fixed rank-order sum
-STANDIN_ENV = "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN"  # CPU: XCCL's ring ownership rule where the sum is not fixed
-# CPU TP: one OpenMP place list per rank (vLLM's auto-bind wants one NUMA node per rank)
+# The series' options a leg sets, typed values: keys of the engine's additional_config["xpu_laguna"]
+# (scripts.series_options: the key, the checks; the series reads no environment variable)
+GRAPH_OPTION = "breakable_graph"
+META_OPTION = "prebuilt_metadata"
+EXACT_OPTION = "exact_verify"
+NO_PLAN_OPTION = "debug_no_split_plan"
+TP_REDUCE_OPTION = "exact_tp_reduce"  # patch 0010: all-gather + fixed rank-order sum
+STANDIN_OPTION = "debug_xccl_standin"  # CPU: XCCL's ring ownership rule where the sum is not fixed
+LEG_OPTIONS = (GRAPH_OPTION, META_OPTION, EXACT_OPTION, NO_PLAN_OPTION, TP_REDUCE_OPTION, STANDIN_OPTION)
+"""The options the legs themselves decide (``--series-options`` may not name them)."""
 MUTATIONS = ("last-verify-row-logits",)
 EQUAL_BY_ARITHMETIC = "equal by arithmetic (commutative 2-rank sum)"
 LOGPROBS_TOPK = 5  # top-k logprobs compared per position (plus the sampled token's)
@@ -70,19 +74,24 @@ class Leg:
     def tp_size(self, default: int) -> int:
         return self.tp if self.tp is not None else default
 
-    def env(self, default_tp: int = 1) -> dict[str, str]:
-        env = {
-            GRAPH_ENV: "1" if self.graph else "0",
-            META_ENV: "1" if self.metadata else "0",
-            EXACT_ENV: "1" if self.exact else "0",
+    def options(self, default_tp: int = 1, extra: Mapping[str, object] | None = None) -> dict[str, object]:
+        """The series' options of this leg's engine (``additional_config["xpu_laguna"]``): its three
+        switches always named (on CPU a switch named true is how an engine asks for the series, so
+        the teacher too runs the series' decode path), the debug and TP switches where the leg sets
+        them; ``extra`` (the run's ``--series-options``) under them."""
+        options: dict[str, object] = {
+            **(extra or {}),
+            GRAPH_OPTION: self.graph,
+            META_OPTION: self.metadata,
+            EXACT_OPTION: self.exact,
         }
         if not self.split_plan:
-            env[NO_PLAN_ENV] = "1"
+            options[NO_PLAN_OPTION] = True
         tp = self.tp_size(default_tp)
         if tp > 1 or not self.tp_reduce or self.xccl_standin:
-            env[TP_REDUCE_ENV] = "1" if self.tp_reduce else "0"
-            env[STANDIN_ENV] = "1" if self.xccl_standin else "0"
-        return env
+            options[TP_REDUCE_OPTION] = self.tp_reduce
+            options[STANDIN_OPTION] = self.xccl_standin
+        return options
 
 
 LEGS = (

@@ -14,8 +14,9 @@ from scripts.matrix.evaluate import LegResult
 from scripts.matrix.legs import LOGPROBS_TOPK, NOT_RUN_NO_GRAPHS, PASSED, WIDTH, PromptSpec
 
 # v2: logprob gate, long-context prompt, diagnostic leg; v3: TP per leg, its teacher,
-# collectives per step, accepted tokens per depth
-SCHEMA = "vllm-xpu-laguna-matrix-v3"
+# collectives per step, accepted tokens per depth; v4: each leg's ``options`` (the series' options
+# of its engine, additional_config["xpu_laguna"]) in place of its ``env`` (VLLM_XPU_LAGUNA_* variables)
+SCHEMA = "vllm-xpu-laguna-matrix-v4"
 
 
 def graph_lines(graphs: dict[str, Any]) -> list[str]:

@@ -73,13 +73,15 @@ MATRIX_LEG = LegProcess()
 
 
 def leg_environment(leg: Leg, default_tp: int, device: str, base: dict[str, str]) -> dict[str, str]:
-    """The leg process's environment. On CPU the engine runs in-process (the backend override
-    applies); past TP 1 the ranks are worker processes of vLLM's mp executor, so the series'
-    attention (and for a graph leg the graph emulation) is installed in each of them through
-    the hooks a CPU server uses (:func:`scripts.measure.emulation.server_hooks_env`). The XCCL
-    ring stand-in a leg turns on needs nothing here: the runtime's ``xpu_laguna_standins`` plugin
-    registers it in every worker (``scripts/cpu_standins``)."""
-    env = {**base, **leg.env(default_tp)}
+    """The leg process's environment (the series' options are not in it: they go to the engine's
+    ``additional_config``, ``config["options"]`` of the leg). On CPU the engine runs in-process
+    (the backend override applies); past TP 1 the ranks are worker processes of vLLM's mp
+    executor, so the series' attention (and for a graph leg the graph emulation) is installed in
+    each of them through the hooks a CPU server uses
+    (:func:`scripts.measure.emulation.server_hooks_env`). The XCCL ring stand-in a leg turns on
+    needs nothing here: the runtime's ``xpu_laguna_standins`` plugin registers it in every worker
+    (``scripts/cpu_standins``)."""
+    env = dict(base)
     if device != "cpu":
         return env
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -143,11 +145,11 @@ def _run_one(
         env = leg_environment(leg, args.tp, device, dict(os.environ))
         if lease is not None:
             env.update(lease.env(tp))
-        toggles = " ".join(f"{k}={v}" for k, v in leg.env(args.tp).items())
+        options = json.dumps(config["options"], separators=(",", ":"))
         where = f", cores {lease.bind(tp)}" if lease is not None else ""
         _say(
             f"==> [{number}/{total}] {leg.name}: fresh engine, TP {tp}{where}, "
-            f"{len(config['prompts'])} prompts, {toggles}"
+            f"{len(config['prompts'])} prompts, options {options}"
         )
         if log is not None:
             _say(f"    {leg.name}: output in {log}")

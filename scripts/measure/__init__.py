@@ -3,10 +3,11 @@
 Commands (``python -m scripts.measure ...``; nox sessions call :func:`cli.crossover` and
 :func:`cli.verify_record` with ``session.posargs``):
 
-``crossover --treatment ENV=VALUE [--control ENV=VALUE] --model DIR [--draft DIR] ...``
+``crossover --treatment NAME=VALUE [--control NAME=VALUE] --model DIR [--draft DIR] ...``
     legs A1 (control), B1, B2 (candidate), A2 (control), then a non-speculative teacher; each a
-    fresh OpenAI-compatible vLLM server on 127.0.0.1 (free port) with a clean environment in
-    which only the treatment differs. Writes a run directory: ``rows-<leg>.jsonl`` (raw rows),
+    fresh OpenAI-compatible vLLM server on 127.0.0.1 (free port) with a clean environment and the
+    series' options (``--additional-config``), of which only the treatment differs (a variable
+    ``ENV=VALUE`` or an option ``xpu_laguna.KEY=VALUE``). Writes a run directory: ``rows-<leg>.jsonl`` (raw rows),
     ``server-<leg>.log``, ``prompts.json``, ``run.json`` (manifest), ``full-analysis.json``,
     ``all-vs-teacher.json``, ``cross-leg.json``, ``crossover.png`` and ``record.json`` (with the
     sha256 of every other file). ``--python PY`` runs the servers with another interpreter

@@ -81,7 +81,7 @@ def verify_record(argv: Sequence[str]) -> int:
 
 
 def crossover(argv: Sequence[str]) -> int:
-    """``crossover --treatment ENV=VALUE ... --model DIR``: run A1, B1, B2, A2 (+ teacher),
+    """``crossover --treatment NAME=VALUE ... --model DIR``: run A1, B1, B2, A2 (+ teacher),
     analyze, write the record, the raw artifacts and the plot."""
     from scripts.measure.crossover import main as crossover_main
     from scripts.procs import stopping_on_signals

@@ -1,6 +1,10 @@
 """The crossover driver: legs A1 (control), B1, B2 (candidate), A2 (control), then the
-non-speculative teacher; each leg is a fresh ``vllm serve`` on loopback whose environment
-differs from the control's only by the treatment variables.
+non-speculative teacher; each leg is a fresh ``vllm serve`` on loopback whose settings differ
+from the control's only by the treatment. A setting is an environment variable (``NAME=VALUE``) or
+one of the series' options (``xpu_laguna.KEY=VALUE``, a JSON value or a plain string; the server
+gets its leg's options as ``--additional-config``, :mod:`scripts.series_options`). The series
+reads no environment variable: a ``VLLM_XPU_LAGUNA_*`` name is refused, with the option that
+replaced it.
 
 Per leg: exactly N prompts, one request at a time, no warm-up generation, no retry, prefix
 cache off; per row the streamed token times and ids, TTFT, cached tokens and the
@@ -21,6 +25,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +38,7 @@ from scripts.layout import Layout
 from scripts.log import detail, info, step
 from scripts.measure import client, preflight
 from scripts.measure.artifacts import RECORD_FILE, finish_run, server_log_artifact, write_rows
-from scripts.measure.emulation import server_hooks_env
+from scripts.measure.emulation import MARK_ENV, server_hooks_env
 from scripts.measure.gates import GATES_PATH, Gates, load_gates
 from scripts.measure.leg_recipe import NO_SPECULATION, LegRecipe, load_recipe
 from scripts.measure.manifest import MANIFEST_FILE, Manifest, RequestPolicy, ServerRun, StoredMeta, load_manifest
@@ -43,27 +48,41 @@ from scripts.measure.runtime_probe import probe_runtime
 from scripts.measure.schema import LEG_ORDER, TEACHER, AnalysisConfig, Row, dump_rows
 from scripts.measure.server import HOST, Server, base_env, free_port, serve_argv
 from scripts.measure.verify_record import load_record
+from scripts.series_options import (
+    OPTIONS_KEY,
+    checked,
+    option_key,
+    option_name,
+    option_value,
+    refuse_series_env,
+    server_args,
+)
 
 SETTLE_S = 10.0
 DEFAULT_SPECULATIVE_TOKENS = 7
 
 
-def parse_assignments(values: list[str], option: str) -> dict[str, str]:
-    out: dict[str, str] = {}
+def parse_assignments(values: list[str], option: str) -> dict[str, Any]:
+    """``NAME=VALUE`` (an environment variable, the value a string) and ``xpu_laguna.KEY=VALUE``
+    (an option of the series, the value JSON or else a plain string) -> name: value."""
+    out: dict[str, Any] = {}
     for value in values:
         name, sep, setting = value.partition("=")
-        if not sep or not name or not name.replace("_", "").isalnum():
-            raise ToolError(f"{option} expects NAME=VALUE, got {value!r}")
+        key = option_key(name)
+        bare = name if key is None else key
+        if not sep or not bare or not bare.replace("_", "").isalnum():
+            raise ToolError(f"{option} expects NAME=VALUE or {option_name('KEY')}=VALUE, got {value!r}")
         if name in out:
             raise ToolError(f"{option} sets {name} twice")
-        out[name] = setting
+        out[name] = setting if key is None else option_value(setting)
+    refuse_series_env(out, option)
     return out
 
 
 def leg_environments(
-    base: dict[str, str], control: dict[str, str], treatment: dict[str, str]
-) -> dict[str, dict[str, str]]:
-    """Clean environments per leg; only the treatment variables differ between A and B."""
+    base: dict[str, Any], control: dict[str, Any], treatment: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Clean settings (variables and options) per leg; only the treated ones differ between A and B."""
     overlap = set(base) & (set(treatment) | set(control))
     if overlap:
         raise ToolError(f"--env also sets treatment variable(s): {', '.join(sorted(overlap))}")
@@ -79,20 +98,49 @@ def leg_environments(
     return envs
 
 
+@dataclass(frozen=True)
+class LegSetup:
+    """What one leg's server gets: its environment and the series' options."""
+
+    env: dict[str, str]
+    options: dict[str, Any]
+
+    @property
+    def breakable_graph(self) -> bool:
+        return self.options.get("breakable_graph") is True
+
+
+def split_settings(settings: Mapping[str, Any], leg: str) -> LegSetup:
+    """A leg's settings as its environment and its options (checked as the engine checks them)."""
+    env = {k: str(v) for k, v in settings.items() if option_key(k) is None}
+    options = {key: v for k, v in settings.items() if (key := option_key(k)) is not None}
+    return LegSetup(env, checked(options, f"leg {leg}: {OPTIONS_KEY}"))
+
+
 def leg_inputs(
     args: argparse.Namespace, recipe: LegRecipe | None
-) -> tuple[dict[str, dict[str, str]], dict[str, str], dict[str, str]]:
-    """Per-leg environments, the treatment and the control values (the recipe's value of a treated
-    variable is its control value unless ``--control`` names one)."""
+) -> tuple[dict[str, LegSetup], dict[str, Any], dict[str, Any]]:
+    """Per-leg environments and options, the treatment and the control values (the recipe's value
+    of a treated variable or option is its control value unless ``--control`` names one). With
+    ``--emulate-graphs`` the emulation's marker is set in the legs with breakable graphs only (the
+    hook's folder is on every leg's path): the marker alone decides, in each process of a server."""
     treatment = parse_assignments(args.treatment, "--treatment")
     control = parse_assignments(args.control, "--control")
-    base = base_env()
+    base: dict[str, Any] = dict(base_env())
     if recipe is not None:
-        control = {**{k: v for k, v in recipe.env.items() if k in treatment}, **control}
-        base.update({k: v for k, v in recipe.env.items() if k not in treatment})
-    base.update(server_hooks_env(series_attention=not args.upstream_cpu_attention, emulate_graphs=args.emulate_graphs))
+        given = {**recipe.env, **{option_name(k): v for k, v in recipe.series_options.items()}}
+        control = {**{k: v for k, v in given.items() if k in treatment}, **control}
+        base.update({k: v for k, v in given.items() if k not in treatment})
+    hooks = server_hooks_env(series_attention=not args.upstream_cpu_attention, emulate_graphs=args.emulate_graphs)
+    marker = hooks.pop(MARK_ENV, None)
+    base.update(hooks)
     base.update(parse_assignments(args.env, "--env"))
-    return leg_environments(base, control, treatment), treatment, control
+    legs = {leg: split_settings(settings, leg) for leg, settings in leg_environments(base, control, treatment).items()}
+    if marker is not None:
+        for setup in legs.values():
+            if setup.breakable_graph:
+                setup.env[MARK_ENV] = marker
+    return legs, treatment, control
 
 
 def speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -119,18 +167,17 @@ def run_leg(
     leg: str,
     prompts: list[Prompt],
     args: argparse.Namespace,
-    env: dict[str, str],
+    setup: LegSetup,
     extra: list[str],
     out: Path,
     recipe: LegRecipe | None = None,
     cpu: bool = False,
 ) -> tuple[list[Row], ServerRun]:
     port = free_port()
+    env = setup.env
     if recipe is not None:
         recipe.check_unchanged()
-        argv = serve_argv(args.python, None, port, extra, config=str(recipe.path))
-    else:
-        argv = serve_argv(args.python, str(Path(args.model).resolve()), port, extra)
+    argv = leg_argv(args, setup, extra, port, recipe)
     log_path = out / f"server-{leg}.log"
     rows: list[Row] = []
     with step(f"leg {leg}: vllm serve on {HOST}:{port}, {len(prompts)} prompts"), _cores(cpu, env, leg) as env:
@@ -181,6 +228,19 @@ def run_leg(
                     raise ToolError(f"leg {leg} row {prompt.index} failed (no retries): {row.error}")
                 before = after
     return rows, ServerRun(argv=argv, port=port, ready_s=ready_s, log=log_path.name)
+
+
+def leg_argv(
+    args: argparse.Namespace, setup: LegSetup, extra: list[str], port: int, recipe: LegRecipe | None
+) -> list[str]:
+    """A leg's server command: the recipe as ``--config FILE`` (or ``--model``), ``extra``, then the
+    leg's options as ``--additional-config`` (after the file, so they win; a recipe's other
+    ``additional-config`` entries kept)."""
+    if recipe is not None:
+        options = server_args(setup.options, replaces=recipe.additional_config)
+        return serve_argv(args.python, None, port, [*extra, *options], config=str(recipe.path))
+    options = server_args(setup.options)
+    return serve_argv(args.python, str(Path(args.model).resolve()), port, [*extra, *options])
 
 
 @contextmanager
@@ -247,30 +307,34 @@ def parser() -> argparse.ArgumentParser:
         "--treatment",
         action="append",
         default=[],
-        metavar="ENV=VALUE",
+        metavar="NAME=VALUE",
         required=True,
-        help="variable set in the B legs (repeatable); the only difference between A and B",
+        help="variable (ENV=VALUE) or option of the series (xpu_laguna.KEY=VALUE, VALUE JSON or a plain "
+        "string, e.g. xpu_laguna.prebuilt_metadata=false) set in the B legs (repeatable); the only "
+        "difference between A and B",
     )
     p.add_argument(
         "--control",
         action="append",
         default=[],
-        metavar="ENV=VALUE",
-        help="value of a treated variable in the A legs (unset when not given)",
+        metavar="NAME=VALUE",
+        help="value of a treated variable or option in the A legs (unset when not given)",
     )
     p.add_argument(
         "--env",
         action="append",
         default=[],
-        metavar="ENV=VALUE",
-        help="variable set in every leg (the environment is otherwise clean)",
+        metavar="NAME=VALUE",
+        help="variable or option set in every leg (the environment is otherwise clean; the series reads "
+        "no VLLM_XPU_LAGUNA_* variable, give its option xpu_laguna.KEY=VALUE)",
     )
     p.add_argument(
         "--recipe",
         default=None,
         help="serving recipe (recipes/NAME.yaml, python -m scripts.recipe render): the YAML goes to every "
-        "server as --config FILE, the variables of NAME.env next to it to every leg (--env and the treated "
-        "variables win; a treated variable keeps the recipe's value in the A legs unless --control names "
+        "server as --config FILE, the variables of NAME.env next to it to every leg, its additional-config "
+        "xpu_laguna options to every leg's --additional-config (--env and the treated variables and "
+        "options win; a treated one keeps the recipe's value in the A legs unless --control names "
         "one); the model and the speculative config are the recipe's, the teacher runs without speculation. "
         "Not with --server-args, --model, --draft, --speculative-config or --num-speculative-tokens "
         "(default: none)",
@@ -317,7 +381,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--emulate-graphs",
         action="store_true",
-        help="CPU runtime: legs with VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1 capture and replay their "
+        help="CPU runtime: legs with the option xpu_laguna.breakable_graph=true capture and replay their "
         "breakable graphs through the recording stand-in (EMULATED device graphs; the record's "
         "graph class says so). Their --server-args must allow graphs (no --enforce-eager)",
     )
@@ -373,7 +437,7 @@ def main(argv: list[str]) -> int:
     recipe = load_recipe(args.recipe) if args.recipe else None
     preflight.check(args, recipe)
     gates = load_gates(args.gates)
-    envs, treatment, control = leg_inputs(args, recipe)
+    legs_setup, treatment, control = leg_inputs(args, recipe)
     spec = recipe.speculative if recipe is not None else speculative_config(args)
     model = recipe.model if recipe is not None else args.model
     draft = args.draft
@@ -431,7 +495,7 @@ def main(argv: list[str]) -> int:
     order = list(LEG_ORDER) + ([] if args.no_teacher else [TEACHER])
     for leg in order:
         leg_extra = extra + (teacher_args if leg == TEACHER else spec_args)
-        rows, servers[leg] = run_leg(leg, prompts, args, envs[leg], leg_extra, out, recipe, cpu=on_cpu)
+        rows, servers[leg] = run_leg(leg, prompts, args, legs_setup[leg], leg_extra, out, recipe, cpu=on_cpu)
         legs[leg] = rows
         dump_rows(rows, out / f"rows-{leg}.jsonl")  # kept even if a later leg fails
         raw[server_log_artifact(leg)] = servers[leg].log
@@ -478,7 +542,7 @@ def main(argv: list[str]) -> int:
         prompt_seed=seed,
         order=order,
         runtime=runtime,
-        environments=envs,
+        environments={leg: setup.env for leg, setup in legs_setup.items()},
         servers=servers,
         request=RequestPolicy(
             max_tokens=args.max_tokens,

@@ -10,9 +10,12 @@ Two independent hooks, each a folder on the server's ``PYTHONPATH`` plus a marke
 * ``--emulate-graphs``: breakable graphs through the recording stand-in. The matrix installs the
   overlay's emulation in-process (``install_cpu_emulation``); a server spawns its engine core
   and worker, so the installation has to happen in each of them. ``emulated_graphs/`` (a
-  ``sitecustomize``) installs it in every vLLM process of a leg that sets
-  ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` and in no other. Results are EMULATED: the graph class
-  in the wrappers' accounting, and so in the record's graph section, is the recording stand-in.
+  ``sitecustomize``) installs it in every vLLM process of a server whose environment has the
+  marker, and in no other. The marker alone decides (the series' options travel in the server's
+  config, not its environment): the tooling sets it only for a server with breakable graphs (the
+  option ``xpu_laguna.breakable_graph`` on), the crossover per leg (``leg_inputs``). Results are
+  EMULATED: the graph class in the wrappers' accounting, and so in the record's graph section, is
+  the recording stand-in.
 
 Why a general plugin for the attention: vLLM loads its general plugins in the API server (while
 it parses arguments), the engine core and every worker before it builds a model; that is the
@@ -40,7 +43,8 @@ PLUGIN_DIR = Path(__file__).resolve().parent / "series_attention"
 
 
 def emulated_graphs_env() -> dict[str, str]:
-    """Variables that make every CPU server of a run emulate its breakable graphs."""
+    """Variables that make a CPU server emulate its breakable graphs: only for a server whose
+    options turn them on (the marker alone decides)."""
     return {"PYTHONPATH": str(SITE_DIR), MARK_ENV: "1"}
 
 

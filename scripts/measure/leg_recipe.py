@@ -4,8 +4,13 @@ A recipe is a ``vllm serve --config`` YAML file and, next to it, an env file of 
 ending in ``.env`` (``recipes/``, rendered by ``python -m scripts.recipe render``). The YAML goes to
 every leg's server as ``--config FILE`` as it is; the env file is read the way docs/serving.md tells
 a shell to read it (``set -a; . FILE``) and its variables go into every leg's environment, where
-``--env`` and the treated variables win. A treated variable the recipe sets keeps the recipe's value
-in the control legs unless ``--control`` names another. The recipe also names the model
+``--env`` and the treated variables win. The series' options are the YAML's ``additional-config``
+mapping under ``xpu_laguna`` (:mod:`scripts.series_options`): every leg starts from them, ``--env``
+and the treated options (``xpu_laguna.KEY=VALUE``) win, and each server gets its leg's whole mapping
+as ``--additional-config`` after the file (the command line wins over the file). A treated variable
+or option the recipe sets keeps the recipe's value in the control legs unless ``--control`` names
+another. An env file that still sets a ``VLLM_XPU_LAGUNA_*`` variable (rendered before the options
+moved into the config) is refused: the servers would refuse it. The recipe also names the model
 (``model:``) and the speculative configuration (``speculative-config:``), so the crossover takes
 them from it; the teacher leg turns speculation off with ``--speculative-config None`` (a
 command-line option wins over the file). Both files are copied into the run folder as raw
@@ -23,6 +28,7 @@ from scripts.digest import sha256_file
 from scripts.errors import ToolError
 from scripts.measure.artifacts import RECIPE_ARTIFACT, RECIPE_ENV_ARTIFACT
 from scripts.recipe import shell_env
+from scripts.series_options import CONFIG_FILE_KEY, OPTIONS_KEY, checked, refuse_series_env
 
 NO_SPECULATION = ["--speculative-config", "None"]
 """What the teacher leg adds: vLLM's optional JSON options read ``None`` as unset."""
@@ -52,6 +58,18 @@ class LegRecipe:
     def speculative(self) -> dict[str, Any] | None:
         value = self.options.get("speculative-config")
         return value if isinstance(value, dict) else None
+
+    @property
+    def additional_config(self) -> dict[str, Any]:
+        """The file's ``additional-config`` (empty when it has none)."""
+        value = self.options.get(CONFIG_FILE_KEY)
+        return dict(value) if isinstance(value, dict) else {}
+
+    @property
+    def series_options(self) -> dict[str, Any]:
+        """The series' options the file serves with (``additional-config`` under ``xpu_laguna``)."""
+        value = self.additional_config.get(OPTIONS_KEY)
+        return dict(value) if isinstance(value, dict) else {}
 
     @property
     def max_model_len(self) -> int | None:
@@ -109,7 +127,10 @@ def load_recipe(text: str) -> LegRecipe:
     spec = options.get("speculative-config")
     if spec is not None and (not isinstance(spec, dict) or "num_speculative_tokens" not in spec):
         raise ToolError(f"--recipe {text}: speculative-config must be a mapping with num_speculative_tokens")
-    return LegRecipe(
+    extra = options.get(CONFIG_FILE_KEY)
+    if extra is not None and not (isinstance(extra, dict) and isinstance(extra.get(OPTIONS_KEY, {}), dict)):
+        raise ToolError(f"--recipe {text}: {CONFIG_FILE_KEY} must be a mapping, its {OPTIONS_KEY} one too")
+    recipe = LegRecipe(
         path=path,
         env_path=env_path,
         options=options,
@@ -117,3 +138,6 @@ def load_recipe(text: str) -> LegRecipe:
         sha256=sha256_file(path),
         env_sha256=sha256_file(env_path),
     )
+    refuse_series_env(recipe.env, f"--recipe {text}: {env_path}")
+    checked(recipe.series_options, f"--recipe {text}: {CONFIG_FILE_KEY} {OPTIONS_KEY}")
+    return recipe

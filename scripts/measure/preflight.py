@@ -2,7 +2,7 @@
 
 Each problem is one :class:`ToolError` line: model and drafter folders with a readable
 ``config.json``, the runtime python, the gates file, the run folder, option pairs (prior value and
-its id; a control value only for a treated variable), counts, and whether the longest request
+its id; a control value only for a treated variable or option), counts, and whether the longest request
 (long prompt + ``--max-tokens``) fits the server's ``--max-model-len`` (from ``--server-args`` or the
 recipe, else the model's ``max_position_embeddings``, which is what vLLM falls back to). With
 ``--recipe`` the model and drafter folders are the recipe's, and the options the recipe replaces

@@ -1,21 +1,26 @@
 """The process behind ``test_series_scope_e2e.py``: ``python series_scope_probe.py CONFIG OUT``.
 
-Runs in the environment the test gives it (the CPU recipe's series toggles, a CPU slot's binding,
-the engine core in this process) and writes what it saw as JSON to OUT; the engine runs first, and
-its log (workers' included) ends at :data:`CONFIGS_MARKER`:
+Runs in the environment the test gives it (the CPU recipe's variables, none of the series: a CPU
+slot's binding, the engine core in this process) and writes what it saw as JSON to OUT; the series'
+options come in CONFIG (``series_options``: the CPU recipe's) and go into an engine only through its
+own config (``additional_config={"xpu_laguna": ...}``). The engine runs first, and its log (workers'
+included) ends at :data:`CONFIGS_MARKER`:
 
 * ``configs``: what ``EngineArgs(...).create_engine_config()`` resolves (no engine) for the tiny
-  Llama and, as the negative control, for the tiny Laguna, each with the series' toggles as the
-  environment has them ("series") and with every ``VLLM_XPU_LAGUNA_*`` variable removed
-  ("upstream"), the same arguments otherwise (compilation left unset, so vLLM's defaults and the
-  contract's compilation rule both apply); plus the TP all-reduce mode the series' collectives
-  decide under each config (``tp_reduce_mode`` of a 2-rank ``tp`` group, the worker's call);
+  Llama and, as the negative control, for the tiny Laguna, each with the series' options in its
+  ``additional_config`` ("series") and then, in the same process, without them ("upstream"), the
+  same arguments otherwise (compilation left unset, so vLLM's defaults and the contract's
+  compilation rule both apply): each "upstream" config is built right after a "series" one, so it
+  shows that a second engine's config does not see the first's options; plus the TP all-reduce
+  mode the series' collectives decide under each config (``tp_reduce_mode`` of a 2-rank ``tp``
+  group, the worker's call);
 * ``engine``: a real engine of the tiny Llama at TP 2 (mp executor: two worker processes, each
-  with the plain CPU communicator unless the series takes it over), eager, an explicit KV cache
-  dtype and prefix caching on: its resolved cache config, the same long prompt generated twice
-  (the second run's cached prompt tokens and vLLM's prefix-cache counters), and per worker the
-  TP group, the all-reduce modes the series' collectives decided while the engine ran, the
-  series' scope decision and the KV cache's element size.
+  with the plain CPU communicator unless the series takes it over) with the series' options in its
+  config, eager, an explicit KV cache dtype and prefix caching on: its resolved cache config and
+  options, the same long prompt generated twice (the second run's cached prompt tokens and vLLM's
+  prefix-cache counters), and per worker the TP group, the options its config carried, the
+  all-reduce modes the series' collectives decided while the engine ran, the series' scope
+  decision and the KV cache's element size.
 
 Only vLLM and the standard library are imported (the runtime's python runs it as a file).
 """
@@ -24,32 +29,18 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-SERIES_PREFIX = "VLLM_XPU_LAGUNA_"
+OPTIONS_KEY = "xpu_laguna"  # the key of additional_config (the runtime's python cannot import scripts)
 CONFIGS_MARKER = "series scope probe: engine done, configs next"
 SERIES_LINE = "XPU Laguna series:"  # how the contract's lines start
 
 
-@contextmanager
-def _without_series_env() -> Any:
-    """``os.environ`` without the series' variables for the block (vllm.envs reads it lazily
-    until an engine starts)."""
-    saved = {k: v for k, v in os.environ.items() if k.startswith(SERIES_PREFIX)}
-    for key in saved:
-        del os.environ[key]
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
-
-def _engine_args(cfg: dict[str, Any], model: str, kv_cache_dtype: str) -> dict[str, Any]:
+def _engine_args(cfg: dict[str, Any], model: str, kv_cache_dtype: str, series: bool) -> dict[str, Any]:
+    """The engine's arguments; ``series``: the series' options in its config, else none."""
     return dict(
         model=model,
         dtype="float32",
@@ -60,17 +51,18 @@ def _engine_args(cfg: dict[str, Any], model: str, kv_cache_dtype: str) -> dict[s
         enable_prefix_caching=True,
         max_model_len=cfg["max_model_len"],
         kv_cache_memory_bytes=cfg["kv_cache_bytes"],
+        additional_config={OPTIONS_KEY: cfg["series_options"]} if series else {},
     )
 
 
-def _resolve(cfg: dict[str, Any], model: str, kv_cache_dtype: str) -> dict[str, Any]:
+def _resolve(cfg: dict[str, Any], model: str, kv_cache_dtype: str, series: bool) -> dict[str, Any]:
     """The resolved settings the series could touch, or the one-line refusal."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import xpu_laguna_collectives as coll
     from vllm.engine.arg_utils import EngineArgs
 
     try:
-        config = EngineArgs(**_engine_args(cfg, model, kv_cache_dtype)).create_engine_config()
+        config = EngineArgs(**_engine_args(cfg, model, kv_cache_dtype, series)).create_engine_config()
     except ValueError as exc:
         # pydantic wraps the contract's one line: keep that line
         text = " ".join(str(exc).split())
@@ -87,6 +79,7 @@ def _resolve(cfg: dict[str, Any], model: str, kv_cache_dtype: str) -> dict[str, 
         "cudagraph_mode": comp.cudagraph_mode.name if comp.cudagraph_mode is not None else None,
         "async_scheduling": config.scheduler_config.async_scheduling,
         "tp_reduce_mode": mode,
+        "options": (config.additional_config or {}).get(OPTIONS_KEY),
     }
 
 
@@ -95,16 +88,15 @@ def _configs(cfg: dict[str, Any]) -> dict[str, Any]:
     for name, model in (("llama", cfg["llama"]), ("laguna", cfg["laguna"])):
         for kv in (cfg["kv_cache_dtype"], "auto"):
             key = f"{name}/{kv}"
-            out[f"{key}/series"] = _resolve(cfg, model, kv)
-            with _without_series_env():
-                out[f"{key}/upstream"] = _resolve(cfg, model, kv)
+            out[f"{key}/series"] = _resolve(cfg, model, kv, series=True)
+            out[f"{key}/upstream"] = _resolve(cfg, model, kv, series=False)  # next, in the same process
     return out
 
 
 def _worker_state(worker: Any) -> dict[str, Any]:
     """In a worker: its TP group, the all-reduce modes decided so far (the series' cache, one
-    entry per group that reduced through the CPU communicator), the scope it decided, and the
-    element size of its KV cache."""
+    entry per group that reduced through the CPU communicator), the scope it decided, the series'
+    options its config carried into this process, and the element size of its KV cache."""
     from vllm.compilation.xpu_breakable_graph import config as series_config
     from vllm.distributed import get_tp_group
     from vllm.distributed import xpu_laguna_collectives as coll
@@ -115,6 +107,7 @@ def _worker_state(worker: Any) -> dict[str, Any]:
         "tp_group": [group.unique_name, group.world_size],
         "modes": {f"{name}/{world}": mode.value for (name, world), mode in coll._MODES.items()},
         "series_in_scope": series_config._scope.decided,
+        "options": (worker.vllm_config.additional_config or {}).get(OPTIONS_KEY),
         "kv_cache_element_bytes": sorted({t.element_size() for t in caches}),
         "kv_cache_torch_dtypes": sorted({str(t.dtype) for t in caches}),
     }
@@ -125,7 +118,7 @@ def _engine(cfg: dict[str, Any]) -> dict[str, Any]:
 
     start = time.monotonic()
     llm = LLM(
-        **_engine_args(cfg, cfg["llama"], cfg["kv_cache_dtype"]),
+        **_engine_args(cfg, cfg["llama"], cfg["kv_cache_dtype"], series=True),
         enforce_eager=True,  # the compilation modes are compared on the configs above
         disable_log_stats=False,
     )
@@ -152,6 +145,7 @@ def _engine(cfg: dict[str, Any]) -> dict[str, Any]:
             "enable_prefix_caching": resolved.cache_config.enable_prefix_caching,
             "cache_dtype": resolved.cache_config.cache_dtype,
             "block_size": resolved.cache_config.block_size,
+            "options": (resolved.additional_config or {}).get(OPTIONS_KEY),
             "runs": runs,
             "prefix_cache_counters": counters,
             "workers": workers,
@@ -166,11 +160,8 @@ def _engine(cfg: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     """The engine first (its log, up to :data:`CONFIGS_MARKER`, is the Llama's alone), then the
     configs, the Laguna control among them."""
-    import vllm.envs as envs
-
     cfg = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     result = {"engine": _engine(cfg)}
-    envs.disable_envs_cache()  # the engine core cached them; the configs change the environment
     print(CONFIGS_MARKER, flush=True)  # in the log stream (vLLM logs to stdout)
     result["configs"] = _configs(cfg)
     Path(argv[1]).write_text(json.dumps(result, indent=1), encoding="utf-8")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.tool_run import run_module
 
 _NUMBER = r"[0-9]+(?:\.[0-9]+)?"
@@ -22,13 +24,18 @@ def _rows(stdout: str, first_cells: tuple[str, ...]) -> dict[str, list[float]]:
     return out
 
 
-def test_metadata_microbench_measures_inline_against_prebuilt() -> None:
-    """The bench builds a Laguna target's configuration, so the prebuilt metadata is active in its
-    prebuilt mode (before, on a Llama, it ended in "prebuilt toggle did not take effect")."""
+@pytest.mark.parametrize("guards", ["tiered", "all views"])
+def test_metadata_microbench_measures_inline_against_prebuilt(guards: str) -> None:
+    """The bench builds a Laguna target's configuration per mode, the series' options in its
+    ``additional_config``, so the prebuilt metadata is active in its prebuilt mode only, with the
+    guard mode asked for (else it ends in "the prebuilt_metadata option did not take effect" or
+    the full-guard one; before, on a Llama, it ended so)."""
+    extra = ("--full-guards",) if guards == "all views" else ()
     proc = run_module(
-        "scripts.bench.metadata_microbench", "--steps", "20", "--rounds", "2", "--cols", "64", timeout=300
+        "scripts.bench.metadata_microbench", "--steps", "20", "--rounds", "2", "--cols", "64", *extra, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"drift guards: {guards})" in proc.stdout, proc.stdout
     rows = _rows(proc.stdout, ("exact metadata [us]", "step metadata [us]"))
     assert set(rows) == {"exact metadata [us]", "step metadata [us]"}, proc.stdout
     for inline, prebuilt, ratio in rows.values():

@@ -1,8 +1,10 @@
 """The day-one run's CPU self-test (``python -m scripts.device.day_one --cpu-self-test``): every
-device check in order with its CPU options under the tiny CPU recipe's settings, one table, one
-JSON report labelled as no device result, the recommended options; and its negative control: the
-same run with the exact verify path off fails on the per-module row check (and the attention
-self-test still passes: the control breaks only what it turns off). CI runs it (``ci`` marker)."""
+device check in order with its CPU options under the tiny CPU recipe's settings (its env file's
+variables, its YAML's series options), one table, one JSON report labelled as no device result, the
+recommended options by option key and the ``--additional-config`` they make; and its negative control:
+the same run with the option ``exact_verify`` off (``--series-options``) fails on the per-module row
+check (and the attention self-test still passes: the control breaks only what it turns off). CI runs
+it (``ci`` marker)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.device.day_one import SELF_TEST_LABEL, recipe_env
+from scripts.device.day_one import RECOMMENDED_FILE, SELF_TEST_LABEL, recipe_options
 from tests.tool_run import run_module
 
 pytestmark = pytest.mark.ci
@@ -37,17 +39,17 @@ def test_the_self_test_passes_labelled_and_recommends_the_series_options(tmp_pat
     assert all(status == "pass" for kind, status in statuses.values() if kind != "info"), statuses
     assert "EMULATED graphs on CPU, not a device result" in (tmp_path / "logs" / "graphs.log").read_text()
     recommended = {r["key"]: r["value"] for r in report["recommended"]}
-    assert recommended["VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM"] == "rows"  # batch_invariant needs a device
-    assert set(recommended) >= {"VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM", "VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE"}
-    env = (tmp_path / "recommended.env").read_text()
-    assert SELF_TEST_LABEL in env and "\nVLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM=rows\n" in env
+    assert recommended["row_invariant_linear_form"] == "rows"  # batch_invariant needs a device
+    assert set(recommended) >= {"row_invariant_qk_norm", "row_invariant_moe"}
+    config = json.loads((tmp_path / RECOMMENDED_FILE).read_text())
+    assert config == report["additional_config"]
+    assert config["xpu_laguna"] == {**recipe_options(cpu=True), **recommended}  # the recipe's, recommendations on
     assert SELF_TEST_LABEL in proc.stdout.splitlines()[-1]
 
 
 def test_with_the_exact_path_off_the_row_check_fails(tmp_path: Path) -> None:
-    off = tmp_path / "exact-off.env"
-    off.write_text(recipe_env(cpu=True).read_text() + "VLLM_XPU_LAGUNA_EXACT_VERIFY=0\n")
-    argv = ("--cpu-self-test", "--out", str(tmp_path / "out"), "--only", "attention,rows", "--env-file", str(off))
+    off = json.dumps({"exact_verify": False})  # over the recipe's options
+    argv = ("--cpu-self-test", "--out", str(tmp_path / "out"), "--only", "attention,rows", "--series-options", off)
     proc = run_module("scripts.device.day_one", *argv, timeout=1200)
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     report = json.loads((tmp_path / "out" / "day-one.json").read_text())

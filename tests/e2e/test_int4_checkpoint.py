@@ -153,25 +153,28 @@ def test_a_bf16_linear_missing_from_ignore_is_named(float_int4: Path, tmp_path: 
 
 
 _BUILD_CONFIG = (
-    "import sys; from vllm.engine.arg_utils import EngineArgs; "
+    "import json, sys; from vllm.engine.arg_utils import EngineArgs; "
     "EngineArgs(model=sys.argv[1], dtype='bfloat16', kv_cache_dtype=sys.argv[2], max_model_len=512, "
     "max_num_seqs=1, enable_prefix_caching=False, async_scheduling=False, enforce_eager=True, "
-    "kv_cache_memory_bytes=64 << 20).create_engine_config(); print('config built')"
+    "kv_cache_memory_bytes=64 << 20, additional_config=json.loads(sys.argv[3])).create_engine_config(); "
+    "print('config built')"
 )
 
 
-def _series_config(target: Path, kv_cache_dtype: str, **settings: str) -> subprocess.CompletedProcess[str]:
-    """vLLM builds the engine configuration of ``target`` (no engine starts) under the tiny CPU
-    recipe's series settings (``settings`` over them), as ``vllm serve`` would before loading a
-    weight."""
+def _series_config(target: Path, kv_cache_dtype: str, **options: object) -> subprocess.CompletedProcess[str]:
+    """vLLM builds the engine configuration of ``target`` (no engine starts) with the tiny CPU
+    recipe's series options in its config (``options`` over them) and the recipe's env file in its
+    environment, as ``vllm serve --config recipes/cpu-tiny.yaml`` would before loading a weight."""
     import os
     import sys
 
-    from scripts.device.day_one import recipe_env
+    from scripts.device.day_one import recipe_env, recipe_options
     from scripts.recipe import shell_env
+    from scripts.series_options import additional_config
 
-    env = {**os.environ, **shell_env(recipe_env(cpu=True)), **settings}
-    command = [sys.executable, "-c", _BUILD_CONFIG, str(target), kv_cache_dtype]
+    env = {**os.environ, **shell_env(recipe_env(cpu=True))}
+    config = json.dumps(additional_config({**recipe_options(cpu=True), **options}))
+    command = [sys.executable, "-c", _BUILD_CONFIG, str(target), kv_cache_dtype, config]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -201,7 +204,7 @@ def test_at_load_the_series_refuses_unmapped_kv_scales_with_an_fp8_cache(pair: i
     cache with a K scale under a name Laguna's loader skips is refused, not dropped; with a BF16
     cache (the recipe's) the scales are unused and the configuration builds."""
     target = _renamed_k_scale(pair, tmp_path)
-    off = {"VLLM_XPU_LAGUNA_EXACT_VERIFY": "0"}
+    off = {"exact_verify": False}
     proc = _series_config(target, "fp8", **off)
     assert proc.returncode != 0
     assert "KV cache fp8 with model.layers.2.self_attn.k_scale: missing (kv_cache_scheme is static FP8" in _refusal(

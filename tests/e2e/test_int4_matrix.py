@@ -5,10 +5,11 @@ stands in (``xpu_laguna_standins.int4_experts``: a reference dequantize-and-matm
 the device kernel's, depend on how many rows the call has). In BF16 with a BF16 KV cache (the
 recipe's; ``auto`` would resolve to the checkpoint's FP8), the DFlash M8 leg on the exact path must
 give the INT4 teacher's tokens and bitwise logprobs at TP 1 and TP 2, with the series' per-row
-routed-experts form on its verify rows; negative control: that form off
-(``VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE=off``) and the verify rows differ. The served recipe with the
-pair: greedy tokens and logprobs over HTTP bitwise those of the INT4 target alone offline, from the
-same arguments (control: the per-row experts form off in the server). CI runs it (``ci`` marker)."""
+routed-experts form on its verify rows; negative control: that form off (the series' option
+``row_invariant_moe: off``, the matrix's ``--series-options``) and the verify rows differ. The
+served recipe with the pair: greedy tokens and logprobs over HTTP bitwise those of the INT4 target
+alone offline, from the same arguments (control: the per-row experts form off in the server). CI
+runs it (``ci`` marker)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from served_markers import EXACT_ON
 from scripts import REPO_ROOT
 from scripts import tiny_laguna_int4 as int4
 from scripts.recipe import RECIPE_DIR, cpu_tiny_recipe, shell_env
+from scripts.series_options import OPTIONS_KEY, server_args
 from scripts.tiny_laguna import ensure_models
 from tests.tool_run import run_module
 
@@ -39,7 +41,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> int4.Int4Pair:
     return int4.write(src, tmp_path_factory.mktemp("int4"))
 
 
-def _matrix(pair: int4.Int4Pair, tmp: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+def _matrix(pair: int4.Int4Pair, tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Any]:
     from xpu_laguna_standins import int4_experts
 
     report = tmp / "matrix.json"
@@ -49,7 +51,7 @@ def _matrix(pair: int4.Int4Pair, tmp: Path, *args: str, **env: str) -> tuple[sub
         "--max-model-len", "1024", "--kv-cache-bytes", str(64 << 20), "--seed", "0", "--legs", ",".join(LEGS),
         "--report", str(report), *args,
     )  # fmt: skip
-    proc = run_module("scripts.matrix", *argv, timeout=1500, env={**os.environ, int4_experts.ENV: "1", **env})
+    proc = run_module("scripts.matrix", *argv, timeout=1500, env={**os.environ, int4_experts.ENV: "1"})
     print(proc.stdout[-3000:])
     return proc, json.loads(report.read_text()) if report.exists() else {}
 
@@ -69,21 +71,27 @@ def test_dflash_on_the_int4_target_is_bitwise_the_teacher(pair: int4.Int4Pair, t
 
 
 def test_without_the_per_row_experts_form_the_verify_rows_differ(pair: int4.Int4Pair, tmp_path: Path) -> None:
-    proc, data = _matrix(pair, tmp_path, VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE="off")
+    proc, data = _matrix(pair, tmp_path, "--series-options", json.dumps({"row_invariant_moe": "off"}))
     assert proc.returncode != 0, proc.stdout[-3000:]
-    lp = _dflash(data)["logprobs"]
+    leg = _dflash(data)
+    assert leg["options"]["row_invariant_moe"] == "off" and leg["options"]["exact_verify"] is True
+    lp = leg["logprobs"]
     assert lp["positions"] > 0 and lp["logprobs_bitwise_equal"] < lp["positions"], lp
 
 
-def _recipe_args(pair: int4.Int4Pair, tp: int = 1) -> list[str]:
+def _recipe_args(pair: int4.Int4Pair, tp: int = 1, options: dict[str, Any] | None = None) -> list[str]:
     """``vllm serve`` arguments: the tiny CPU recipe with the INT4 pair in place of the tiny one, in
     BF16 with a BF16 cache (``auto`` would resolve to the checkpoint's FP8, which the exact path
-    refuses), at ``tp`` ranks, everything else as the recipe says."""
-    spec = next(s.value for s in cpu_tiny_recipe().serve if s.key == "speculative-config")
+    refuses), at ``tp`` ranks, everything else as the recipe says; ``options``: series' options over
+    the recipe's (``--additional-config`` replaces the YAML's whole, so it carries the recipe's too)."""
+    recipe = cpu_tiny_recipe()
+    spec = next(s.value for s in recipe.serve if s.key == "speculative-config")
+    served = recipe.additional_config
+    extra = server_args({**served.get(OPTIONS_KEY, {}), **options}, replaces=served) if options else []
     return [
         "--config", str(RECIPE_DIR / "cpu-tiny.yaml"), "--model", str(pair.target),
         "--speculative-config", json.dumps({**spec, "model": str(pair.draft)}),
-        "--dtype", "bfloat16", "--kv-cache-dtype", "bfloat16", "--tensor-parallel-size", str(tp),
+        "--dtype", "bfloat16", "--kv-cache-dtype", "bfloat16", "--tensor-parallel-size", str(tp), *extra,
     ]  # fmt: skip
 
 
@@ -126,8 +134,8 @@ def test_the_served_recipe_on_the_int4_pair_is_bitwise_its_offline_teacher(
     prompt's greedy tokens and chosen-token logprobs over HTTP are bitwise those of the INT4 target
     alone, offline, from the same arguments (``offline_teacher``), at TP 1 and 2. The offline INT4 target against
     its dequantized reference is test_int4_checkpoint.py's. Control (``off``): the same server with
-    the series' per-row experts form off (``VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE=off``): the verify
-    rows leave the teacher's bits."""
+    the series' per-row experts form off (the option ``row_invariant_moe: off`` in its
+    ``--additional-config``): the verify rows leave the teacher's bits."""
     import sys
 
     import httpx
@@ -138,9 +146,10 @@ def test_the_served_recipe_on_the_int4_pair_is_bitwise_its_offline_teacher(
     from scripts.measure.emulation import settled_counters
     from scripts.measure.server import HOST, Server, api_server_argv, free_port
 
-    env = _served_env() | ({"VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE": "off"} if moe_form == "off" else {})
+    env = _served_env()
     port, log_path = free_port(), tmp_path / "server.log"
-    argv = api_server_argv(sys.executable, port, _recipe_args(pair, tp))
+    options = {"row_invariant_moe": "off"} if moe_form == "off" else None
+    argv = api_server_argv(sys.executable, port, _recipe_args(pair, tp, options))
     served = []
     with (
         cpu_lease("int4 recipe server") as lease,

@@ -75,9 +75,7 @@ def test_matrix_tp2_legs_run_the_series_in_every_rank(fast_run: tuple[Any, dict[
     legs = {leg["name"]: leg for leg in data["legs"]}
     leg = legs["dflash-graph0-meta1-tp2"]
     assert leg["tp"] == 2 and leg["teacher"] == "teacher-tp2"
-    assert (
-        leg["env"]["VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"] == "1" and leg["env"]["VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN"] == "1"
-    )
+    assert leg["options"]["exact_tp_reduce"] is True and leg["options"]["debug_xccl_standin"] is True
     assert leg["teacher_exact"] == ALL and leg["cached_tokens_zero"] == ALL
     assert leg["cpu_bind"] in ("0|0", "1|1")  # both ranks on the leg's CPU slot (scripts/cpu_slots.py)
     ranks = leg["attention"]["ranks"]  # the series' attention ran in both worker processes

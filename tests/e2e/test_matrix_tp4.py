@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from matrix_runs import TP4_RUN_LEGS, run_matrix
 
-from scripts.matrix.legs import STANDIN_ENV, TP_REDUCE_ENV
+from scripts.matrix.legs import STANDIN_OPTION, TP_REDUCE_OPTION
 
 EXACT, RING = "dflash-graph0-meta1-tp4", "dflash-ring-tp4-diagnostic"
 
@@ -59,14 +59,14 @@ def test_tp4_legs_run_the_tp4_variant_in_four_ranks(tp4_run: tuple[Any, dict[str
     for name in (EXACT, RING):
         leg = legs[name]
         assert leg["tp"] == 4 and leg["teacher_exact"] == "3/3", leg
-        assert leg["env"][STANDIN_ENV] == "1"
+        assert leg["options"][STANDIN_OPTION] is True
         assert leg["cpu_bind"] in ("0|0|0|0", "1|1|1|1")  # the 4 ranks on the leg's CPU slot (scripts/cpu_slots.py)
         ranks = leg["attention"]["ranks"]  # the series' attention ran in all four worker processes
         assert len(ranks) == 4 and all(r["exact_calls_by_width"].get("8", 0) > 0 for r in ranks)
         # tiny target 4 layers, drafter 1: 2L + 1 all-reduces per forward step
         assert (leg["collectives_per_step"]["target"], leg["collectives_per_step"]["drafter"]) == (9, 3)
         assert len(leg["accepted_per_depth"]) == 7 and leg["accepted_per_depth"][6] > 0, leg["accepted_per_depth"]
-    assert (legs[EXACT]["env"][TP_REDUCE_ENV], legs[RING]["env"][TP_REDUCE_ENV]) == ("1", "0")
+    assert (legs[EXACT]["options"][TP_REDUCE_OPTION], legs[RING]["options"][TP_REDUCE_OPTION]) == (True, False)
     assert (legs[EXACT]["teacher"], legs[RING]["teacher"]) == ("teacher-tp4", "teacher-ring-tp4")
 
 

@@ -1,6 +1,8 @@
 """The crossover harness end to end on CPU: five fresh ``vllm serve`` processes (A1, B1, B2, A2,
 teacher) against the tiny Laguna with ngram drafting, then analysis, record, raw artifacts and
-``verify-record`` from the raw rows. Throughput numbers are meaningless here; every step, file
+``verify-record`` from the raw rows. The treatment is one of the series' options
+(``xpu_laguna.exact_verify``): each leg's server gets it in its ``--additional-config``, and the
+record names it as the sole difference. Throughput numbers are meaningless here; every step, file
 and check is exercised. Takes several minutes (five server start-ups)."""
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ def test_crossover_end_to_end(tiny_models: TinyModels, tmp_path: Path) -> None:
     command = [
         "crossover",
         "--treatment",
-        "VLLM_XPU_LAGUNA_EXACT_VERIFY=1",
+        "xpu_laguna.exact_verify=true",
         "--control",
-        "VLLM_XPU_LAGUNA_EXACT_VERIFY=0",
+        "xpu_laguna.exact_verify=false",
         "--env",
         "HF_HUB_OFFLINE=1",
         "--model",
@@ -77,3 +79,12 @@ def test_crossover_end_to_end(tiny_models: TinyModels, tmp_path: Path) -> None:
     if plot:
         assert (out / "crossover.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert verify_record([str(out / "record.json")]) == 0
+    treatment = record["treatment"]
+    assert treatment["sole_difference"] == "xpu_laguna.exact_verify"
+    assert (treatment["control_value"], treatment["candidate_value"]) == (False, True)
+    manifest = json.loads((out / "run.json").read_text())
+    for leg, exact in (("A1", False), ("B1", True), ("B2", True), ("A2", False), ("teacher", False)):
+        argv = manifest["servers"][leg]["argv"]
+        options = json.loads(argv[argv.index("--additional-config") + 1])
+        assert options == {"xpu_laguna": {"exact_verify": exact}}, (leg, argv)
+        assert not any(k.startswith("VLLM_XPU_LAGUNA_") for k in manifest["environments"][leg])

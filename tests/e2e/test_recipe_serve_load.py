@@ -4,7 +4,8 @@ The server is started the way docs/serving.md ("On CPU") says: a clean environme
 file loaded by a shell (``set -a; . recipes/cpu-tiny.env``) plus the series-attention plugin's variables
 (``scripts.measure.emulation.series_attention_env``), and ``python -m vllm.entrypoints.openai.api_server
 --config recipes/cpu-tiny.yaml`` on loopback from the repository root (the recipe's paths are relative to
-it), with ``--max-num-seqs 4`` overriding the recipe's 1 so that concurrent requests share steps. DFlash
+it), with ``--max-num-seqs 4`` overriding the recipe's 1 so that concurrent requests share steps. The
+series' options come in the YAML (``additional-config``; the env file sets none), DFlash
 speculation (M=8) is on as the recipe says; the recipe names a minimal chat template
 (``recipes/cpu-tiny.chat.jinja``) because the tiny tokenizer has none.
 
@@ -117,6 +118,7 @@ def served(recipe_models: Path, tmp_path_factory: pytest.TempPathFactory, e2e: A
     import httpx
 
     env = {**base_env(), **shell_env(RECIPE_ENV), **series_attention_env()}
+    assert not any(key.startswith("VLLM_XPU_LAGUNA_") for key in env)  # the options travel in --config
     port = free_port()
     config = str(RECIPE.relative_to(REPO_ROOT))
     argv = api_server_argv(sys.executable, port, ["--config", config, "--max-num-seqs", str(MAX_NUM_SEQS)])

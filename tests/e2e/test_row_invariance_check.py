@@ -1,14 +1,15 @@
 """Per-module row-invariance check on CPU (tiny Laguna, FlashAttention on the reference kernels).
 
-With the exact verify path on every module's output row of a verify forward must be bitwise the
-teacher's decode row of the same token (0009 makes the gate softplus and router sigmoid
-row-invariant on CPU); with the exact path off the check must name the attention as the first
-module that differs (the negative control: the check can fail).
+With the exact verify path on (the series' option ``exact_verify`` in both engines' config,
+``--series-options``) every module's output row of a verify forward must be bitwise the teacher's
+decode row of the same token (0009 makes the gate softplus and router sigmoid row-invariant on
+CPU); with the option off the check must name the attention as the first module that differs (the
+negative control: the check can fail).
 """
 
 from __future__ import annotations
 
-import os
+import json
 import subprocess
 from pathlib import Path
 
@@ -16,9 +17,9 @@ from tests.tool_run import run_module
 
 
 def _run(tmp: Path, exact: bool) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "VLLM_XPU_LAGUNA_EXACT_VERIFY": "1" if exact else "0"}
-    argv = ("--tiny", str(tmp / "tiny"), "--prompts", "1", "--max-tokens", "16")
-    return run_module("scripts.device.row_invariance_check", *argv, timeout=900, env=env)
+    options = json.dumps({"exact_verify": exact})
+    argv = ("--tiny", str(tmp / "tiny"), "--prompts", "1", "--max-tokens", "16", "--series-options", options)
+    return run_module("scripts.device.row_invariance_check", *argv, timeout=900)
 
 
 def test_every_module_is_row_invariant_with_the_exact_path(tmp_path: Path) -> None:

@@ -10,8 +10,9 @@ must show the plugin's registration in the API server, the engine core and the w
 overlay's ``info_once`` lines and the counters.
 
 Here one server is started the way the crossover starts its legs (``python -m
-vllm.entrypoints.openai.api_server`` on loopback, clean environment) with the tiny Laguna target,
-DFlash speculation (M=8), exact verify and prebuilt metadata on, but WITHOUT the plugin folder:
+vllm.entrypoints.openai.api_server`` on loopback, clean environment, the series' options as
+``--additional-config``) with the tiny Laguna target, DFlash speculation (M=8), exact verify and
+prebuilt metadata on, but WITHOUT the plugin folder:
 the completions still come back, and none of the plugin's or the attention's lines nor any
 counters are in its log. It runs under a time limit and is stopped (its own process group only).
 """
@@ -32,17 +33,15 @@ from scripts.cpu_slots import cpu_lease
 from scripts.measure import client
 from scripts.measure.series_attention.xpu_laguna_cpu_attention import COUNTERS_LINE, REGISTERED_LINE
 from scripts.measure.server import HOST, Server, base_env, free_port, serve_argv
+from scripts.series_options import server_args
 from scripts.tiny_laguna import TinyModels
 
 NUM_SPECULATIVE_TOKENS = 7  # M = 8
 MAX_TOKENS = 48
 READY_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 300.0
-TOGGLES = {
-    "VLLM_XPU_LAGUNA_EXACT_VERIFY": "1",
-    "VLLM_XPU_LAGUNA_VERIFY_WIDTH": str(NUM_SPECULATIVE_TOKENS + 1),
-    "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA": "1",
-}
+OPTIONS = {"exact_verify": True, "verify_width": NUM_SPECULATIVE_TOKENS + 1, "prebuilt_metadata": True}
+"""The series' options of the server (its ``--additional-config``)."""
 SERVER_ARGS = "--dtype float32 --enforce-eager --kv-cache-memory-bytes 268435456 --max-model-len 512 --max-num-seqs 1"
 
 
@@ -57,9 +56,9 @@ class Served:
 def _serve(models: TinyModels, prompts: tuple[str, ...], out: Path, name: str) -> Served:
     """One server WITHOUT the plugin folder, the prompts one after another through it."""
     env = base_env()
-    env.update({"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "INFO", **TOGGLES})
+    env.update({"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "INFO"})
     spec = {"method": "dflash", "model": str(models.draft), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
-    extra = [*SERVER_ARGS.split(), "--speculative-config", json.dumps(spec)]
+    extra = [*SERVER_ARGS.split(), "--speculative-config", json.dumps(spec), *server_args(OPTIONS)]
     port = free_port()
     log_path = out / f"server-{name}.log"
     start = time.monotonic()

@@ -3,10 +3,10 @@
 """Drives the breakable graph capture through a real tiny Laguna forward on
 CPU and prints one JSON object of observations on its last stdout line.
 
-Run in its own process (``test_breakable_graph_laguna.py`` does): the
-break decorator is applied when vLLM's attention module is imported, so
-``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` must be set before anything imports
-vLLM, and the fake tensor-parallel size must not leak into other tests.
+Run in its own process (``test_breakable_graph_laguna.py`` does): the fake
+tensor-parallel size must not leak into other tests. The series' options
+(breakable graphs on) are in each config it builds
+(``additional_config["xpu_laguna"]``), never in the environment.
 
 Device graphs do not exist on CPU: a stand-in graph class with the
 ``capture_begin / capture_end / replay`` protocol logs its calls, the ops
@@ -30,7 +30,6 @@ import sys
 import traceback
 from typing import Any
 
-os.environ["VLLM_XPU_LAGUNA_BREAKABLE_GRAPH"] = "1"
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from breakable_graph_driver_config import run_config  # noqa: E402

@@ -5,8 +5,8 @@ device graph, the tiny Laguna configs, the model builder at a fake
 tensor-parallel size, the forward context, and the observers of the real
 attention and all-reduce calls.
 
-Imports no vLLM at module level: the driver sets
-``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` before anything imports vLLM.
+Imports no vLLM at module level. The series' options are in each config
+(``additional_config["xpu_laguna"]``, :data:`BREAKABLE`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,18 @@ from typing import Any
 
 import torch
 import torch._dynamo
-from laguna_model_testlib import init_one_rank, tiny_engine_args, tiny_laguna_config
+from laguna_model_testlib import (
+    additional_config,
+    init_one_rank,
+    tiny_engine_args,
+    tiny_laguna_config,
+)
 
 EVENTS: list[tuple[Any, ...]] = []
+# The series' options of the driver's configs: its breakable graphs, asked
+# for explicitly (how a CPU run asks for the series; exact verify on, its
+# default).
+BREAKABLE: dict[str, Any] = {"breakable_graph": True}
 
 
 class StandInGraph:
@@ -90,14 +99,16 @@ class Harness:
         self,
         num_layers: int,
         moe_layers: tuple[int, ...],
-        flag_on: bool = False,
+        at_build: bool = False,
         draft_layers: int = 0,
+        options: dict[str, Any] | None = None,
     ):
-        """A CPU config. The toggle is off while it is made (the CPU is no
-        graph platform and the config hook would refuse, see run_config)
-        and on again afterwards, for the runtime paths."""
-        import vllm.envs as envs
-
+        """A CPU config with the series' ``options`` (default
+        :data:`BREAKABLE`). They are given to the config after it is built
+        (the CPU is no graph platform: the configuration step would refuse
+        the breakable graphs, see run_config), for the runtime paths (the
+        model's forms, the wrapper), unless ``at_build``."""
+        options = BREAKABLE if options is None else options
         path = os.path.join(self.tmp, f"laguna-{num_layers}-{len(moe_layers)}")
         if not os.path.exists(path):
             os.makedirs(path)
@@ -113,12 +124,11 @@ class Harness:
                 "model": draft,
                 "num_speculative_tokens": 7,
             }
-        args = tiny_engine_args(path, speculative)
-        envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH = flag_on
-        try:
-            return args.create_engine_config()
-        finally:
-            envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH = True
+        if at_build:
+            return tiny_engine_args(path, speculative, options).create_engine_config()
+        config = tiny_engine_args(path, speculative).create_engine_config()
+        config.additional_config = additional_config(options)
+        return config
 
     def ensure_dist(self, vllm_config) -> None:
         if self._dist_ready:
@@ -248,14 +258,19 @@ def observe_real_calls(model) -> None:
 
 
 def expect_error(fn) -> dict[str, Any]:
+    """``fn()``'s error (type, message, whether the capture slot is clear),
+    or ``{"error": None, "result": ...}`` with what it returned."""
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
 
     try:
-        fn()
+        result = fn()
     except Exception as e:  # noqa: BLE001
         return {
             "error": type(e).__name__,
             "message": str(e),
             "capture_slot_clear": BreakableCUDAGraphCapture.current() is None,
         }
-    return {"error": None}
+    return {
+        "error": None,
+        "result": result if isinstance(result, (bool, int, str)) else None,
+    }

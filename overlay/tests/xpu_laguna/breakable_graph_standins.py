@@ -29,14 +29,18 @@ __all__ = [
 
 
 class PlatformStandIn:
-    """Answers the questions the breakable-graph configuration and backend
-    choice ask of the platform: its device type, XPU or CUDA-alike."""
+    """Answers the questions the breakable-graph configuration, the series'
+    scope and the backend choice ask of the platform: its device type, XPU,
+    CPU or CUDA-alike."""
 
     def __init__(self, device_type: str) -> None:
         self.device_type = device_type
 
     def is_xpu(self) -> bool:
         return self.device_type == "xpu"
+
+    def is_cpu(self) -> bool:
+        return self.device_type == "cpu"
 
     def is_cuda_alike(self) -> bool:
         return self.device_type == "cuda"

@@ -1,30 +1,45 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Shared parts of the configuration-contract tests (test_contract.py,
-test_contract_modes.py): tiny config-only Laguna checkpoints, the series
-state (``series_on``: each test module uses it for all its tests through
+test_contract_modes.py): tiny config-only Laguna checkpoints, the series'
+options of a configuration (:data:`SERIES_ON`, given to every
+``make_config`` unless a test gives others), a clean environment
+(``series_environment``: each test module uses it for all its tests through
 ``pytestmark``; an autouse fixture of a plugin module would reach every
-test of the session), a recorder of the contract's log lines, and a real ``VllmConfig``
-built through vLLM's ``EngineArgs.create_engine_config``. The patch tests
+test of the session), a recorder of the contract's log lines, and a real
+``VllmConfig`` built through vLLM's ``EngineArgs.create_engine_config``
+with the options in ``additional_config["xpu_laguna"]``. The patch tests
 run without conftest files, so the test modules import the fixtures."""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from laguna_model_testlib import VOCAB, tiny_laguna_config
 
+from vllm.config.xpu_laguna_options import ADDITIONAL_CONFIG_KEY, ENV_PREFIX
 from vllm.v1.executor.abstract import Executor
 
-SERIES_TOGGLE = "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA"
+SERIES_ON: Mapping[str, Any] = {"prebuilt_metadata": True}
+"""A known series state: prebuilt metadata on (a switch set true: the series
+acts on CPU), the exact verify on (its default), width 8, graphs off."""
+SERIES_OFF: Mapping[str, Any] = {"prebuilt_metadata": False}
+"""Every switch off or left to its default: on CPU the series does not act."""
 COMPILE_LINE = (
     "XPU Laguna series: compilation mode NONE and cudagraph_mode NONE on the "
     "exact path (Inductor's fused reductions and device graphs' captured split "
     "counts would make verify rows differ from the decode; "
-    "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1 for graphs)"
+    "xpu_laguna.breakable_graph true for graphs)"
 )
+CONTRACT = "XPU Laguna series: "
+"""How every line of the contract starts."""
+OPTIONS = f"additional_config[{ADDITIONAL_CONFIG_KEY!r}]"
+"""How every line about an unusable option starts."""
 TARGET_LAYERS = 4
 
 
@@ -104,21 +119,13 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture
-def series_on(monkeypatch):
-    """A known series state: prebuilt metadata on (series active on CPU),
-    exact verify on, width 8, graphs off."""
-    for name in (
-        "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH",
-        "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
-        "VLLM_XPU_LAGUNA_EXACT_VERIFY",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(SERIES_TOGGLE, "1")
+def series_environment(monkeypatch):
+    """No ``VLLM_XPU_LAGUNA_*`` variable (the series reads none and refuses
+    one: the options come with each configuration) and no hub access."""
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
-
-    yield
-    reset_series_scope()
 
 
 @pytest.fixture
@@ -140,15 +147,37 @@ def log_lines(monkeypatch):
     return lines
 
 
-def make_config(models, target="target", draft="draft", spec=None, **kwargs):
+def additional_config(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``additional_config`` that gives the series ``options`` (None:
+    no entry, the series' defaults; anything but a mapping as it is, for
+    the tests of what is refused)."""
+    if options is None:
+        return {}
+    value = dict(options) if isinstance(options, Mapping) else options
+    return {ADDITIONAL_CONFIG_KEY: value}
+
+
+def make_config(
+    models,
+    target="target",
+    draft="draft",
+    spec=None,
+    options: Mapping[str, Any] | None = SERIES_ON,
+    **kwargs,
+):
+    """A real ``VllmConfig`` of ``target`` (+ a DFlash ``draft``, None: no
+    speculative decoding) with the series' ``options``, through
+    ``EngineArgs.create_engine_config``."""
     from vllm.engine.arg_utils import EngineArgs
 
-    speculative = {
-        "method": "dflash",
-        "model": str(models[draft]),
-        "num_speculative_tokens": 7,
-    }
-    speculative.update(spec or {})
+    speculative = None
+    if draft is not None:
+        speculative = {
+            "method": "dflash",
+            "model": str(models[draft]),
+            "num_speculative_tokens": 7,
+        }
+        speculative.update(spec or {})
     kwargs.setdefault("dtype", "bfloat16" if target == "int4" else "float32")
     if target == "int4":
         kwargs.setdefault("kv_cache_dtype", "bfloat16")
@@ -157,17 +186,24 @@ def make_config(models, target="target", draft="draft", spec=None, **kwargs):
         model=str(models[target]),
         max_model_len=512,
         skip_tokenizer_init=True,
-        speculative_config=speculative if draft else None,
+        speculative_config=speculative,
+        additional_config=additional_config(options),
         **kwargs,
     )
     return args.create_engine_config()
 
 
-def refused_line(models, **kwargs) -> str:
+def error_line(text: str, marker: str = CONTRACT) -> str:
+    """The one line of an error's text that holds ``marker``, without what
+    pydantic wraps around it (the series' own message is one line)."""
+    assert marker in text, text
+    (line,) = [ln for ln in text.splitlines() if marker in ln]
+    line = line.split("Value error, ", 1)[-1].split(" [type=value_error", 1)[0]
+    return line.strip()
+
+
+def refused_line(models, marker: str = CONTRACT, **kwargs) -> str:
+    """The one line with which ``make_config(models, **kwargs)`` is refused."""
     with pytest.raises(ValueError) as err:
         make_config(models, **kwargs)
-    text = str(err.value)
-    assert "XPU Laguna series: " in text, text
-    # pydantic wraps the error; the contract's own message is one line
-    (line,) = [ln for ln in text.splitlines() if "XPU Laguna series: " in ln]
-    return line.split("Value error, ", 1)[-1].split(" [type=value_error", 1)[0]
+    return error_line(str(err.value), marker)

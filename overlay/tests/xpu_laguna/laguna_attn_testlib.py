@@ -9,17 +9,23 @@ with the impl's own ``do_kv_cache_update``. On a machine without an XPU the
 backend runs on the pure-torch reference kernels: the CPU runtime's test-side
 stand-ins (``xpu_laguna_standins``), registered here with the overlay's kernel
 registry as the runtime's general plugin does in an engine.
+
+The series' options reach the code under test the way they reach it in an
+engine: in the ``VllmConfig`` (``additional_config["xpu_laguna"]``) the
+metadata builder is built with (:func:`options`, :func:`vllm_config`,
+:func:`make_builder`); the builder decides the exact path from it. Nothing
+is set in the environment or kept between configurations.
 """
 
 import contextlib
 import functools
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import xpu_laguna_standins
 
-import vllm.envs as envs
 from vllm.config import (
     CacheConfig,
     ModelConfig,
@@ -27,6 +33,7 @@ from vllm.config import (
     VllmConfig,
     set_current_vllm_config,
 )
+from vllm.config.xpu_laguna_options import ADDITIONAL_CONFIG_KEY
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends import flash_attn as flash_attn_module
 from vllm.v1.attention.backends.flash_attn import (
@@ -45,8 +52,39 @@ WINDOW = 512
 DEVICE = torch.device("cpu")
 
 
+Options = Mapping[str, object]
+"""The series' options of a test: ``additional_config["xpu_laguna"]``."""
+
+
+def options(
+    exact: bool = True,
+    width: int = 8,
+    prebuilt: bool = False,
+    split_plan: bool = True,
+    **more: object,
+) -> dict[str, object]:
+    """The options of an attention test. ``exact_verify`` is always given
+    explicitly: on CPU a configuration asks for the series by setting one of
+    its switches true (``series_in_scope``); ``split_plan`` False is the
+    debug option ``debug_no_split_plan`` (the negative control)."""
+    return {
+        "exact_verify": exact,
+        "verify_width": width,
+        "prebuilt_metadata": prebuilt,
+        "debug_no_split_plan": not split_plan,
+        **more,
+    }
+
+
+def vllm_config(num_heads: int = 12, options: Options | None = None) -> VllmConfig:
+    """A real ``VllmConfig`` of a one-layer Laguna-named target with
+    ``options`` (None: no ``xpu_laguna`` entry, the series not in scope on
+    CPU); one per (heads, options), built once."""
+    return _vllm_config(num_heads, tuple(sorted((options or {}).items())))
+
+
 @functools.cache
-def vllm_config(num_heads: int = 12) -> VllmConfig:
+def _vllm_config(num_heads: int, options: tuple[tuple[str, object], ...]) -> VllmConfig:
     from transformers import LlamaConfig
 
     path = tempfile.mkdtemp(prefix="xpu_laguna_cfg_")
@@ -70,6 +108,7 @@ def vllm_config(num_heads: int = 12) -> VllmConfig:
         model_config=model_config,
         cache_config=CacheConfig(block_size=BLOCK_SIZE),
         parallel_config=ParallelConfig(tensor_parallel_size=1),
+        additional_config={ADDITIONAL_CONFIG_KEY: dict(options)} if options else {},
     )
 
 
@@ -91,9 +130,12 @@ def kv_spec(window: int | None, dtype: torch.dtype = torch.bfloat16):
 
 
 def make_builder(
-    window: int | None, num_heads: int = 12
+    window: int | None, num_heads: int = 12, options: Options | None = None
 ) -> FlashAttentionMetadataBuilder:
-    config = vllm_config(num_heads)
+    """A metadata builder of ``vllm_config(num_heads, options)``: the
+    builder decides the exact path (and owns prebuilt metadata) from its
+    own config."""
+    config = vllm_config(num_heads, options)
     with set_current_vllm_config(config):
         return FlashAttentionMetadataBuilder(
             kv_spec(window), ["layer.0"], config, DEVICE
@@ -121,6 +163,8 @@ def make_impl(
     kv_cache_dtype: str = "auto",
     **kwargs,
 ) -> FlashAttentionImpl:
+    # (on CPU the impl reads no option: the exact path comes with the
+    # metadata its builder made)
     with (
         set_current_vllm_config(vllm_config(num_heads)),
         _xpu_fp8_kv_support(),
@@ -272,25 +316,3 @@ def forward(
     )
     impl.forward(layer, query, None, None, kv_cache, metadata, out)
     return out, metadata
-
-
-def set_toggles(
-    monkeypatch,
-    exact: bool = True,
-    width: int = 8,
-    prebuilt: bool = False,
-    split_plan: bool = True,
-) -> None:
-    monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_EXACT_VERIFY", exact, raising=False)
-    # a CPU run asks for the series by setting a toggle (series_in_scope)
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1" if exact else "0")
-    monkeypatch.setattr(
-        envs, "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN", not split_plan, raising=False
-    )
-    monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_VERIFY_WIDTH", width, raising=False)
-    monkeypatch.setattr(
-        envs,
-        "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA",
-        prebuilt,
-        raising=False,
-    )

@@ -2,14 +2,21 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Shared helpers for the XPU Laguna tests that build tiny Laguna models on
 CPU: the config-only checkpoints (a tiny Llama too, for the models the
-series leaves alone), the engine arguments of the in-process configs, the
-one-rank gloo group, the series toggles (the ``toggles`` fixtures' body),
-and the driver processes (a driver builds a random tiny target and DFlash
-drafter, records the row counts of its stand-ins' calls, prints one JSON
-object of observations on its last stdout line; its test runs it once).
+series leaves alone), the engine arguments of the in-process configs (the
+series' options in their ``additional_config``), a stand-in config for the
+code that reads only the options and the target's architecture, the
+one-rank gloo group, and the driver processes (a driver builds random tiny
+targets and DFlash drafters, one pair per set of options, records the row
+counts of its stand-ins' calls, prints one JSON object of observations on
+its last stdout line; its test runs it once).
 
-Imports no vLLM or transformers at module level: the drivers set their
-toggles before anything imports vLLM.
+The series reads its options from the configuration only
+(``VllmConfig.additional_config["xpu_laguna"]``, see
+``vllm.config.xpu_laguna_options``): nothing here sets an environment
+variable, and a driver runs with none of the series' old variables (a
+config build refuses one).
+
+Imports no vLLM or transformers at module level.
 """
 
 from __future__ import annotations
@@ -22,9 +29,10 @@ import sys
 import tempfile
 import traceback
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 HIDDEN = 64
 HEADS = 8  # q rows per token: 8 (8 tokens: 64 rows, a multiple of 16)
@@ -32,29 +40,56 @@ KV_HEADS = 4
 HEAD_DIM = 32
 VOCAB = 256
 WIDTH = 8  # the verify width the drivers build for (the series' default)
-# The row-invariant toggles the row dispatch tests switch (and clear).
-ROW_DISPATCH_TOGGLES = (
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM",
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS",
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM",
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4",
-    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
-    "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
-)
-# The toggles the row-invariant routed experts tests switch (and clear).
-MOE_TOGGLES = (
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE",
-    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
-    "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
-)
-# The series-wide switches each row-invariant driver runs its observations
+# How a CPU run asks for the series (``series_in_scope``): one of its
+# switches set true explicitly; on XPU a Laguna target always gets it.
+ASK_FOR_SERIES: dict[str, Any] = {"exact_verify": True}
+# The series-wide options each row-invariant driver runs its observations
 # under (next to its own): the defaults, exact verify off, a narrower width.
-SERIES_VARIANTS: dict[str, dict[str, str]] = {
+SERIES_VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
-    "exact_off": {"EXACT_VERIFY": "0"},
-    "width_4": {"VERIFY_WIDTH": "4"},
+    "exact_off": {"exact_verify": False},
+    "width_4": {"verify_width": 4},
 }
-SettingsT = TypeVar("SettingsT")
+
+
+def series_options(**options: Any) -> dict[str, Any]:
+    """The options of a CPU run that asks for the series
+    (:data:`ASK_FOR_SERIES`), ``options`` over them."""
+    return {**ASK_FOR_SERIES, **options}
+
+
+def additional_config(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``VllmConfig.additional_config`` holding ``options`` as the series'
+    options (none: an empty one, the series' defaults)."""
+    from vllm.config.xpu_laguna_options import ADDITIONAL_CONFIG_KEY
+
+    return {} if options is None else {ADDITIONAL_CONFIG_KEY: dict(options)}
+
+
+def config_stand_in(
+    options: Mapping[str, Any] | None,
+    architecture: str | None = "LagunaForCausalLM",
+    **fields: Any,
+) -> Any:
+    """A stand-in ``VllmConfig`` for the code that reads only the series'
+    options, the target's architecture and the parallel layout: the options
+    in ``additional_config``, a model config of ``architecture`` (None: no
+    model), one rank, and ``fields`` over these."""
+    model = (
+        None
+        if architecture is None
+        else SimpleNamespace(architectures=[architecture], enforce_eager=False)
+    )
+    return SimpleNamespace(
+        **{
+            "additional_config": additional_config(options),
+            "model_config": model,
+            "parallel_config": SimpleNamespace(
+                tensor_parallel_size=1, pipeline_parallel_size=1, all2all_backend=None
+            ),
+            **fields,
+        }
+    )
 
 
 def free_port() -> int:
@@ -126,9 +161,14 @@ def write_tiny_llama(path: Path, num_layers: int = 2) -> Path:
     return path
 
 
-def tiny_engine_args(model: str, speculative_config: dict | None = None) -> Any:
+def tiny_engine_args(
+    model: str,
+    speculative_config: dict | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Any:
     """``EngineArgs`` of an eager float32 CPU config of a tiny model (128
-    tokens, 8 sequences, a 16 MiB KV cache, no tokenizer)."""
+    tokens, 8 sequences, a 16 MiB KV cache, no tokenizer), with the series'
+    ``options`` in its ``additional_config`` (None: none)."""
     from vllm.engine.arg_utils import EngineArgs
 
     return EngineArgs(
@@ -141,17 +181,22 @@ def tiny_engine_args(model: str, speculative_config: dict | None = None) -> Any:
         max_num_seqs=8,
         kv_cache_memory_bytes=1 << 24,
         speculative_config=speculative_config,
+        additional_config=additional_config(options),
     )
 
 
 def init_one_rank(vllm_config: Any) -> None:
-    """A one-rank gloo group (TP 1, PP 1) under ``vllm_config``."""
+    """A one-rank gloo group (TP 1, PP 1) under ``vllm_config``, once per
+    process (a later call keeps the group)."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import (
         init_distributed_environment,
         initialize_model_parallel,
     )
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
 
+    if model_parallel_is_initialized():
+        return
     with set_current_vllm_config(vllm_config):
         init_distributed_environment(
             world_size=1,
@@ -190,13 +235,35 @@ def write_target_and_draft(tmp: str, *, draft_mlp: str) -> tuple[str, str]:
     return target, draft
 
 
+class Built(NamedTuple):
+    """A config and the target and drafter built under it."""
+
+    config: Any
+    target: Any
+    drafter: Any
+    refused: str | None
+    """The configuration contract's one line when it refused the options
+    (then the config was built without them and given them afterwards:
+    the negative controls' forms off, which the contract refuses on the
+    exact path), else None."""
+
+
+CONTRACT_PREFIX = "XPU Laguna series: "  # the configuration contract's refusals
+_CHECKPOINTS: dict[tuple[str, str], tuple[str, str]] = {}
+
+
 def build_target_and_drafter(
-    width: int, *, draft_mlp: str, tmp_prefix: str
-) -> tuple[Any, Any, Any]:
-    """The vLLM config (DFlash, ``width - 1`` speculative tokens) of
-    :func:`write_target_and_draft`'s checkpoints under a one-rank group, and
-    its ``LagunaForCausalLM`` target and ``DFlashLagunaForCausalLM`` drafter
-    on CPU with seeded random weights (N(0, 0.2^2))."""
+    options: Mapping[str, Any], *, draft_mlp: str, tmp_prefix: str
+) -> Built:
+    """A vLLM config (DFlash, ``verify_width - 1`` speculative tokens) of
+    :func:`write_target_and_draft`'s checkpoints with the series' ``options``
+    (:func:`series_options` of them: the CPU run asks for the series) under
+    a one-rank group, and its ``LagunaForCausalLM`` target and
+    ``DFlashLagunaForCausalLM`` drafter built under it on CPU, with seeded
+    random weights (N(0, 0.2^2), the same for every call). The model reads
+    its forms from the config it is built under, so every set of options
+    gets its own pair. Options the configuration contract refuses are given
+    to the config after it is built (:attr:`Built.refused` says so)."""
     import torch
 
     from vllm.config import set_current_vllm_config
@@ -204,13 +271,34 @@ def build_target_and_drafter(
     from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
 
     torch._dynamo.config.disable = True
-    target_dir, draft_dir = write_target_and_draft(
-        tempfile.mkdtemp(prefix=tmp_prefix), draft_mlp=draft_mlp
-    )
-    config = tiny_engine_args(
-        target_dir,
-        {"method": "dflash", "model": draft_dir, "num_speculative_tokens": width - 1},
-    ).create_engine_config()
+    key = (tmp_prefix, draft_mlp)
+    if key not in _CHECKPOINTS:
+        _CHECKPOINTS[key] = write_target_and_draft(
+            tempfile.mkdtemp(prefix=tmp_prefix), draft_mlp=draft_mlp
+        )
+    target_dir, draft_dir = _CHECKPOINTS[key]
+    options = series_options(**options)
+    width = int(options.get("verify_width", WIDTH))
+    speculative = {
+        "method": "dflash",
+        "model": draft_dir,
+        "num_speculative_tokens": width - 1,
+    }
+    refused = None
+    try:
+        config = tiny_engine_args(
+            target_dir, speculative, options
+        ).create_engine_config()
+    except ValueError as err:  # pydantic's ValidationError wraps the line
+        text = str(err)
+        if CONTRACT_PREFIX not in text:
+            raise
+        refused = text[text.index(CONTRACT_PREFIX) :].splitlines()[0]
+        refused = refused.split(" [type=")[0]
+        config = tiny_engine_args(
+            target_dir, speculative, series_options()
+        ).create_engine_config()
+        config.additional_config = additional_config(options)
     init_one_rank(config)
     with set_current_vllm_config(config), torch.device("cpu"):
         target = LagunaForCausalLM(vllm_config=config, prefix="")
@@ -221,43 +309,7 @@ def build_target_and_drafter(
             for p in model.parameters():
                 if p.dtype.is_floating_point:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    return config, target, drafter
-
-
-def set_series_env(names: Sequence[str], **values: str) -> None:
-    """Clear ``names``, ask for the series (a CPU run sets a toggle:
-    ``series_in_scope``), set ``VLLM_XPU_LAGUNA_<key>`` for each value and
-    forget the scope decision."""
-    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
-
-    for name in names:
-        os.environ.pop(name, None)
-    os.environ["VLLM_XPU_LAGUNA_EXACT_VERIFY"] = "1"
-    for key, value in values.items():
-        os.environ[f"VLLM_XPU_LAGUNA_{key}"] = value
-    reset_series_scope()
-
-
-def toggles_fixture(
-    monkeypatch: Any, names: Sequence[str], reload: Callable[[], SettingsT]
-) -> Iterator[Callable[..., SettingsT]]:
-    """The body of a ``toggles`` fixture (``yield from`` it): ``names``
-    cleared, then ``set_(**values)``, which sets ``VLLM_XPU_LAGUNA_<key>``
-    for each value and returns ``reload()`` (the module's settings read
-    again, its counters reset); at teardown the environment is restored and
-    ``reload()`` runs again."""
-    for name in names:
-        monkeypatch.delenv(name, raising=False)
-
-    def set_(**values: str) -> SettingsT:
-        for key, value in values.items():
-            monkeypatch.setenv(f"VLLM_XPU_LAGUNA_{key}", value)
-        return reload()
-
-    set_()
-    yield set_
-    monkeypatch.undo()
-    reload()
+    return Built(config, target, drafter, refused)
 
 
 class Recorder:
@@ -275,12 +327,11 @@ class Recorder:
 
 
 def driver_main(observe: Callable[[], dict[str, Any]]) -> int:
-    """A driver's main: quiet vLLM logging and the series asked for (a CPU
-    run sets a toggle: ``series_in_scope``) unless the environment says
+    """A driver's main: quiet vLLM logging unless the environment says
     otherwise, before ``observe`` imports vLLM; then print ``observe()`` (or
-    the traceback as ``crash``) as one JSON object on the last stdout line."""
+    the traceback as ``crash``) as one JSON object on the last stdout line.
+    The series' options are in the configs ``observe`` builds."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
     try:
         results = observe()
     except Exception:  # noqa: BLE001
@@ -290,12 +341,13 @@ def driver_main(observe: Callable[[], dict[str, Any]]) -> int:
     return 0
 
 
-def run_driver(driver: Path, cwd: Path, *args: str, **toggles: str) -> dict[str, Any]:
-    """Run a driver with ``args`` in its own process, with no series toggle
-    inherited but ``VLLM_XPU_LAGUNA_<key>`` from ``toggles``, and return its
-    observations (a crash fails the caller)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_XPU_LAGUNA_")}
-    env.update({f"VLLM_XPU_LAGUNA_{k}": v for k, v in toggles.items()})
+def run_driver(driver: Path, cwd: Path, *args: str) -> dict[str, Any]:
+    """Run a driver with ``args`` in its own process, with none of the
+    series' old variables inherited (its configs carry the options), and
+    return its observations (a crash fails the caller)."""
+    from vllm.config.xpu_laguna_options import ENV_PREFIX
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     proc = subprocess.run(
         [sys.executable, str(driver), *args],
         cwd=cwd,

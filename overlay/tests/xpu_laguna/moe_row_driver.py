@@ -6,8 +6,9 @@ given a sparse layer, on CPU; prints one JSON object of observations on its
 last stdout line.
 
 Run in its own process (``test_row_invariant_moe.py`` does): it sets up a
-one-rank gloo group and a current vLLM config, and switches the toggles
-through the environment.
+one-rank gloo group and builds one target and drafter per set of the
+series' options (``additional_config["xpu_laguna"]``: the target installs
+the form of the config it is built under and keeps it).
 
 What is real: vLLM's LagunaMoE (router gate, shared expert, MoERunner,
 RoutedExperts with ``UnquantizedFusedMoEMethod`` and vLLM's CPU experts
@@ -21,19 +22,19 @@ sharing an expert, as the XPU remap and grouped GEMM make it).
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
 import torch
 from laguna_model_testlib import (
     HIDDEN,
-    MOE_TOGGLES,
     SERIES_VARIANTS,
     WIDTH,
+    Built,
     Recorder,
     build_target_and_drafter,
     driver_main,
-    set_series_env,
 )
 from moe_row_standins import grouped_experts
 from torch import nn
@@ -42,17 +43,25 @@ from torch.nn import functional as F
 RECORD = Recorder(experts="real")
 
 
-def build() -> tuple[Any, nn.Module, nn.Module]:
+_BUILT: dict[str, Built] = {}
+
+
+def build(**options: Any) -> Built:
+    """The target and drafter (given a sparse layer, to show it is not
+    wrapped) of a config with the series' ``options``, instrumented (once
+    per set of options: a later call hands out the same models)."""
     from vllm.config import set_current_vllm_config
 
-    # a drafter MoE, to show it is not wrapped
-    config, target, drafter = build_target_and_drafter(
-        WIDTH, draft_mlp="sparse", tmp_prefix="moe-rows-"
-    )
-    with set_current_vllm_config(config):
-        for prefix, moe in (("target", _moe(target)), ("draft", _moe(drafter))):
-            _instrument(prefix, moe)
-    return config, target, drafter
+    key = json.dumps(options, sort_keys=True)
+    if key not in _BUILT:
+        built = build_target_and_drafter(
+            options, draft_mlp="sparse", tmp_prefix="moe-rows-"
+        )
+        with set_current_vllm_config(built.config):
+            for prefix, model in (("target", built.target), ("draft", built.drafter)):
+                _instrument(prefix, _moe(model))
+        _BUILT[key] = built
+    return _BUILT[key]
 
 
 def _moe(model: nn.Module) -> nn.Module:
@@ -98,14 +107,6 @@ def _record(name: str, obj: Any, attr: str) -> None:
     setattr(obj, attr, call)
 
 
-def set_toggles(**values: str) -> None:
-    from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
-
-    set_series_env(MOE_TOGGLES, **values)
-    rim.moe_settings.cache_clear()
-    rim.counters.reset()
-
-
 def _x(rows: int, seed: int) -> torch.Tensor:
     return torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(seed))
 
@@ -116,6 +117,7 @@ def calls(config: Any, target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     from vllm.forward_context import set_forward_context
     from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
 
+    rim.counters.reset()
     out: dict[str, Any] = {}
     for model in (target, drafter):
         for m in (1, 4, WIDTH, 12):
@@ -157,24 +159,36 @@ def installed(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     }
 
 
-def run(config: Any, target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
-    res: dict[str, Any] = {"installed": installed(target, drafter)}
-    variants = {**SERIES_VARIANTS, "off": {"ROW_INVARIANT_MOE": "off"}}
-    for name, toggles in variants.items():
-        set_toggles(**toggles)
-        res[f"calls/{name}"] = calls(config, target, drafter)
-        res[f"bitwise/real/{name}"] = bitwise(config, target, drafter)
+def installed_form(target: nn.Module) -> dict[str, Any]:
+    """The form the target's wrapped routed experts keep."""
+    s = _moe(target).experts.routed_experts.quant_method.apply.settings
+    return {"width": s.width, "form": s.form}
+
+
+def run() -> dict[str, Any]:
+    default = build()
+    res: dict[str, Any] = {"installed": installed(default.target, default.drafter)}
+    variants = {**SERIES_VARIANTS, "off": {"row_invariant_moe": "off"}}
+    for name, options in variants.items():
+        built = build(**options)
+        res[f"refused/{name}"] = built.refused
+        res[f"form/{name}"] = installed_form(built.target)
+        res[f"calls/{name}"] = calls(built.config, built.target, built.drafter)
+        res[f"bitwise/real/{name}"] = bitwise(built.config, built.target, built.drafter)
+    # the first target keeps its config's form after the others were built
+    res["calls/default_again"] = calls(default.config, default.target, default.drafter)
     RECORD.mode["experts"] = "standin"
-    for name, toggles in variants.items():
-        set_toggles(**toggles)
-        res[f"bitwise/standin/{name}"] = bitwise(config, target, drafter)
+    for name, options in variants.items():
+        built = build(**options)
+        res[f"bitwise/standin/{name}"] = bitwise(
+            built.config, built.target, built.drafter
+        )
     RECORD.mode["experts"] = "real"
-    set_toggles()
     return res
 
 
 def main() -> int:
-    return driver_main(lambda: run(*build()))
+    return driver_main(run)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ target and its DFlash drafter on CPU; prints one JSON object of observations
 on its last stdout line.
 
 Run in its own process (``test_row_dispatch_laguna.py`` does): it sets up a
-one-rank gloo group and a current vLLM config, and switches the row-invariant
-toggles through the environment.
+one-rank gloo group and builds one target and drafter per set of the
+series' options (``additional_config["xpu_laguna"]``: the model installs
+the forms of the config it is built under and keeps them).
 
 What is real: vLLM's LagunaForCausalLM and DFlashLagunaForCausalLM modules
 (built as the DFlash proposer builds the drafter), their linears with vLLM's
@@ -25,19 +26,19 @@ the attention kernel is a stub returning q (no KV cache on this path).
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
 import torch
 from laguna_model_testlib import (
     HIDDEN,
-    ROW_DISPATCH_TOGGLES,
     SERIES_VARIANTS,
     WIDTH,
+    Built,
     Recorder,
     build_target_and_drafter,
     driver_main,
-    set_series_env,
 )
 from row_invariant_standins import (
     m_dependent_linear,
@@ -50,14 +51,23 @@ from torch.nn import functional as F
 RECORD = Recorder(gemm="flinear", norm="real")
 
 
-def build() -> tuple[Any, nn.Module, nn.Module]:
-    config, target, drafter = build_target_and_drafter(
-        WIDTH, draft_mlp="dense", tmp_prefix="row-dispatch-"
-    )
-    for prefix, model in (("target", target), ("draft", drafter)):
-        _instrument(prefix, model)
-    drafter.lm_head = target.lm_head  # what the DFlash proposer does
-    return config, target, drafter
+_BUILT: dict[str, Built] = {}
+
+
+def build(**options: Any) -> Built:
+    """The target and drafter of a config with the series' ``options``
+    (once per set of options: a later call hands out the same models), with
+    the recording stand-ins and the drafter's lm_head the target's."""
+    key = json.dumps(options, sort_keys=True)
+    if key not in _BUILT:
+        built = build_target_and_drafter(
+            options, draft_mlp="dense", tmp_prefix="row-dispatch-"
+        )
+        for prefix, model in (("target", built.target), ("draft", built.drafter)):
+            _instrument(prefix, model)
+        built.drafter.lm_head = built.target.lm_head  # what the DFlash proposer does
+        _BUILT[key] = built
+    return _BUILT[key]
 
 
 def _instrument(prefix: str, model: nn.Module) -> None:
@@ -108,14 +118,6 @@ class StubAttention(nn.Module):
 
     def forward(self, q, k, v):
         return q.clone()
-
-
-def set_toggles(**values: str) -> None:
-    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
-
-    set_series_env(ROW_DISPATCH_TOGGLES, **values)
-    rd.refresh()
-    rd.counters.reset()
 
 
 def installed(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
@@ -174,6 +176,7 @@ def gemm_calls(
     the unit made, and the form counters."""
     from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
 
+    rd.counters.reset()
     out: dict[str, Any] = {}
     for unit, (fn, recorder, width) in _units(target, drafter).items():
         for m in rows:
@@ -238,51 +241,83 @@ def norm_calls(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     return out
 
 
-def run(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
-    res: dict[str, Any] = {"installed": installed(target, drafter)}
+def installed_settings(target: nn.Module) -> dict[str, Any]:
+    """The forms the target's installed qkv_proj and q norm keep."""
+    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
+
+    attn = target.model.layers[0].self_attn
+    out: dict[str, Any] = {}
+    for name, s in (
+        ("qkv_proj", attn.qkv_proj.quant_method.apply.settings),
+        ("q_norm", getattr(attn.q_norm, rd._NORM_ATTR)[0]),
+    ):
+        out[name] = {
+            "width": s.width,
+            "qk_norm": s.qk_norm,
+            "linears": sorted(s.linears),
+            "linear_form": s.linear_form,
+            "int4": s.int4,
+        }
+    return out
+
+
+def run() -> dict[str, Any]:
+    default = build()
+    res: dict[str, Any] = {"installed": installed(default.target, default.drafter)}
     rows = (1, 4, WIDTH, 12)
     variants = {
         **SERIES_VARIANTS,
-        "linears_none": {"ROW_INVARIANT_LINEARS": "none"},
-        "linears_router": {"ROW_INVARIANT_LINEARS": "router,lm_head"},
-        "form_rows": {"ROW_INVARIANT_LINEAR_FORM": "rows"},
-        "form_plain": {"ROW_INVARIANT_LINEAR_FORM": "plain"},
+        "linears_none": {"row_invariant_linears": "none"},
+        "linears_router": {"row_invariant_linears": "router,lm_head"},
+        "form_rows": {"row_invariant_linear_form": "rows"},
+        "form_plain": {"row_invariant_linear_form": "plain"},
     }
-    for name, toggles in variants.items():
-        set_toggles(**toggles)
-        res[f"calls/{name}"] = gemm_calls(target, drafter, rows)
+    refused: dict[str, str | None] = {}
+    for name, options in variants.items():
+        built = build(**options)
+        refused[name] = built.refused
+        res[f"calls/{name}"] = gemm_calls(built.target, built.drafter, rows)
+        res[f"settings/{name}"] = installed_settings(built.target)
+    # the first model keeps the forms of its own config, whatever models of
+    # other configs were built (and called) after it in this process
+    res["calls/default_again"] = gemm_calls(default.target, default.drafter, rows)
     for form in ("pad", "tokens", "off"):
-        set_toggles(ROW_INVARIANT_QK_NORM=form)
-        res[f"norms/{form}"] = norm_calls(target, drafter)
+        built = build(row_invariant_qk_norm=form)
+        refused[f"norms/{form}"] = built.refused
+        res[f"norms/{form}"] = norm_calls(built.target, built.drafter)
     # batch_invariant: upstream's batch-invariant matmul (Triton interpreted,
     # each row of a tl.dot on its own: see row_invariant_standins) replaces
     # the GEMM for 1..WIDTH rows; the recorded CPU GEMM is then not called.
-    set_toggles(ROW_INVARIANT_LINEAR_FORM="batch_invariant")
+    built = build(row_invariant_linear_form="batch_invariant")
+    refused["batch_invariant"] = built.refused
     with row_wise_interpreter_dot():
-        res["calls/batch_invariant"] = gemm_calls(target, drafter, (1, WIDTH, 12))
-        res["bitwise/batch_invariant"] = bitwise(target, drafter)
+        res["calls/batch_invariant"] = gemm_calls(
+            built.target, built.drafter, (1, WIDTH, 12)
+        )
+        res["bitwise/batch_invariant"] = bitwise(built.target, built.drafter)
     RECORD.mode.update(gemm="standin", norm="standin")
-    for name, toggles in {
+    for name, options in {
         "default": {},
         "tokens": {
-            "ROW_INVARIANT_QK_NORM": "tokens",
-            "ROW_INVARIANT_LINEAR_FORM": "rows",
+            "row_invariant_qk_norm": "tokens",
+            "row_invariant_linear_form": "rows",
         },
-        "off": {"ROW_INVARIANT_QK_NORM": "off", "ROW_INVARIANT_LINEARS": "none"},
-        "plain": {"ROW_INVARIANT_LINEAR_FORM": "plain"},
-        "norm_off": {"ROW_INVARIANT_QK_NORM": "off"},
-        "linears_none": {"ROW_INVARIANT_LINEARS": "none"},
-        "exact_off": {"EXACT_VERIFY": "0"},
+        "off": {"row_invariant_qk_norm": "off", "row_invariant_linears": "none"},
+        "plain": {"row_invariant_linear_form": "plain"},
+        "norm_off": {"row_invariant_qk_norm": "off"},
+        "linears_none": {"row_invariant_linears": "none"},
+        "exact_off": {"exact_verify": False},
     }.items():
-        set_toggles(**toggles)
-        res[f"bitwise/standin/{name}"] = bitwise(target, drafter)
+        built = build(**options)
+        refused[f"standin/{name}"] = built.refused
+        res[f"bitwise/standin/{name}"] = bitwise(built.target, built.drafter)
     RECORD.mode.update(gemm="flinear", norm="real")
-    set_toggles()
+    res["refused"] = refused
     return res
 
 
 def main() -> int:
-    return driver_main(lambda: run(*build()[1:]))
+    return driver_main(run)
 
 
 if __name__ == "__main__":

@@ -7,15 +7,21 @@ graph with the property that matters: between ``capture_begin`` and
 ``capture_end`` kernels are recorded, not executed (their outputs hold
 garbage, here NaN), and ``replay`` runs them on the same tensors. The
 capture module is the real one.
+
+The configuration step and the wrapper choice read the series' options from
+the config given (``additional_config["xpu_laguna"]``); configs here are
+stand-ins carrying them (``laguna_model_testlib.config_stand_in``).
 """
 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
 from breakable_graph_standins import PlatformStandIn, RecordingGraph
+from laguna_model_testlib import config_stand_in, series_options
 
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
 from vllm.compilation.xpu_breakable_graph.backends import (
@@ -220,74 +226,73 @@ def test_device_graph_choice() -> None:
         device_graph_backend(_PlatformStandIn("cpu"))
 
 
-def test_runner_wrapper_choice_follows_the_toggle(monkeypatch) -> None:
-    import vllm.envs as envs
+BREAKABLE = {"breakable_graph": True}
+
+
+def test_runner_wrapper_choice_follows_the_config() -> None:
+    """The series' wrapper for a Laguna config whose options turn breakable
+    graphs on (on CPU: asked for explicitly), upstream's for every other
+    config; two configs in one process each get their own choice."""
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
-    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
     from vllm.compilation.xpu_breakable_graph.wrapper import (
         XpuBreakableGraphWrapper,
         breakable_graph_wrapper_cls,
     )
 
-    reset_series_scope()  # no config and no decision: the toggle alone decides
-    monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", False, raising=False)
-    assert breakable_graph_wrapper_cls() is BreakableCUDAGraphWrapper
-    monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", True, raising=False)
-    assert breakable_graph_wrapper_cls() is XpuBreakableGraphWrapper
+    on = config_stand_in(BREAKABLE)
+    off = config_stand_in(series_options(breakable_graph=False))
+    for _ in range(2):
+        assert breakable_graph_wrapper_cls(on) is XpuBreakableGraphWrapper
+        assert breakable_graph_wrapper_cls(off) is BreakableCUDAGraphWrapper
+    assert breakable_graph_wrapper_cls(config_stand_in(None)) is (
+        BreakableCUDAGraphWrapper
+    )
+    assert breakable_graph_wrapper_cls(None) is BreakableCUDAGraphWrapper
 
 
 @pytest.mark.parametrize(
-    "toggle,architecture,series",
+    "options,architecture,series",
     [
-        (False, None, False),
-        (True, None, True),
-        (True, "LagunaForCausalLM", True),
-        (True, "LlamaForCausalLM", False),
+        (series_options(breakable_graph=False), "LagunaForCausalLM", False),
+        (None, "LagunaForCausalLM", False),
+        (BREAKABLE, None, False),
+        (BREAKABLE, "LagunaForCausalLM", True),
+        (BREAKABLE, "LlamaForCausalLM", False),
     ],
 )
 def test_v2_manager_builds_the_series_wrapper(
-    monkeypatch, toggle, architecture, series
+    monkeypatch, options, architecture, series
 ) -> None:
     """Patch 0006: Model Runner V2's CudaGraphManager builds its breakable
-    runner from the series' wrapper while the toggle is on and the target is
-    one the series is for, upstream's otherwise: the toggle off is the
-    negative control of the choice being the patch's, the Laguna row the
-    control of the Llama row (a model out of scope keeps upstream's wrapper
-    under upstream's own breakable graphs)."""
-    from types import SimpleNamespace
-
+    runner from the series' wrapper when its config's options turn
+    breakable graphs on and the target is one the series is for, upstream's
+    otherwise: the option off (or not given) is the negative control of the
+    choice being the patch's, the Laguna row the control of the Llama and
+    no-model rows (a model out of scope keeps upstream's wrapper under
+    upstream's own breakable graphs)."""
     from xpu_laguna_standins.emulated_graphs import recording_backend
 
-    import vllm.envs as envs
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
     from vllm.compilation.xpu_breakable_graph.backends import (
         set_device_graph_backend_override,
     )
-    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
     from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
     from vllm.config import CompilationConfig
     from vllm.platforms import current_platform
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", str(int(toggle)))
-    monkeypatch.setattr(envs, "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", toggle, raising=False)
     monkeypatch.setattr(type(current_platform), "_global_graph_pool", "pool")
-    model_config = None
-    if architecture is not None:
-        model_config = SimpleNamespace(architectures=[architecture])
-    reset_series_scope()
     set_device_graph_backend_override(recording_backend())
     try:
-        vllm_config = SimpleNamespace(
+        vllm_config = config_stand_in(
+            options,
+            architecture,
             compilation_config=CompilationConfig(cudagraph_capture_sizes=[8]),
-            parallel_config=SimpleNamespace(tensor_parallel_size=1),
-            model_config=model_config,
         )
         manager = SimpleNamespace(breakable_cg_runner=None, vllm_config=vllm_config)
         CudaGraphManager.init_breakable_cg_runner(manager, torch.nn.Identity())
     finally:
         set_device_graph_backend_override(None)
-        reset_series_scope()
     runner = manager.breakable_cg_runner
     assert isinstance(runner, BreakableCUDAGraphWrapper)
     assert isinstance(runner, XpuBreakableGraphWrapper) is series
@@ -297,23 +302,32 @@ def test_v2_manager_builds_the_series_wrapper(
 def _breakable_switch_restored(monkeypatch):
     """Each test here starts without VLLM_USE_BREAKABLE_CUDAGRAPH and
     leaves none behind (it changes how later configs resolve compilation);
-    configure_breakable_graph never writes it."""
+    configure_breakable_graph never writes it. The torch here has XPU
+    graphs (the XPU platform stand-in's configuration needs them)."""
+    from vllm.utils import torch_utils
+
     monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "0")
     monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH")
+    monkeypatch.setattr(torch_utils, "supports_xpu_graph", lambda: True)
 
 
-def _config_stand_in():
-    from types import SimpleNamespace
-
+def _config_stand_in(
+    options: dict | None = BREAKABLE, architecture: str | None = "LagunaForCausalLM"
+):
+    """A config the configuration step reads: a Laguna target with the
+    series' breakable graphs asked for (default), nothing else set."""
     from vllm.config import CompilationConfig
 
-    return SimpleNamespace(
+    return config_stand_in(
+        options,
+        architecture,
         compilation_config=CompilationConfig(),
-        model_config=None,
-        parallel_config=SimpleNamespace(pipeline_parallel_size=1),
         speculative_config=None,
         scheduler_config=None,
     )
+
+
+XPU = _PlatformStandIn("xpu")
 
 
 def test_the_configuration_forces_no_runner_and_arms_v2s_path(monkeypatch) -> None:
@@ -323,9 +337,8 @@ def test_the_configuration_forces_no_runner_and_arms_v2s_path(monkeypatch) -> No
     through the environment a later config would inherit."""
     from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
 
-    monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
     cfg = _config_stand_in()
-    assert configure_breakable_graph(cfg, _PlatformStandIn("cuda")) is True
+    assert configure_breakable_graph(cfg, XPU) is True
     cc = cfg.compilation_config
     assert cc.use_breakable_cudagraph is True
     assert cc.cudagraph_capture_sizes == [8]
@@ -333,6 +346,61 @@ def test_the_configuration_forces_no_runner_and_arms_v2s_path(monkeypatch) -> No
     assert cc.max_prefill_cudagraph_capture_tokens == 8
     assert cc.decode_cudagraph_capture_request_sizes == []
     assert "VLLM_USE_BREAKABLE_CUDAGRAPH" not in os.environ
+
+
+def test_two_configs_in_one_process_get_their_own_graphs() -> None:
+    """Each config is configured from its own options, in any order: the
+    width of one (4) never reaches another (8), the option off (a Laguna
+    with the series but not its graphs) leaves that config as upstream
+    resolves it, and configuring the first again gives the same result."""
+    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
+
+    narrow = _config_stand_in({"breakable_graph": True, "verify_width": 4})
+    default = _config_stand_in()
+    without = _config_stand_in(series_options(breakable_graph=False))
+    assert configure_breakable_graph(narrow, XPU) is True
+    assert configure_breakable_graph(without, XPU) is False
+    assert configure_breakable_graph(default, XPU) is True
+    assert configure_breakable_graph(narrow, XPU) is True
+    assert narrow.compilation_config.cudagraph_capture_sizes == [4]
+    assert narrow.compilation_config.prefill_cudagraph_capture_token_sizes == [4]
+    assert default.compilation_config.cudagraph_capture_sizes == [8]
+    assert without.compilation_config.cudagraph_capture_sizes is None
+    assert without.compilation_config.use_breakable_cudagraph is not True
+
+
+def test_nothing_is_read_from_the_environment(monkeypatch) -> None:
+    """The variables the series used to read change nothing: a config
+    without the option stays upstream's, one with it gets its own width."""
+    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
+    from vllm.config.xpu_laguna_options import ENV_REPLACED_BY
+
+    contrary = {"breakable_graph": "1", "verify_width": "4"}
+    for name, key in ENV_REPLACED_BY.items():
+        if key in contrary:
+            monkeypatch.setenv(name, contrary[key])
+    without = _config_stand_in(series_options())
+    assert configure_breakable_graph(without, XPU) is False
+    cfg = _config_stand_in()
+    assert configure_breakable_graph(cfg, XPU) is True
+    assert cfg.compilation_config.cudagraph_capture_sizes == [8]
+
+
+def test_a_cuda_platform_is_not_the_series(monkeypatch) -> None:
+    """The series acts on XPU (and on CPU when a run asks): on a CUDA
+    platform the option leaves the configuration as upstream resolves it;
+    the XPU row is the control."""
+    from vllm.compilation.xpu_breakable_graph.config import (
+        breakable_graph_enabled,
+        configure_breakable_graph,
+    )
+
+    cuda, xpu = _config_stand_in(), _config_stand_in()
+    assert configure_breakable_graph(cuda, _PlatformStandIn("cuda")) is False
+    assert not breakable_graph_enabled(cuda, _PlatformStandIn("cuda"))
+    assert cuda.compilation_config.cudagraph_capture_sizes is None
+    assert configure_breakable_graph(xpu, XPU) is True
+    assert breakable_graph_enabled(xpu, XPU)
 
 
 @pytest.mark.parametrize(
@@ -354,17 +422,17 @@ def test_v2_capture_sizes_other_than_the_width_are_refused(
     width's value passes)."""
     from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
 
-    monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
     cfg = _config_stand_in()
     setattr(cfg.compilation_config, field, value)
     if accepted:
-        configure_breakable_graph(cfg, _PlatformStandIn("cuda"))
+        configure_breakable_graph(cfg, XPU)
         assert getattr(cfg.compilation_config, field) == value
         return
     with pytest.raises(BreakableGraphConfigError) as info:
-        configure_breakable_graph(cfg, _PlatformStandIn("cuda"))
+        configure_breakable_graph(cfg, XPU)
     text = str(info.value)
     assert message in text and str(value) in text and "\n" not in text
+    assert text.startswith("xpu_laguna.breakable_graph: ")
 
 
 def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
@@ -379,7 +447,7 @@ def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
         configure_breakable_graph(_config_stand_in(), _PlatformStandIn("cpu"))
     set_device_graph_backend_override(recording_backend())
     try:
-        configure_breakable_graph(_config_stand_in(), _PlatformStandIn("cpu"))
+        assert configure_breakable_graph(_config_stand_in(), _PlatformStandIn("cpu"))
         assert "RecordingGraph" in device_graph_backend().graph_class_name
     finally:
         set_device_graph_backend_override(None)
@@ -392,26 +460,13 @@ def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
 def test_breakable_graphs_configure_only_a_laguna_target(
     monkeypatch, architecture, configured
 ) -> None:
-    """The toggle set explicitly (as the XPU recipe does) leaves another
+    """The option set explicitly (as the XPU recipe does) leaves another
     model's configuration as upstream resolves it; the Laguna row is the
     control (the same call configures the graphs)."""
-    from types import SimpleNamespace
+    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
 
-    from vllm.compilation.xpu_breakable_graph.config import (
-        configure_breakable_graph,
-        reset_series_scope,
-    )
-
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", "1")
-    monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
-    cfg = _config_stand_in()
-    cfg.model_config = SimpleNamespace(
-        architectures=[architecture], enforce_eager=False
-    )
-    try:
-        assert configure_breakable_graph(cfg, _PlatformStandIn("cuda")) is configured
-    finally:
-        reset_series_scope()
+    cfg = _config_stand_in(architecture=architecture)
+    assert configure_breakable_graph(cfg, XPU) is configured
     sizes = cfg.compilation_config.prefill_cudagraph_capture_token_sizes
     assert (sizes == [8]) is configured
     assert (cfg.compilation_config.use_breakable_cudagraph is True) is configured
@@ -423,37 +478,23 @@ def test_a_later_config_in_the_process_resolves_its_own_graph_path(
     monkeypatch, tmp_path, leaked
 ) -> None:
     """The series' graph configuration of one engine (a Laguna config,
-    platform given as CUDA) does not reach the next config this process
+    platform given as XPU) does not reach the next config this process
     builds: another model's VllmConfig resolves upstream's breakable path
     off, as its own settings say. Control (``leaked``): the switch the
     series used to write into ``os.environ`` turns it on for that model."""
-    from types import SimpleNamespace
-
     from laguna_model_testlib import write_tiny_llama
 
-    from vllm.compilation.xpu_breakable_graph.config import (
-        configure_breakable_graph,
-        reset_series_scope,
-    )
+    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
     from vllm.engine.arg_utils import EngineArgs
 
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", "1")
     laguna = _config_stand_in()
-    laguna.model_config = SimpleNamespace(
-        architectures=["LagunaForCausalLM"], enforce_eager=False
-    )
-    try:
-        assert configure_breakable_graph(laguna, _PlatformStandIn("cuda"))
-    finally:
-        reset_series_scope()
+    assert configure_breakable_graph(laguna, XPU)
     assert laguna.compilation_config.use_breakable_cudagraph is True
     if leaked:
         monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
-    monkeypatch.delenv("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH")
     llama = EngineArgs(
         model=str(write_tiny_llama(tmp_path / "llama")),
         max_model_len=128,
         skip_tokenizer_init=True,
     ).create_engine_config()
-    reset_series_scope()
     assert llama.compilation_config.use_breakable_cudagraph is leaked

@@ -7,9 +7,9 @@ Two stand-ins for device graphs: one that only logs capture and replay
 capture and re-runs them on replay (numerics; breakable_graph_standins.py).
 
 The observations come from ``breakable_graph_driver.py``, run once in its
-own process (the toggle must be on before vLLM's attention module is
-imported, and the fake tensor-parallel size must not leak into other
-tests). Every attention and collective call site of vLLM's Laguna model is
+own process (the fake tensor-parallel size must not leak into other tests);
+the series' options (breakable graphs on) are in each config it builds.
+Every attention and collective call site of vLLM's Laguna model is
 reached; device graphs are a stand-in that logs capture and replay.
 """
 
@@ -44,7 +44,6 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         *map(str, MOE_TP_SIZES),
         "--drafter-layers",
         *map(str, DRAFTER_LAYERS),
-        BREAKABLE_GRAPH="1",
     )
 
 
@@ -272,20 +271,40 @@ def test_out_of_place_break_is_caught(observed) -> None:
     _refused(r["replay"], "OutOfPlaceBreakError", "eager break 1 ", "write in place")
 
 
-def test_configuration(observed) -> None:
-    r = _ok(observed["config"])
-    assert r["cpu_platform_config"]["error"] is not None
-    assert "needs an XPU or CUDA device" in r["cpu_platform_config"]["message"]
-    _refused(r["cpu"], "BreakableGraphConfigError")
-    assert r["cuda"]["error"] is None and r["cuda_again"]["error"] is None
-    assert r["cuda_result"] == {
+def _graph_fields(width: int) -> dict[str, Any]:
+    return {
         "mode": 0,
         "cudagraph_mode": "PIECEWISE",
-        "sizes": [8],
-        "max": 8,
+        "sizes": [width],
+        "max": width,
         "use_breakable_cudagraph": True,  # upstream's path on in this config
         "env": None,  # and nothing written to the environment
     }
+
+
+UNCONFIGURED = {
+    "mode": None,
+    "cudagraph_mode": None,
+    "sizes": None,
+    "max": None,
+    "use_breakable_cudagraph": False,
+    "env": None,
+}
+
+
+def test_configuration(observed) -> None:
+    r = _ok(observed["config"])
+    # the option in an engine config built on CPU: refused at the build
+    assert r["cpu_platform_config"]["error"] is not None
+    assert "needs an XPU or CUDA device" in r["cpu_platform_config"]["message"]
+    assert "xpu_laguna.breakable_graph" in r["cpu_platform_config"]["message"]
+    _refused(r["cpu"], "BreakableGraphConfigError", "needs an XPU or CUDA device")
+    # a CUDA platform is not the series': the config stays upstream's
+    assert r["cuda"] == {"error": None, "result": False}
+    assert r["cuda_result"] == UNCONFIGURED
+    assert r["xpu"] == {"error": None, "result": True}
+    assert r["xpu_again"] == {"error": None, "result": True}
+    assert r["xpu_result"] == _graph_fields(8)
     for case, text in {
         "full_mode": "needs cudagraph_mode PIECEWISE, not FULL",
         "sizes": "captures exactly the verify width [8]",
@@ -294,5 +313,19 @@ def test_configuration(observed) -> None:
         "xpu_graph_off": "has no XPU graphs (need >= 2.11)",
         "width_changed": "verify width [4], not [8]",
     }.items():
-        _refused(r[case], "BreakableGraphConfigError", text)
-    assert r["xpu"]["error"] is None
+        _refused(
+            r[case], "BreakableGraphConfigError", "xpu_laguna.breakable_graph: ", text
+        )
+    assert r["xpu_graph_on"]["error"] is None
+
+
+def test_two_configs_get_their_own_graphs(observed) -> None:
+    """Configs built later in the same process are configured from their
+    own options: a width of 4 captures [4]; breakable graphs off (the series
+    still asked for: exact verify) leaves the config as upstream resolves
+    it."""
+    r = _ok(observed["config"])
+    assert r["width_4"] == {"error": None, "result": True}
+    assert r["width_4_result"] == _graph_fields(4)
+    assert r["off"] == {"error": None, "result": False}
+    assert r["off_result"] == UNCONFIGURED

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from breakable_graph_standins import piecewise_forward_context
-from laguna_attn_testlib import BLOCK_SIZE, kv_spec, set_toggles, vllm_config
+from laguna_attn_testlib import BLOCK_SIZE, kv_spec, options, vllm_config
 
 from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
 from vllm.compilation.xpu_breakable_graph.errors import StaticInputMismatchError
@@ -106,10 +106,12 @@ def _metadata_pointers(metadata: dict[str, object]) -> tuple[int, ...]:
 
 
 @pytest.mark.parametrize("prebuilt", [False, True], ids=["md-off", "md-on"])
-def test_wrapped_forward_survives_500_dflash_cycles(monkeypatch, prebuilt):
-    set_toggles(monkeypatch, exact=True, width=WIDTH, prebuilt=prebuilt)
-    config = vllm_config(8)
+def test_wrapped_forward_survives_500_dflash_cycles(prebuilt):
+    config = vllm_config(8, options(exact=True, width=WIDTH, prebuilt=prebuilt))
     runner = _Runner(config)
+    # the builders took the prebuilt option from the config they were made with
+    owners = [b.laguna_prebuilt is not None for b in runner.builders.values()]
+    assert owners == [prebuilt] * len(owners)
     input_ids = torch.zeros(WIDTH, dtype=torch.int64)
     positions = torch.zeros(WIDTH, dtype=torch.int64)
     wrapper = XpuBreakableGraphWrapper(

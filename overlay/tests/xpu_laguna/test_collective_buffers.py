@@ -2,21 +2,28 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The collective breaks' preallocated slots: handed out in order per
 capture, refused (never grown) when a capture needs more or bigger ones; and
-the collective break inside upstream's own breakable capture."""
+the collective break inside upstream's own breakable capture (the wrapper
+class, the series' or upstream's, is chosen from the config: a capture that
+is not the series' gets upstream's all-reduce, whatever config is current)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from breakable_graph_standins import RecordingGraph
+from laguna_model_testlib import config_stand_in, series_options
 
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
-from vllm.compilation.xpu_breakable_graph import config
+from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
+from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
 from vllm.compilation.xpu_breakable_graph.collective_buffers import (
     CollectiveBuffers,
     collective_buffers_for,
 )
 from vllm.compilation.xpu_breakable_graph.collectives import breakable_all_reduce
 from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphError
+from vllm.config import set_current_vllm_config
+from vllm.distributed import xpu_laguna_collectives as xc
 
 
 def _slots(count: int = 3) -> CollectiveBuffers:
@@ -68,9 +75,13 @@ def test_no_slots_without_collectives() -> None:
 
 
 class _TwoRankGroup:
-    """A tensor-parallel group of 2 whose all-reduce doubles (and counts)."""
+    """A tensor-parallel group of 2 whose all-reduce doubles (and counts);
+    its communicator was built in the exact path's mode."""
 
+    unique_name = "tp:0"
     world_size = 2
+    device_group = "GROUP"
+    xpu_laguna_mode = xc.TpReduceMode.RANK_ORDER
 
     def __init__(self) -> None:
         self.calls = 0
@@ -91,23 +102,53 @@ def upstream_capture():
     BreakableCUDAGraphCapture._tls.active = None
 
 
-def test_upstream_capture_of_another_model_gets_upstreams_all_reduce(
-    upstream_capture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A model the series is not for, with upstream's breakable graphs and
-    the series' toggle set: the all-reduce upstream would run."""
-    monkeypatch.setattr(config._scope, "decided", False)
+CURRENT_CONFIGS = {
+    "laguna_series": config_stand_in(series_options(breakable_graph=True)),
+    "laguna_without": config_stand_in(None),
+    "llama": config_stand_in(series_options(breakable_graph=True), "LlamaForCausalLM"),
+    "none": None,
+}
+
+
+@pytest.mark.parametrize("current", CURRENT_CONFIGS)
+def test_upstream_capture_gets_upstreams_all_reduce(upstream_capture, current) -> None:
+    """Upstream's capture (the wrapper V2 builds for a config the series'
+    breakable graphs are not on for) holds no series break: the all-reduce
+    upstream would run, whatever config is current, a Laguna with the series
+    included (the choice of capture was made from its config)."""
     group, x = _TwoRankGroup(), torch.ones(2, 4)
-    assert torch.equal(breakable_all_reduce(x, group), x * 2)
+    with set_current_vllm_config(CURRENT_CONFIGS[current]):
+        assert torch.equal(breakable_all_reduce(x, group), x * 2)
     assert group.calls == 1
 
 
-def test_upstream_capture_of_laguna_is_refused(
-    upstream_capture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Control: in scope, upstream's capture cannot hold the series' break."""
-    monkeypatch.setattr(config._scope, "decided", True)
-    group = _TwoRankGroup()
-    with pytest.raises(BreakableGraphError, match="upstream breakable capture"):
-        breakable_all_reduce(torch.ones(2, 4), group)
-    assert group.calls == 0
+def test_the_series_capture_breaks_into_its_own_buffer(monkeypatch) -> None:
+    """Control: inside the series' capture the same call is an eager break
+    that reduces (the group's mode: the rank-order sum) into a buffer the
+    capture owns, not the group's all-reduce."""
+    calls: list[tuple[int, ...]] = []
+
+    def rank_order(input_, group, out=None, gathered=None):
+        calls.append(tuple(input_.shape))
+        return out.copy_(input_ * 2)
+
+    monkeypatch.setattr(xc, "rank_order_all_reduce", rank_order)
+    group, x = _TwoRankGroup(), torch.ones(2, 4)
+    cap = XpuBreakableGraphCapture(
+        backend=DeviceGraphBackend(name="recording", graph_factory=RecordingGraph)
+    )
+    with cap:
+        out = breakable_all_reduce(x, group)
+    assert group.calls == 0 and calls == [(2, 4)]
+    assert out is not x and torch.equal(out, x * 2)
+    assert cap.break_counts()["collective"] == 1
+
+
+def test_no_break_outside_a_capture(upstream_capture) -> None:
+    """Not capturing (or one rank): the group's own all-reduce (or none)."""
+    upstream_capture._capturing = False
+    group, x = _TwoRankGroup(), torch.ones(2, 4)
+    assert torch.equal(breakable_all_reduce(x, group), x * 2)
+    group.world_size = 1
+    assert breakable_all_reduce(x, group) is x
+    assert group.calls == 1

@@ -10,30 +10,38 @@ and DFlash drafters written here with transformers' ``LagunaConfig``; the
 folders hold no weights at all, so every refusal happens before anything
 could load them), with its message asserted, and next to it the same
 configuration with the rule's setting fixed, which passes. The series is
-switched on with ``VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA=1`` (the
-exact verify alone activates it on XPU only).
+switched on by the configuration's options,
+``additional_config={"xpu_laguna": {"prebuilt_metadata": true}}``
+(``contract_testlib.SERIES_ON``; on CPU a switch must be set true
+explicitly, on XPU a Laguna target always gets the series). The options are
+validated for every configuration, and a ``VLLM_XPU_LAGUNA_*`` variable
+still set is refused, each in one line naming the option.
 
 Where a real configuration cannot reach a rule on CPU the test says so:
-the Ray backend cannot be configured without Ray installed (the rule is
-reached through the real hook with an executor class that uses Ray, and by
-calling the contract on a real config switched to "ray"); the INT4 target
-is a synthetic compressed-tensors config (4-bit integer weights, group 32,
-an FP8 ``kv_cache_scheme``), the layout the lab's notes describe for
-Laguna-S-2.1-INT4, not a copy of its config.
+the Ray backend cannot be configured without Ray installed (an executor
+class that uses Ray, and a real config switched to "ray", stand in); the
+INT4 target is a synthetic compressed-tensors config (4-bit integer
+weights, group 32, an FP8 ``kv_cache_scheme``), the layout the lab's notes
+describe for Laguna-S-2.1-INT4, not a copy of its config.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 
 import pytest
 from contract_testlib import (
     COMPILE_LINE,
-    SERIES_TOGGLE,
+    OPTIONS,
+    SERIES_OFF,
+    SERIES_ON,
     RayLikeExecutor,
+    additional_config,
+    error_line,
     make_config,
     refused_line,
 )
@@ -45,16 +53,17 @@ from drafter_testlib import (
     MATCHED_REV,
     record,
 )
-from laguna_model_testlib import VOCAB
+from laguna_model_testlib import VOCAB, write_tiny_llama
 
 from vllm.config import CompilationMode, CUDAGraphMode
 
-# the fixtures (models, series_on, log_lines); no conftest in the patch tests
+# the fixtures (models, series_environment, log_lines); no conftest in the
+# patch tests
 pytest_plugins = ("contract_testlib",)
 
 
-# every test here starts from the series state of ``series_on``
-pytestmark = pytest.mark.usefixtures("series_on")
+# every test here runs without a VLLM_XPU_LAGUNA_* variable and offline
+pytestmark = pytest.mark.usefixtures("series_environment")
 
 
 # ------------------------------------------------------------------- rules
@@ -76,7 +85,7 @@ def test_the_baseline_passes_and_the_series_sets_its_one_safe_values(
     ]
 
 
-def test_unset_async_scheduling_is_turned_off(models, monkeypatch) -> None:
+def test_unset_async_scheduling_is_turned_off(models) -> None:
     """The CPU platform turns async scheduling off later on its own, so the
     contract is called on a real config with the setting unset again."""
     from vllm.config.xpu_laguna_contract import check_series_contract
@@ -85,26 +94,35 @@ def test_unset_async_scheduling_is_turned_off(models, monkeypatch) -> None:
     cfg.scheduler_config.async_scheduling = None
     check_series_contract(cfg)
     assert cfg.scheduler_config.async_scheduling is False
-    monkeypatch.setenv(SERIES_TOGGLE, "0")  # negative control: left to upstream
+    # negative control: the same config with the series off, left to upstream
+    cfg.additional_config = additional_config(SERIES_OFF)
     cfg.scheduler_config.async_scheduling = None
     check_series_contract(cfg)
     assert cfg.scheduler_config.async_scheduling is None
 
 
-def test_series_off_the_contract_is_a_no_op(models, monkeypatch, log_lines) -> None:
-    """Negative control of the hook: every toggle off, the settings the
+def test_series_off_the_contract_is_a_no_op(models, log_lines) -> None:
+    """Negative control of the hook: every switch off, the settings the
     contract refuses are accepted and prefix caching stays on."""
-    monkeypatch.setenv(SERIES_TOGGLE, "0")
-    cfg = make_config(models, async_scheduling=True, spec={"num_speculative_tokens": 8})
+    cfg = make_config(
+        models,
+        options=SERIES_OFF,
+        async_scheduling=True,
+        spec={"num_speculative_tokens": 8},
+    )
     assert cfg.speculative_config.num_speculative_tokens == 8
     assert cfg.cache_config.enable_prefix_caching is True
-    assert make_config(models, target="int4", draft="draft", kv_cache_dtype="auto")
+    assert make_config(
+        models, options=SERIES_OFF, target="int4", draft="draft", kv_cache_dtype="auto"
+    )
     assert make_config(
         models,
+        options=SERIES_OFF,
         kv_cache_dtype="fp8",
         tensor_parallel_size=4,
         enable_expert_parallel=True,
     )
+    assert make_config(models, options=None)  # no options at all: the same
     assert log_lines == []
 
 
@@ -117,22 +135,20 @@ def test_async_scheduling_with_dflash_is_refused(models) -> None:
     assert make_config(models, async_scheduling=False)
 
 
-def test_async_scheduling_is_free_with_the_exact_verify_off(
-    models, monkeypatch
-) -> None:
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "0")
-    assert make_config(models, async_scheduling=True)
+def test_async_scheduling_is_free_with_the_exact_verify_off(models) -> None:
+    options = {**SERIES_ON, "exact_verify": False}
+    assert make_config(models, options=options, async_scheduling=True)
 
 
-def test_width_above_the_verify_width_is_refused(models, monkeypatch) -> None:
+def test_width_above_the_verify_width_is_refused(models) -> None:
     assert refused_line(models, spec={"num_speculative_tokens": 8}) == (
         "XPU Laguna series: speculative width num_speculative_tokens + 1 = 9 "
-        "exceeds VLLM_XPU_LAGUNA_VERIFY_WIDTH=8 (wider verify steps leave the "
+        "exceeds xpu_laguna.verify_width 8 (wider verify steps leave the "
         "exact path); set num_speculative_tokens <= 7 in --speculative-config or "
-        "raise VLLM_XPU_LAGUNA_VERIFY_WIDTH"
+        "raise xpu_laguna.verify_width"
     )
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_VERIFY_WIDTH", "9")
-    assert make_config(models, spec={"num_speculative_tokens": 8})
+    options = {**SERIES_ON, "verify_width": 9}
+    assert make_config(models, options=options, spec={"num_speculative_tokens": 8})
 
 
 def test_kv_cache_dtype_other_than_the_model_dtype_is_refused(models) -> None:
@@ -319,7 +335,7 @@ def test_non_standard_rejection_is_refused(models) -> None:
         "XPU Laguna series: rejection_sample_method 'block' on the exact path "
         "(only standard rejection keeps the output the target's own tokens); "
         '"rejection_sample_method": "standard" in --speculative-config, or '
-        "VLLM_XPU_LAGUNA_EXACT_VERIFY=0"
+        "xpu_laguna.exact_verify false"
     )
     assert make_config(models, spec={"rejection_sample_method": "standard"})
 
@@ -359,80 +375,220 @@ def test_more_than_one_sequence_is_allowed_with_one_warning(models, log_lines) -
     assert not any("max_num_seqs" in line for line in log_lines)
 
 
+# ------------------------------------------------------------------ options
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fix"),
+    [
+        (
+            "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
+            "6",
+            "set xpu_laguna.verify_width in --additional-config "
+            "(additional_config={'xpu_laguna': {'verify_width': ...}})",
+        ),
+        (
+            "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA",
+            "1",
+            "set xpu_laguna.prebuilt_metadata in --additional-config "
+            "(additional_config={'xpu_laguna': {'prebuilt_metadata': ...}})",
+        ),
+        (
+            "VLLM_XPU_LAGUNA_EXACT_VERIFY",
+            "0",
+            "set xpu_laguna.exact_verify in --additional-config "
+            "(additional_config={'xpu_laguna': {'exact_verify': ...}})",
+        ),
+        (
+            "VLLM_XPU_LAGUNA_SOMETHING_ELSE",
+            "1",
+            None,
+        ),
+    ],
+)
+def test_a_series_variable_still_set_is_refused_naming_its_option(
+    models, tmp_path, monkeypatch, name, value, fix
+) -> None:
+    """The series reads no environment variable: one still set (an old
+    recipe's), whatever its value, refuses every configuration in one line
+    naming the option that replaced it: with the series on, off, or for
+    another model."""
+    monkeypatch.setenv(name, value)
+    line = (
+        f"XPU Laguna series: {name} is no longer read; unset it and {fix}"
+        if fix is not None
+        else f"XPU Laguna series: {name} is not an option of the series (it "
+        "reads its options from additional_config['xpu_laguna'] only); unset it"
+    )
+    assert refused_line(models) == line
+    assert refused_line(models, options=None, draft=None) == line
+    from vllm.engine.arg_utils import EngineArgs
+
+    llama = EngineArgs(
+        model=str(write_tiny_llama(tmp_path / "tiny-llama")),
+        max_model_len=256,
+        skip_tokenizer_init=True,
+    )
+    with pytest.raises(ValueError) as err:
+        llama.create_engine_config()
+    assert error_line(str(err.value)) == line
+    monkeypatch.delenv(name)  # negative control: unset, the same configs pass
+    assert make_config(models)
+    assert llama.create_engine_config()
+
+
+def test_the_server_flag_carries_the_options(models) -> None:
+    """``vllm serve ... --additional-config JSON``: vLLM's own argument
+    parser turns the one JSON argument into the configuration's options."""
+    from vllm.config.xpu_laguna_options import XpuLagunaOptions
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    def config(extra: str):
+        argv = ["--model", str(models["target"]), "--max-model-len", "512"]
+        argv += ["--skip-tokenizer-init", "--dtype", "float32", "--max-num-seqs", "1"]
+        argv += ["--additional-config", extra]
+        args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(argv)
+        return EngineArgs.from_cli_args(args).create_engine_config()
+
+    cfg = config('{"xpu_laguna": {"prebuilt_metadata": true, "verify_width": 6}}')
+    options = XpuLagunaOptions.from_config(cfg)
+    assert (options.prebuilt_metadata, options.verify_width) == (True, 6)
+    assert cfg.cache_config.enable_prefix_caching is False  # the series acted
+    # negative control: JSON without the series' key, upstream's configuration
+    assert config('{"other": 1}').cache_config.enable_prefix_caching is True
+    # the old variables' spelling ("1") is not a boolean: one line
+    with pytest.raises(ValueError) as err:
+        config('{"xpu_laguna": {"prebuilt_metadata": "1"}}')
+    assert error_line(str(err.value), OPTIONS) == (
+        "additional_config['xpu_laguna']['prebuilt_metadata']: must be true or "
+        "false, not '1'"
+    )
+
+
 # ---------------------------------------------------------------- executors
 
 
-RAY_MESSAGE = (
-    "XPU Laguna series: the Ray executor is refused while a series toggle is on "
-    "(Ray workers may not run with the VLLM_XPU_LAGUNA_* values checked here); "
-    "use --distributed-executor-backend mp"
-)
+def test_an_executor_that_uses_ray_gets_the_options_with_its_config(
+    models,
+) -> None:
+    """No executor is refused any more (the Ray refusal was for variables a
+    Ray worker might not have): the options are part of the VllmConfig that
+    every executor hands its workers."""
+    from vllm.config.xpu_laguna_contract import check_series_contract
+    from vllm.config.xpu_laguna_options import XpuLagunaOptions
 
-
-def test_an_executor_that_uses_ray_is_refused(models) -> None:
     backend = f"{RayLikeExecutor.__module__}.RayLikeExecutor"
-    assert refused_line(models, distributed_executor_backend=backend) == RAY_MESSAGE
-    assert make_config(models, distributed_executor_backend="mp")
-    assert make_config(models, distributed_executor_backend="uni")
-
-
-def test_the_ray_backend_is_refused(models) -> None:
-    """Ray is not installed in the CPU runtime, so ParallelConfig refuses
-    "ray" itself; the contract is called on a real config switched to it."""
-    from vllm.config.xpu_laguna_contract import SeriesConfigError, check_series_contract
-
-    cfg = make_config(models)
+    cfg = make_config(models, distributed_executor_backend=backend)
+    assert XpuLagunaOptions.from_config(cfg).prebuilt_metadata
+    assert cfg.cache_config.enable_prefix_caching is False  # the series acted
+    # Ray is not installed in the CPU runtime, so ParallelConfig refuses
+    # "ray" itself; the contract is called on a real config switched to it
     object.__setattr__(cfg.parallel_config, "distributed_executor_backend", "ray")
     assert cfg.parallel_config.use_ray
-    with pytest.raises(SeriesConfigError) as err:
-        check_series_contract(cfg)
-    assert str(err.value) == RAY_MESSAGE
-    object.__setattr__(cfg.parallel_config, "distributed_executor_backend", "mp")
     check_series_contract(cfg)
 
 
-def _child_toggles(queue) -> None:
-    import vllm.envs as envs
+def _what_a_worker_sees(configs) -> list[dict]:
+    """What the series' worker-side predicates decide for each config."""
     from vllm.config.xpu_laguna_contract import series_active
+    from vllm.config.xpu_laguna_options import XpuLagunaOptions
+    from vllm.distributed.xpu_laguna_collectives import tp_reduce_mode
+    from vllm.v1.attention.backends.xpu_laguna_exact import exact_verify_width
 
-    queue.put(
-        {
-            "width": envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH,
-            "prebuilt": envs.VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA,
-            "series_active": series_active(),
-        }
+    seen = []
+    for cfg in configs:
+        options = XpuLagunaOptions.from_config(cfg)
+        seen.append(
+            {
+                "given": sorted(options.given),
+                "width": options.verify_width,
+                "series_active": series_active(cfg),
+                "exact_width": exact_verify_width(cfg),
+                "tp_reduce": tp_reduce_mode("tp:0", 2, cfg).name,
+            }
+        )
+    return seen
+
+
+def _child_sees(queue, configs) -> None:
+    queue.put(_what_a_worker_sees(configs))
+
+
+SEES_ON = {
+    "given": ["prebuilt_metadata", "verify_width"],
+    "width": 6,
+    "series_active": True,
+    "exact_width": 6,
+    "tp_reduce": "RANK_ORDER",
+}
+SEES_OFF = {
+    "given": ["prebuilt_metadata"],
+    "width": 8,
+    "series_active": False,
+    "exact_width": 0,
+    "tp_reduce": "PLAIN",
+}
+
+
+def _two_configs(models):
+    """A config with the series on at width 6, and one with it off."""
+    on = make_config(
+        models,
+        options={**SERIES_ON, "verify_width": 6},
+        spec={"num_speculative_tokens": 5},
+        tensor_parallel_size=2,
     )
+    off = make_config(models, options=SERIES_OFF, tensor_parallel_size=2)
+    return on, off
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
-def test_multiprocessing_workers_inherit_the_toggles(monkeypatch, method) -> None:
+def test_the_options_reach_the_workers_with_the_config(
+    models, monkeypatch, method
+) -> None:
     """The multiprocessing context of vLLM (engine core, MultiprocExecutor
-    workers) passes no environment of its own: a child started either way
-    sees the toggles as this process has them, set after import included."""
+    workers) hands each process its VllmConfig: a child started either way
+    sees the options of each config it is given and none of another's (the
+    series off after on, then on again, in the same child)."""
     from vllm.utils.system_utils import get_mp_context
 
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", method)
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_VERIFY_WIDTH", "6")
     ctx = get_mp_context()
     assert ctx.get_start_method() == method
+    on, off = _two_configs(models)
+    assert _what_a_worker_sees([on, off]) == [SEES_ON, SEES_OFF]  # here
     queue = ctx.Queue()
-    proc = ctx.Process(target=_child_toggles, args=(queue,))
+    proc = ctx.Process(target=_child_sees, args=(queue, [on, off, on]))
     proc.start()
     seen = queue.get(timeout=300)
     proc.join(timeout=60)
-    assert seen == {"width": 6, "prebuilt": True, "series_active": True}
+    assert seen == [SEES_ON, SEES_OFF, SEES_ON]
 
 
-def test_a_child_with_its_own_environment_does_not_see_them() -> None:
-    """Negative control of the inheritance check: a process started with an
-    explicit environment (what a Ray actor's runtime env is) lacks them."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_XPU_LAGUNA")}
-    code = "import os; print(os.environ.get('" + SERIES_TOGGLE + "'))"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
+def test_a_worker_with_an_environment_of_its_own_gets_them(models, tmp_path) -> None:
+    """What a Ray actor is: a process started with an environment of its own
+    (here without any ``VLLM_*`` variable) gets the options with the config
+    it is sent. Negative control: the same config without its ``xpu_laguna``
+    entry gets the defaults (on CPU: the series off)."""
+    import copy
+
+    on, _ = _two_configs(models)
+    bare = copy.copy(on)
+    bare.additional_config = {}
+    (tmp_path / "configs.pkl").write_bytes(pickle.dumps([on, bare]))
+    code = (
+        "import json, pickle, sys; from test_contract import _what_a_worker_sees; "
+        "configs = pickle.loads(open(sys.argv[1], 'rb').read()); "
+        "open(sys.argv[2], 'w').write(json.dumps(_what_a_worker_sees(configs)))"
     )
-    assert out.stdout.strip() == "None"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env["PYTHONPATH"] = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run(
+        [sys.executable, "-c", code, tmp_path / "configs.pkl", tmp_path / "seen.json"],
+        env=env,
+        check=True,
+        timeout=300,
+    )
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen == [SEES_ON, {**SEES_OFF, "given": []}]

@@ -10,7 +10,10 @@ from __future__ import annotations
 import pytest
 from contract_testlib import (
     COMPILE_LINE,
-    SERIES_TOGGLE,
+    OPTIONS,
+    SERIES_ON,
+    additional_config,
+    error_line,
     make_config,
     refused_line,
 )
@@ -18,12 +21,16 @@ from laguna_model_testlib import write_tiny_llama
 
 from vllm.config import CompilationMode, CUDAGraphMode
 
-# the fixtures (models, series_on, log_lines); no conftest in the patch tests
+# the fixtures (models, series_environment, log_lines); no conftest in the
+# patch tests
 pytest_plugins = ("contract_testlib",)
 
 
-# every test here starts from the series state of ``series_on``
-pytestmark = pytest.mark.usefixtures("series_on")
+# every test here runs without a VLLM_XPU_LAGUNA_* variable and offline;
+# make_config gives the series' options SERIES_ON unless a test gives others
+pytestmark = pytest.mark.usefixtures("series_environment")
+
+EXACT_OFF = {**SERIES_ON, "exact_verify": False}
 
 
 # ------------------------------------------------ compilation and graph modes
@@ -40,11 +47,10 @@ def test_optimization_levels_end_in_mode_none(models, level) -> None:
     assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
 
 
-def test_without_the_rule_the_default_compiles(models, monkeypatch) -> None:
+def test_without_the_rule_the_default_compiles(models) -> None:
     """Negative control: the same config with the exact verify off compiles
     (upstream's default on CPU: VLLM_COMPILE lowered to DYNAMO_TRACE_ONCE)."""
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "0")
-    cfg = make_config(models)
+    cfg = make_config(models, options=EXACT_OFF)
     assert cfg.compilation_config.mode == CompilationMode.DYNAMO_TRACE_ONCE
 
 
@@ -53,7 +59,7 @@ def test_an_explicit_compilation_mode_is_refused(models) -> None:
         "XPU Laguna series: compilation mode VLLM_COMPILE on the exact path "
         "(Inductor fuses the norms and gates into its own reductions: verify rows "
         "and the decode then run different arithmetic); use -cc.mode=NONE (or "
-        "--enforce-eager), or VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1 for graphs"
+        "--enforce-eager), or xpu_laguna.breakable_graph true for graphs"
     )
     cfg = make_config(models, compilation_config={"mode": 0})
     assert cfg.compilation_config.mode == CompilationMode.NONE
@@ -66,14 +72,14 @@ def test_an_explicit_graph_mode_is_refused(models) -> None:
         "XPU Laguna series: cudagraph_mode FULL_AND_PIECEWISE on the exact path "
         "(graphs bake the attention split counts at capture time); use "
         "-cc.cudagraph_mode=NONE (or --enforce-eager), or "
-        "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1 for the series' breakable graphs"
+        "xpu_laguna.breakable_graph true for the series' breakable graphs"
     )
     assert make_config(models, compilation_config={"cudagraph_mode": "NONE"})
     assert make_config(models, enforce_eager=True)
 
 
 def test_unset_graph_mode_is_set_to_none_before_the_level_defaults(
-    models, monkeypatch, log_lines
+    models, log_lines
 ) -> None:
     """The CPU platform sets cudagraph_mode NONE on its own, so the rule is
     reached on a real config with both modes unset again (as they are when
@@ -83,141 +89,196 @@ def test_unset_graph_mode_is_set_to_none_before_the_level_defaults(
 
     cfg = make_config(models)
     log_lines.clear()
-    for exact, expect in (("1", CUDAGraphMode.NONE), ("0", None)):
-        monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", exact)
+    for exact, expect in ((True, CUDAGraphMode.NONE), (False, None)):
+        cfg.additional_config = additional_config({**SERIES_ON, "exact_verify": exact})
         cfg.compilation_config.mode = None
         cfg.compilation_config.cudagraph_mode = None
         check_series_contract(cfg)
-        assert cfg.compilation_config.cudagraph_mode == expect  # "0": control
+        assert cfg.compilation_config.cudagraph_mode == expect  # False: control
     assert log_lines.count(COMPILE_LINE) == 1
 
 
-def test_breakable_graphs_keep_their_own_modes(models, monkeypatch) -> None:
-    """With the series' breakable-graph toggle 0007 sets the modes (NONE,
+def test_breakable_graphs_keep_their_own_modes(models) -> None:
+    """With the series' breakable-graph option 0007 sets the modes (NONE,
     PIECEWISE); the contract leaves them to it (on CPU 0007 refuses for lack
     of device graphs: its refusal, not the contract's, is the proof)."""
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH", "1")
-    with pytest.raises(ValueError, match="VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1: needs"):
-        make_config(models)
+    options = {**SERIES_ON, "breakable_graph": True}
+    assert refused_line(models, "xpu_laguna.breakable_graph: ", options=options) == (
+        "xpu_laguna.breakable_graph: needs an XPU or CUDA device, not 'cpu'"
+    )
 
 
 # -------------------------------------------- settings that break exactness
 
 
 @pytest.mark.parametrize(
-    ("name", "value", "message"),
+    ("key", "value", "message"),
     [
         (
-            "VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM",
+            "row_invariant_qk_norm",
             "off",
-            "XPU Laguna series: VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM=off on the "
-            "exact path (the q/k norm kernel reduces verify rows in another order "
-            "than the decode); set VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM=pad (or "
-            "tokens)",
+            "XPU Laguna series: xpu_laguna.row_invariant_qk_norm off on the exact "
+            "path (the q/k norm kernel reduces verify rows in another order than "
+            "the decode); set xpu_laguna.row_invariant_qk_norm to pad (or tokens)",
         ),
         (
-            "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS",
+            "row_invariant_linears",
             "none",
-            "XPU Laguna series: VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS leaves "
+            "XPU Laguna series: xpu_laguna.row_invariant_linears leaves "
             "qkv_proj,o_proj,g_proj,dense_mlp,shared_expert,router,lm_head without "
             "a row-invariant form on the exact path; set "
-            "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS=all",
+            "xpu_laguna.row_invariant_linears to all",
         ),
         (
-            "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS",
+            "row_invariant_linears",
             "qkv_proj,o_proj,g_proj,dense_mlp,shared_expert,router",
-            "XPU Laguna series: VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS leaves "
-            "lm_head without a row-invariant form on the exact path; set "
-            "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS=all",
+            "XPU Laguna series: xpu_laguna.row_invariant_linears leaves lm_head "
+            "without a row-invariant form on the exact path; set "
+            "xpu_laguna.row_invariant_linears to all",
         ),
         (
-            "VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4",
-            "0",
-            "XPU Laguna series: VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4=0 on the exact "
+            "row_invariant_int4",
+            False,
+            "XPU Laguna series: xpu_laguna.row_invariant_int4 false on the exact "
             "path (the INT4 GEMM primitive is built per row count); set "
-            "VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4=1",
+            "xpu_laguna.row_invariant_int4 true",
         ),
     ],
 )
-def test_forms_off_are_refused(models, monkeypatch, name, value, message) -> None:
-    monkeypatch.setenv(name, value)
-    assert refused_line(models) == message
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "0")  # control: exact off
-    assert make_config(models)
+def test_forms_off_are_refused(models, key, value, message) -> None:
+    assert refused_line(models, options={**SERIES_ON, key: value}) == message
+    # control: the same option with the exact verify off
+    assert make_config(models, options={**EXACT_OFF, key: value})
 
 
-def test_a_bad_row_invariant_value_fails_at_config_time(models, monkeypatch) -> None:
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS", "qkv,bogus")
-    assert refused_line(models).startswith(
-        "XPU Laguna series: VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS: unknown kind(s)"
+def test_a_bad_row_invariant_value_fails_at_config_time(models) -> None:
+    options = {**SERIES_ON, "row_invariant_linears": "qkv,bogus"}
+    assert refused_line(models, options=options).startswith(
+        "XPU Laguna series: xpu_laguna.row_invariant_linears: unknown kind(s)"
     )
 
 
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [
-        ("VLLM_XPU_LAGUNA_EXACT_TP_REDUCE", "yes"),
-        ("VLLM_XPU_LAGUNA_VERIFY_WIDTH", "17"),
-        ("VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN", "on"),
-        ("VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE", "lanes"),
-    ],
+KNOWN = (
+    "breakable_graph, debug_no_split_plan, debug_prebuilt_full_guard, "
+    "debug_xccl_standin, exact_tp_reduce, exact_verify, prebuilt_metadata, "
+    "row_invariant_int4, row_invariant_linear_form, row_invariant_linears, "
+    "row_invariant_moe, row_invariant_qk_norm, verify_width"
 )
-def test_a_bad_series_value_fails_at_config_time(
-    models, monkeypatch, name, value
-) -> None:
-    monkeypatch.setenv(name, value)
-    message = refused_line(models)
-    assert message.startswith(
-        f"XPU Laguna series: {name}='{value}' is not a valid value ("
-    ), message
-    assert message.endswith(
-        f"; set {name} to one of its documented values (vllm/envs.py)"
-    )
+BAD_OPTIONS = {
+    # id: (the xpu_laguna entry, its one line)
+    "unknown_key": (
+        {"verify_widht": 8},
+        f"additional_config['xpu_laguna']: unknown option 'verify_widht' (known: "
+        f"{KNOWN})",
+    ),
+    "bool_as_string": (
+        {"exact_tp_reduce": "yes"},
+        "additional_config['xpu_laguna']['exact_tp_reduce']: must be true or "
+        "false, not 'yes'",
+    ),
+    "bool_as_env_spelling": (
+        {"debug_no_split_plan": "1"},
+        "additional_config['xpu_laguna']['debug_no_split_plan']: must be true or "
+        "false, not '1'",
+    ),
+    "int_as_string": (
+        {"verify_width": "8"},
+        "additional_config['xpu_laguna']['verify_width']: must be an integer, not '8'",
+    ),
+    "int_out_of_range": (
+        {"verify_width": 17},
+        "additional_config['xpu_laguna']['verify_width']: must be 1..16, not 17",
+    ),
+    "int_as_bool": (
+        {"verify_width": True},
+        "additional_config['xpu_laguna']['verify_width']: must be an integer, not True",
+    ),
+    "unknown_choice": (
+        {"row_invariant_moe": "lanes"},
+        "additional_config['xpu_laguna']['row_invariant_moe']: must be one of "
+        "rows, off, not 'lanes'",
+    ),
+    "string_as_number": (
+        {"row_invariant_linear_form": 1},
+        "additional_config['xpu_laguna']['row_invariant_linear_form']: must be a "
+        "string, not 1",
+    ),
+    "not_a_mapping": (
+        True,
+        "additional_config['xpu_laguna'] must be a mapping of option to value, "
+        "not bool",
+    ),
+}
 
 
-def test_a_bad_series_value_is_not_checked_for_another_model(
-    tmp_path, monkeypatch
-) -> None:
-    """Negative control of the value check: not a Laguna target, upstream's
-    behaviour (the series' variables are not read)."""
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_TP_REDUCE", "yes")
-    target = write_tiny_llama(tmp_path / "tiny-llama")
+@pytest.mark.parametrize("case", BAD_OPTIONS)
+def test_a_bad_option_fails_at_config_time_in_one_line_naming_it(models, case) -> None:
+    options, line = BAD_OPTIONS[case]
+    assert refused_line(models, OPTIONS, options=options) == line
+
+
+def test_a_bad_option_is_refused_for_another_model_too(tmp_path) -> None:
+    """The options are validated for every configuration (a typo must not
+    wait for the model that uses it); what an option means for the exact
+    path is checked only where the series acts (negative control: a list
+    of kinds the row-invariant forms do not know passes for a Llama
+    target)."""
     from vllm.engine.arg_utils import EngineArgs
 
-    assert EngineArgs(
-        model=str(target), max_model_len=256, skip_tokenizer_init=True
-    ).create_engine_config()
+    target = write_tiny_llama(tmp_path / "tiny-llama")
+
+    def config(options):
+        return EngineArgs(
+            model=str(target),
+            max_model_len=256,
+            skip_tokenizer_init=True,
+            additional_config=additional_config(options),
+        ).create_engine_config()
+
+    with pytest.raises(ValueError) as err:
+        config({"exact_verify": True, "exact_tp_reduce": "yes"})
+    assert error_line(str(err.value), OPTIONS) == (
+        "additional_config['xpu_laguna']['exact_tp_reduce']: must be true or "
+        "false, not 'yes'"
+    )
+    assert config({"exact_verify": True, "row_invariant_linears": "qkv,bogus"})
 
 
 TP_REDUCE_MESSAGE = (
-    "XPU Laguna series: VLLM_XPU_LAGUNA_EXACT_TP_REDUCE=0 at tensor_parallel_size 2 "
+    "XPU Laguna series: xpu_laguna.exact_tp_reduce false at tensor_parallel_size 2 "
     "on the exact path (the backend's all-reduce sums in an order set by the "
-    "message size); set VLLM_XPU_LAGUNA_EXACT_TP_REDUCE=1 (a diagnostic run of "
-    "the ring sets VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1 as well)"
+    "message size); set xpu_laguna.exact_tp_reduce true (a diagnostic run of "
+    "the ring sets xpu_laguna.debug_xccl_standin true as well)"
 )
 
 
-def test_the_fixed_rank_order_off_at_tp2_is_refused(models, monkeypatch) -> None:
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_TP_REDUCE", "0")
-    assert refused_line(models, tensor_parallel_size=2) == TP_REDUCE_MESSAGE
-    assert make_config(models, tensor_parallel_size=1)  # one rank: no reduction
+def test_the_fixed_rank_order_off_at_tp2_is_refused(models) -> None:
+    options = {**SERIES_ON, "exact_tp_reduce": False}
+    assert refused_line(models, options=options, tensor_parallel_size=2) == (
+        TP_REDUCE_MESSAGE
+    )
+    # one rank: no reduction
+    assert make_config(models, options=options, tensor_parallel_size=1)
 
 
-def test_debug_switches_pass_with_a_warning(models, monkeypatch, log_lines) -> None:
+def test_debug_switches_pass_with_a_warning(models, log_lines) -> None:
     """The matrix's diagnostic legs (ring at TP 2/4, no split plan) set the
-    debug switches explicitly: they pass, each with one warning."""
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_TP_REDUCE", "0")
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN", "1")
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN", "1")
-    assert make_config(models, tensor_parallel_size=2)
-    for name in ("XCCL_STANDIN", "NO_SPLIT_PLAN"):
+    debug options explicitly: they pass, each with one warning."""
+    options = {
+        **SERIES_ON,
+        "exact_tp_reduce": False,
+        "debug_xccl_standin": True,
+        "debug_no_split_plan": True,
+    }
+    assert make_config(models, options=options, tensor_parallel_size=2)
+    for name in ("debug_xccl_standin", "debug_no_split_plan"):
         line = (
-            f"XPU Laguna series: debug switch VLLM_XPU_LAGUNA_DEBUG_{name}=1 "
+            f"XPU Laguna series: debug option xpu_laguna.{name} "
             "(diagnostic run, not for serving)"
         )
         assert log_lines.count(line) == 1, log_lines
     assert (
-        "XPU Laguna series: VLLM_XPU_LAGUNA_EXACT_TP_REDUCE=0 at "
+        "XPU Laguna series: xpu_laguna.exact_tp_reduce false at "
         "tensor_parallel_size 2 (diagnostic run: not exact, not for serving)"
     ) in log_lines
 
@@ -225,15 +286,15 @@ def test_debug_switches_pass_with_a_warning(models, monkeypatch, log_lines) -> N
 # ----------------------------------------------------------- Laguna only
 
 
-def test_a_config_without_a_model_is_left_alone(monkeypatch, log_lines) -> None:
+def test_a_config_without_a_model_is_left_alone(log_lines) -> None:
     """A ``VllmConfig()`` built without a model (vLLM's own tests and tools
-    do) with the toggles set: the same configuration as with none set, and
-    no line (the exact rules used to act on it: prefix caching off, modes
-    NONE, the max_num_seqs warning)."""
+    do) with the series' switches set: the same configuration as with none
+    set, and no line (the exact rules used to act on it: prefix caching off,
+    modes NONE, the max_num_seqs warning)."""
     from vllm.config import VllmConfig
 
-    def resolved() -> tuple:
-        cfg = VllmConfig()
+    def resolved(options) -> tuple:
+        cfg = VllmConfig(additional_config=additional_config(options))
         cc, comp = cfg.cache_config, cfg.compilation_config
         return (
             cc.enable_prefix_caching,
@@ -242,23 +303,17 @@ def test_a_config_without_a_model_is_left_alone(monkeypatch, log_lines) -> None:
             comp.cudagraph_mode,
         )
 
-    monkeypatch.delenv(SERIES_TOGGLE)
-    upstream = resolved()
-    monkeypatch.setenv(SERIES_TOGGLE, "1")
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
-    assert resolved() == upstream
+    upstream = resolved(None)
+    assert resolved({**SERIES_ON, "exact_verify": True}) == upstream
     assert log_lines == []
 
 
-def test_another_model_keeps_its_configuration(
-    tmp_path, monkeypatch, log_lines
-) -> None:
-    """Series toggles set, a Llama target: prefix caching on, the KV dtype as
-    asked, compilation as upstream, no rule, one info line."""
+def test_another_model_keeps_its_configuration(tmp_path, log_lines) -> None:
+    """Series switches set, a Llama target: prefix caching on, the KV dtype
+    as asked, compilation as upstream, no rule, one info line."""
     from vllm.config.xpu_laguna_contract import series_active
     from vllm.engine.arg_utils import EngineArgs
 
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
     target = write_tiny_llama(tmp_path / "tiny-llama")
     cfg = EngineArgs(
         model=str(target),
@@ -268,6 +323,7 @@ def test_another_model_keeps_its_configuration(
         tensor_parallel_size=2,
         async_scheduling=True,
         max_num_seqs=4,
+        additional_config=additional_config({"exact_verify": True}),
     ).create_engine_config()
     assert cfg.cache_config.enable_prefix_caching is True
     assert cfg.cache_config.cache_dtype == "fp8"
@@ -275,48 +331,58 @@ def test_another_model_keeps_its_configuration(
     assert not series_active(cfg)
     assert log_lines == [
         "XPU Laguna series: inactive for LlamaForCausalLM (the series acts on "
-        "LagunaForCausalLM on XPU, or on CPU when a series toggle is set to 1)"
+        "LagunaForCausalLM on XPU, or on CPU when additional_config asks for it)"
     ]
 
 
-def test_laguna_on_cpu_needs_a_toggle_set(models, monkeypatch) -> None:
-    """On CPU the series acts only when a run asks (a toggle set to 1 in the
-    environment); the defaults alone leave a Laguna target upstream's."""
-    monkeypatch.delenv(SERIES_TOGGLE)
-    cfg = make_config(models)
-    assert cfg.cache_config.enable_prefix_caching is True
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")  # control: asked
-    assert make_config(models).cache_config.enable_prefix_caching is False
+@pytest.mark.parametrize(
+    ("options", "asks"),
+    [
+        (None, False),
+        ({"verify_width": 8, "exact_tp_reduce": True}, False),
+        ({"exact_verify": False, "breakable_graph": False}, False),
+        ({"exact_verify": True}, True),
+        ({"prebuilt_metadata": True}, True),
+    ],
+    ids=["none", "no_switch", "switches_false", "exact_verify", "prebuilt"],
+)
+def test_laguna_on_cpu_needs_a_switch_set_true(models, options, asks) -> None:
+    """On CPU the series acts only when the configuration asks (one of its
+    switches set true explicitly); the defaults alone, or switches given
+    false, leave a Laguna target upstream's (negative controls)."""
+    cfg = make_config(models, options=options)
+    assert cfg.cache_config.enable_prefix_caching is not asks
 
 
-def test_the_scope_reaches_the_worker_predicates(models, tmp_path, monkeypatch) -> None:
-    """The predicates a worker calls decide from the current VllmConfig
-    (init, load, profile run) and keep that decision for the forward-time
-    calls that have none."""
-    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
+def test_two_configs_in_one_process_each_get_their_own_decision(
+    models, tmp_path
+) -> None:
+    """The predicates a worker calls decide from the VllmConfig they are
+    given, never from one decided before (in this process or the current
+    one): a Laguna target with the exact verify, the same target asking
+    nothing, and a Llama target with the exact verify, alternately."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import xpu_laguna_collectives as coll
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.attention.backends.xpu_laguna_exact import exact_verify_width
 
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_EXACT_VERIFY", "1")
-    laguna = make_config(models, tensor_parallel_size=2)
+    exact = {"exact_verify": True}
+    laguna = make_config(models, options=exact, tensor_parallel_size=2)
+    laguna_plain = make_config(models, options=None, tensor_parallel_size=2)
     llama = EngineArgs(
         model=str(write_tiny_llama(tmp_path / "tiny-llama")),
         max_model_len=256,
         skip_tokenizer_init=True,
         tensor_parallel_size=2,
+        additional_config=additional_config(exact),
     ).create_engine_config()
-    for cfg, width, mode in (
+    cases = (
         (laguna, 8, coll.TpReduceMode.RANK_ORDER),
         (llama, 0, coll.TpReduceMode.PLAIN),
-    ):
-        reset_series_scope()
-        coll.reset_tp_reduce_mode_cache()
-        with set_current_vllm_config(cfg):
-            assert coll.tp_reduce_mode("tp:0", 2) is mode
-        coll.reset_tp_reduce_mode_cache()
-        # outside the context (a forward pass): the decision made under it
-        assert coll.tp_reduce_mode("tp:0", 2) is mode
-        assert exact_verify_width() == width
-    coll.reset_tp_reduce_mode_cache()
+        (laguna_plain, 0, coll.TpReduceMode.PLAIN),
+    )
+    for current in (None, laguna, llama):
+        for cfg, width, mode in cases + cases:
+            with set_current_vllm_config(current or cfg):
+                assert coll.tp_reduce_mode("tp:0", 2, cfg) is mode
+                assert exact_verify_width(cfg) == width

@@ -333,17 +333,6 @@ def test_arc_allreduce_switch_warns():
     assert "CCL_SYCL_ALLREDUCE_ARC" not in [c.name for c in checks]
 
 
-def test_debug_switch_warns(monkeypatch):
-    monkeypatch.delenv("VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN", raising=False)
-    monkeypatch.delenv("VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD", raising=False)
-    assert [c.status for c in doctor.check_toggles()] == ["ok"]
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN", "1")
-    checks = doctor.check_toggles()
-    assert [(c.status, c.name) for c in checks[1:]] == [
-        ("warn", "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN")
-    ]
-
-
 # ----------------------------------------------------------------- models
 
 INT4_GROUP = {
@@ -358,6 +347,7 @@ INT4_GROUP = {
     },
     "input_activations": None,
 }
+
 TARGET = {
     "architectures": ["LagunaForCausalLM"],
     "hidden_size": 3072,
@@ -570,7 +560,13 @@ def test_bad_options_exit_two_in_one_line(tmp_path, capsys):
 
 def test_help_explains_the_device_decision():
     text = " ".join(doctor.parser().format_help().split())
-    for option in ("--model", "--draft", "--tensor-parallel-size", "--no-device"):
+    for option in (
+        "--model",
+        "--draft",
+        "--tensor-parallel-size",
+        "--additional-config",
+        "--no-device",
+    ):
         assert option in text
     assert "'no XPU device' and fails" in text
 

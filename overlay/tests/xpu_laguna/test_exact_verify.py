@@ -5,6 +5,9 @@
 Drives the real metadata builder and impl: a q-row verify step of one request
 must produce, row for row, bitwise the output of the q single-token decodes
 of those tokens; every other step shape must be the upstream path unchanged.
+The options come with the builder's ``VllmConfig``
+(``additional_config["xpu_laguna"]``, ``lib.options``): each configuration
+gets its own decision.
 """
 
 import dataclasses
@@ -29,9 +32,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _verify_vs_decodes(monkeypatch, q, window, num_heads, seq_len, kv_dtype="auto"):
-    lib.set_toggles(monkeypatch, exact=True, width=8)
-    builder = lib.make_builder(window, num_heads)
+def _verify_vs_decodes(q, window, num_heads, seq_len, kv_dtype="auto"):
+    builder = lib.make_builder(window, num_heads, lib.options(exact=True, width=8))
     impl = lib.make_impl(num_heads, window, kv_cache_dtype=kv_dtype)
     fp8 = kv_dtype.startswith("fp8")
     layer = lib.ScaleLayer(0.05, 0.04) if fp8 else lib.ScaleLayer()
@@ -66,23 +68,20 @@ def _verify_vs_decodes(monkeypatch, q, window, num_heads, seq_len, kv_dtype="aut
 @pytest.mark.parametrize("q", range(2, 9))
 @pytest.mark.parametrize("window", [None, lib.WINDOW])
 @pytest.mark.parametrize("num_heads", [18, 12], ids=["gqa18:2", "gqa12:2"])
-def test_decomposed_verify_equals_single_token_decodes(
-    monkeypatch, q, window, num_heads
-):
+def test_decomposed_verify_equals_single_token_decodes(q, window, num_heads):
     seq_len = 9 * lib.BLOCK_SIZE + q // 2  # 576 + q//2: boundary inside the rows
-    _verify_vs_decodes(monkeypatch, q, window, num_heads, seq_len)
+    _verify_vs_decodes(q, window, num_heads, seq_len)
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e4m3"])
-def test_decomposed_verify_fp8_kv(monkeypatch, kv_dtype):
-    _verify_vs_decodes(monkeypatch, 8, lib.WINDOW, 12, 3 * lib.BLOCK_SIZE + 3, kv_dtype)
+def test_decomposed_verify_fp8_kv(kv_dtype):
+    _verify_vs_decodes(8, lib.WINDOW, 12, 3 * lib.BLOCK_SIZE + 3, kv_dtype)
 
 
-def test_decomposed_verify_matches_causal_reference(monkeypatch):
+def test_decomposed_verify_matches_causal_reference():
     """The exact path is the right attention, not just self-consistent."""
     q, seq_len, heads = 8, 2 * lib.BLOCK_SIZE + 5, 12
-    lib.set_toggles(monkeypatch, exact=True)
-    builder = lib.make_builder(lib.WINDOW, heads)
+    builder = lib.make_builder(lib.WINDOW, heads, lib.options(exact=True))
     impl = lib.make_impl(heads, lib.WINDOW)
     layer, kv_cache = lib.ScaleLayer(), lib.make_kv_cache()
     req = lib.random_request(seq_len, heads, [4, 8, 15, 16], seed=5)
@@ -104,7 +103,6 @@ def test_decomposed_verify_matches_causal_reference(monkeypatch):
 
 def test_wrong_kv_lengths_are_detected(monkeypatch):
     """The bitwise check can fail: an off-by-one KV length breaks it."""
-    lib.set_toggles(monkeypatch, exact=True)
     real = xpu_laguna_exact.build_inline
 
     def off_by_one(seq_lens, block_table, q):
@@ -114,18 +112,17 @@ def test_wrong_kv_lengths_are_detected(monkeypatch):
 
     monkeypatch.setattr(xpu_laguna_exact, "build_inline", off_by_one)
     with pytest.raises(AssertionError, match="differs from its single-token"):
-        _verify_vs_decodes(monkeypatch, 4, None, 12, 2 * lib.BLOCK_SIZE + 1)
+        _verify_vs_decodes(4, None, 12, 2 * lib.BLOCK_SIZE + 1)
 
 
-def test_upstream_verify_rows_are_not_bitwise_decodes(monkeypatch):
+def test_upstream_verify_rows_are_not_bitwise_decodes():
     """Why the path exists, reproduced on the reference kernel: one q-row
     causal call (the upstream verify) computes rows with a different
     reduction shape than q=1 decode, so some rows differ in the last bits.
     The exact path (above) removes every such difference."""
-    lib.set_toggles(monkeypatch, exact=False)
     differing, rows = 0, 0
     for heads, window in ((18, lib.WINDOW), (12, None)):
-        builder = lib.make_builder(window, heads)
+        builder = lib.make_builder(window, heads, lib.options(exact=False))
         impl = lib.make_impl(heads, window)
         layer, kv_cache = lib.ScaleLayer(), lib.make_kv_cache()
         table_rows = [2, 9, 4, 11, 6, 13, 8, 15, 10, 17, 12, 19]
@@ -188,7 +185,7 @@ ELIGIBILITY_CASES = {
 
 
 @pytest.mark.parametrize("case", ELIGIBILITY_CASES)
-def test_eligibility(monkeypatch, case):
+def test_eligibility(case):
     query_lens, seq_lens, width, causal, want = ELIGIBILITY_CASES[case]
     heads = 12
     rows = [[5, 6, 7, 8, 9], [20, 21, 22, 23, 24]][: len(query_lens)]
@@ -202,8 +199,9 @@ def test_eligibility(monkeypatch, case):
 
     outs, mds = {}, {}
     for on in (True, False):
-        lib.set_toggles(monkeypatch, exact=on, width=width)
-        builder = lib.make_builder(lib.WINDOW, heads)
+        builder = lib.make_builder(
+            lib.WINDOW, heads, lib.options(exact=on, width=width)
+        )
         cm = lib.common_metadata(query_lens, seq_lens, table, causal=causal)
         mds[on] = builder.build(common_prefix_len=0, common_attn_metadata=cm)
         if causal:  # the reference upstream path runs either way
@@ -221,36 +219,41 @@ def test_eligibility(monkeypatch, case):
         assert torch.equal(outs[True], outs[False])
 
 
-def _config(async_scheduling: bool = False, spec: bool = False) -> SimpleNamespace:
-    """The VllmConfig fields plan_step reads: the target's architecture (the
-    series' scope is decided from the builder's config) and the two that say
-    whether the host's sequence lengths are exact."""
+def _config(
+    async_scheduling: bool = False,
+    spec: bool = False,
+    options: lib.Options | None = None,
+    architecture: str = "LagunaForCausalLM",
+) -> SimpleNamespace:
+    """The VllmConfig fields plan_step reads: the target's architecture and
+    the series' options (the series' scope and the exact path are decided
+    from the builder's config) and the two that say whether the host's
+    sequence lengths are exact."""
+    opts = lib.options(exact=True) if options is None else options
     return SimpleNamespace(
-        model_config=SimpleNamespace(architectures=["LagunaForCausalLM"]),
+        model_config=SimpleNamespace(architectures=[architecture]),
+        additional_config={"xpu_laguna": dict(opts)},
         scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
         speculative_config=SimpleNamespace() if spec else None,
     )
 
 
-def test_dcp_is_not_eligible(monkeypatch):
-    lib.set_toggles(monkeypatch, exact=True)
+def test_dcp_is_not_eligible():
     cm = lib.common_metadata([8], [300], lib.block_table_for([[1, 2, 3, 4, 5]]))
     assert xpu_laguna_exact.plan_step(cm, _config(), 1) is not None
     assert xpu_laguna_exact.plan_step(cm, _config(), 2) is None  # DCP
 
 
-def test_padded_step_is_not_eligible(monkeypatch):
-    lib.set_toggles(monkeypatch, exact=True)
+def test_padded_step_is_not_eligible():
     cm = lib.common_metadata([4], [300], lib.block_table_for([[1, 2, 3, 4, 5]]))
     cm.num_actual_tokens = 8  # padded rows beyond the request's 4
     assert xpu_laguna_exact.plan_step(cm, _config(), 1) is None
 
 
-def test_exact_seq_len_under_async_speculative_decoding(monkeypatch):
+def test_exact_seq_len_under_async_speculative_decoding():
     """VLLM 0.32.0's host copy of seq_lens is an upper bound under async
     speculative decoding (every draft assumed accepted): the plan must then
     read the device value, which is what the split plan needs."""
-    lib.set_toggles(monkeypatch, exact=True)
     cm = lib.common_metadata([8], [300], lib.block_table_for([[1, 2, 3, 4, 5]]))
     cm.seq_lens_cpu_upper_bound = torch.tensor([305], dtype=torch.int32)
     on_device = xpu_laguna_exact.plan_step(
@@ -263,6 +266,57 @@ def test_exact_seq_len_under_async_speculative_decoding(monkeypatch):
         cm, _config(async_scheduling=False, spec=True), 1
     )
     assert on_host is not None and on_host.seq_len == 305
+
+
+# ------------------------------------------------- one decision per config
+def test_each_config_gets_its_own_exact_path_decision():
+    """Configurations of one process (two engines; a Laguna target and
+    another model) each get the decision of their own options, in any order:
+    nothing is remembered from the configuration asked before."""
+    configs = {
+        "exact_width6": (lib.vllm_config(12, lib.options(exact=True, width=6)), 6),
+        "exact_off": (lib.vllm_config(12, lib.options(exact=False)), 0),
+        "no_options": (lib.vllm_config(12), 0),  # on CPU: the run does not ask
+        "llama": (_config(architecture="LlamaForCausalLM"), 0),
+        "default_width": (_config(options={"exact_verify": True}), 8),
+        "prebuilt_asks": (_config(options={"prebuilt_metadata": True}), 8),
+        "no_config": (None, 0),
+    }
+    for order in (list(configs), list(reversed(configs))):
+        for name in order + order:
+            cfg, width = configs[name]
+            assert xpu_laguna_exact.exact_verify_width(cfg) == width, name
+
+
+# step width q -> (exact width, split plan) or None (the upstream path)
+BUILDER_CASES = {
+    "exact": (lib.options(exact=True), {8: (8, True), 4: (4, True)}),
+    "off": (lib.options(exact=False), {8: None, 4: None}),
+    "width4": (lib.options(exact=True, width=4), {8: None, 4: (4, True)}),
+    "no_plan": (
+        lib.options(exact=True, split_plan=False),
+        {8: (8, False), 4: (4, False)},
+    ),
+    "no_options": (None, {8: None, 4: None}),
+}
+
+
+def test_builders_of_two_configs_keep_their_own_exact_path():
+    """Metadata builders of several configurations in one process, stepped
+    alternately: each step takes its own builder's decision (the exact path,
+    its width, the split-plan debug option), never another's."""
+    builders = {
+        name: lib.make_builder(None, 12, opts)
+        for name, (opts, _) in BUILDER_CASES.items()
+    }
+    table = lib.block_table_for([[1, 2, 3, 4, 5]])
+    for _ in range(2):
+        for q in (8, 4):
+            for name, builder in builders.items():
+                md = builder.build(0, lib.common_metadata([q], [300], table))
+                exact = md.laguna_exact
+                got = None if exact is None else (exact.width, exact.split_plan)
+                assert got == BUILDER_CASES[name][1][q], (name, q)
 
 
 @pytest.mark.parametrize(
@@ -359,14 +413,15 @@ PLAN_2244 = ((0, 4, 8, 2240), (4, 8, 9, 2244))
 PLAN_2240 = ((0, 8, 8, 2240),)
 
 
-def _steps_of_layers(monkeypatch, prebuilt: bool):
+def _steps_of_layers(prebuilt: bool):
     """Two q=8 steps (KV 2244, then 2240) of one request, each step's
     metadata built once and run by LAYERS layers of the same shape, as the
     model runner does; per step: the counts, the outputs, the exact metadata
     and the plans it held after the step."""
-    lib.set_toggles(monkeypatch, exact=True, width=8, prebuilt=prebuilt)
     heads = 12
-    builder = lib.make_builder(None, heads)
+    builder = lib.make_builder(
+        None, heads, lib.options(exact=True, width=8, prebuilt=prebuilt)
+    )
     impl = lib.make_impl(heads, None)
     kv_cache = lib.make_kv_cache(torch.bfloat16)
     gen = torch.Generator().manual_seed(29)
@@ -400,8 +455,8 @@ def _steps_of_layers(monkeypatch, prebuilt: bool):
 
 
 @pytest.mark.parametrize("prebuilt", [False, True], ids=["inline", "prebuilt"])
-def test_split_plan_is_computed_once_per_step(monkeypatch, prebuilt):
-    steps = _steps_of_layers(monkeypatch, prebuilt)
+def test_split_plan_is_computed_once_per_step(prebuilt):
+    steps = _steps_of_layers(prebuilt)
     for (counts, outs, _, plans), plan in zip(steps, (PLAN_2244, PLAN_2240)):
         assert counts["exact_calls_by_width"] == {"8": LAYERS}
         assert counts["kernel_calls_by_width"] == {"8": LAYERS * len(plan)}
@@ -421,5 +476,5 @@ def test_split_plan_counter_sees_a_plan_per_layer(monkeypatch):
         "call_groups",
         lambda self, *shape: xpu_laguna_exact.call_groups(self, *shape),
     )
-    for counts, *_ in _steps_of_layers(monkeypatch, prebuilt=False):
+    for counts, *_ in _steps_of_layers(prebuilt=False):
         assert counts["plans"] == LAYERS

@@ -5,7 +5,8 @@
 The real metadata builder and impl run verify steps of width q at contexts
 1024 .. 16384 on a global and a sliding (512) layer, TP4 shapes (12 Q heads,
 2 KV heads); each verify row must be bitwise equal to the q=1 decode of its
-token. With the split plan disabled (debug switch) every row whose planned
+token. With the split plan disabled (the debug option
+``debug_no_split_plan`` in the builder's config) every row whose planned
 split count differs from the count the kernel picks for the whole call must
 differ: the negative control.
 """
@@ -58,11 +59,11 @@ def _history(seq_len: int):
     return req, kv_cache, table
 
 
-def _run(monkeypatch, seq_len, q, window, split_plan=True):
+def _run(seq_len, q, window, split_plan=True):
     """(verify rows, their q=1 decodes, kernel calls of the verify step)."""
-    lib.set_toggles(monkeypatch, exact=True, width=MAX_WIDTH, split_plan=split_plan)
     req, kv_cache, table = _history(seq_len)
-    builder = lib.make_builder(window, HEADS)
+    options = lib.options(exact=True, width=MAX_WIDTH, split_plan=split_plan)
+    builder = lib.make_builder(window, HEADS, options)
     impl = lib.make_impl(HEADS, window)
     layer = lib.ScaleLayer()
     queries = req.q[MAX_WIDTH - q :]
@@ -87,8 +88,8 @@ def _window_left(window):
 @pytest.mark.parametrize("q", WIDTHS)
 @pytest.mark.parametrize("window", [None, lib.WINDOW], ids=["global", "sliding"])
 @pytest.mark.parametrize("seq_len", CONTEXTS)
-def test_verify_rows_equal_decode_with_the_plan(monkeypatch, seq_len, window, q):
-    verify, decodes, calls = _run(monkeypatch, seq_len, q, window)
+def test_verify_rows_equal_decode_with_the_plan(seq_len, window, q):
+    verify, decodes, calls = _run(seq_len, q, window)
     differing = [j for j in range(q) if not torch.equal(verify[j], decodes[j])]
     assert not differing, f"rows {differing} of q={q} at {seq_len} differ from decode"
     # one kernel call per run of rows with the same planned count
@@ -117,11 +118,9 @@ def _rows_needing_other_counts(seq_len, q, window):
 @pytest.mark.parametrize("q", [2, 8, 12, 16])
 @pytest.mark.parametrize("window", [None, lib.WINDOW], ids=["global", "sliding"])
 @pytest.mark.parametrize("seq_len", CONTEXTS)
-def test_without_the_plan_rows_past_the_divergence_differ(
-    monkeypatch, seq_len, window, q
-):
-    """Negative control: the debug switch drops the explicit count."""
-    verify, decodes, calls = _run(monkeypatch, seq_len, q, window, split_plan=False)
+def test_without_the_plan_rows_past_the_divergence_differ(seq_len, window, q):
+    """Negative control: the debug option drops the explicit count."""
+    verify, decodes, calls = _run(seq_len, q, window, split_plan=False)
     assert calls == 1
     expected = _rows_needing_other_counts(seq_len, q, window)
     differing = [j for j in range(q) if not torch.equal(verify[j], decodes[j])]
@@ -132,9 +131,19 @@ def test_without_the_plan_rows_past_the_divergence_differ(
         assert differing == []  # one split on both sides
 
 
-def test_plan_costs_an_extra_call_only_at_a_count_change(monkeypatch):
+def test_plan_costs_an_extra_call_only_at_a_count_change():
     # rows 2237..2244: the count changes from 8 to 9 at 2241
-    _, _, calls = _run(monkeypatch, 2244, 8, None)
+    _, _, calls = _run(2244, 8, None)
     assert calls == 2
-    _, _, calls = _run(monkeypatch, 2300, 8, None)
+    _, _, calls = _run(2300, 8, None)
     assert calls == 1
+
+
+def test_the_debug_option_stays_with_its_configuration():
+    """Configurations with and without ``debug_no_split_plan`` in one
+    process, alternately: each verify step runs as its own builder's
+    configuration says, whatever ran before it (nothing is remembered)."""
+    for split_plan in (True, False, True, False):
+        verify, decodes, _ = _run(8192, 8, None, split_plan=split_plan)
+        equal = [torch.equal(verify[j], decodes[j]) for j in range(8)]
+        assert equal == [split_plan] * 8, split_plan

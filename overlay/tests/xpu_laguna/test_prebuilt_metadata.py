@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Prebuilt exact-verify metadata (VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA).
+"""Prebuilt exact-verify metadata (the ``prebuilt_metadata`` option).
 
 Real builders, real impl, reference kernels on CPU (device graphs are off
-here: metadata on + graphs off is a supported configuration).
+here: metadata on + graphs off is a supported configuration). The options
+come with each builder's ``VllmConfig`` (``lib.options``).
 """
 
 import copy
@@ -67,13 +68,14 @@ def step_cm(q: int, seq_len: int, table: torch.Tensor):
 
 
 @pytest.fixture
-def prebuilt_on(monkeypatch):
-    lib.set_toggles(monkeypatch, exact=True, width=M, prebuilt=True)
+def prebuilt_on() -> lib.Options:
+    """The options of a configuration with prebuilt metadata on."""
+    return lib.options(exact=True, width=M, prebuilt=True)
 
 
 @pytest.mark.parametrize("q", range(2, M + 1))
 def test_prebuilt_equals_freshly_built(prebuilt_on, q):
-    builder = lib.make_builder(lib.WINDOW)
+    builder = lib.make_builder(lib.WINDOW, options=prebuilt_on)
     assert builder.laguna_prebuilt is not None
     table = random_table(random.Random(q))
     seq_lens = torch.tensor([700 + q], dtype=torch.int32)
@@ -87,7 +89,7 @@ def test_prebuilt_equals_freshly_built(prebuilt_on, q):
 
 
 def test_addresses_stable_while_contents_change(prebuilt_on):
-    builder = lib.make_builder(lib.WINDOW)
+    builder = lib.make_builder(lib.WINDOW, options=prebuilt_on)
     gen = random.Random(0)
     first = None
     seen_objects = {}
@@ -105,7 +107,7 @@ def test_addresses_stable_while_contents_change(prebuilt_on):
 
 
 def test_width_changes_neither_corrupt_nor_reallocate(prebuilt_on):
-    builder = lib.make_builder(None)
+    builder = lib.make_builder(None, options=prebuilt_on)
     owner = None
     gen = random.Random(1)
     tables = {}
@@ -122,13 +124,13 @@ def test_width_changes_neither_corrupt_nor_reallocate(prebuilt_on):
     assert md8.laguna_exact.seq_lens.tolist() == list(range(326, 334))
 
 
-def test_random_walk_across_block_boundaries(prebuilt_on, monkeypatch):
+def test_random_walk_across_block_boundaries(prebuilt_on):
     """Accept 1..8 tokens per cycle across many 64-token block rollovers;
     at every cycle the prebuilt and inline paths give bitwise equal attention."""
     heads = 12
-    builder_pre = lib.make_builder(lib.WINDOW, heads)
-    lib.set_toggles(monkeypatch, exact=True, width=M, prebuilt=False)
-    builder_inline = lib.make_builder(lib.WINDOW, heads)
+    builder_pre = lib.make_builder(lib.WINDOW, heads, prebuilt_on)
+    inline = lib.options(exact=True, width=M, prebuilt=False)
+    builder_inline = lib.make_builder(lib.WINDOW, heads, inline)
     assert builder_inline.laguna_prebuilt is None
     impl = lib.make_impl(heads, lib.WINDOW)
     layer, kv_cache = lib.ScaleLayer(), lib.make_kv_cache()
@@ -159,8 +161,8 @@ def test_random_walk_across_block_boundaries(prebuilt_on, monkeypatch):
 
 def test_per_group_block_tables_through_update_block_table(prebuilt_on):
     heads = 12
-    group_a = lib.make_builder(lib.WINDOW, heads)
-    group_b = lib.make_builder(lib.WINDOW, heads)  # another sliding group
+    group_a = lib.make_builder(lib.WINDOW, heads, prebuilt_on)
+    group_b = lib.make_builder(lib.WINDOW, heads, prebuilt_on)  # another group
     impl = lib.make_impl(heads, lib.WINDOW)
     layer = lib.ScaleLayer()
     seq_len, q = 3 * lib.BLOCK_SIZE + 2, 8
@@ -187,7 +189,12 @@ def test_per_group_block_tables_through_update_block_table(prebuilt_on):
     query = reqs["b"].q[seq_len - q :]
     out_b, _ = lib.forward(group_b, impl, layer, caches["b"], cm_b, query, md_b)
     ref_b, _ = lib.forward(
-        lib.make_builder(lib.WINDOW, heads), impl, layer, caches["b"], cm_b, query
+        lib.make_builder(lib.WINDOW, heads, prebuilt_on),
+        impl,
+        layer,
+        caches["b"],
+        cm_b,
+        query,
     )
     assert torch.equal(out_b, ref_b)
     # Group A is still intact after B's refresh.
@@ -265,7 +272,7 @@ DRIFTS = [
 
 @pytest.mark.parametrize("kind", DRIFTS)
 def test_every_drift_guard_fires(prebuilt_on, kind):
-    builder = lib.make_builder(lib.WINDOW)
+    builder = lib.make_builder(lib.WINDOW, options=prebuilt_on)
     owner = builder.laguna_prebuilt
     table = random_table(random.Random(2))
     builder.build(0, step_cm(4, 300, table))  # first use allocates
@@ -281,7 +288,7 @@ def test_every_drift_guard_fires(prebuilt_on, kind):
 
 
 def test_refresh_on_another_width_still_checks_all_views(prebuilt_on):
-    builder = lib.make_builder(lib.WINDOW)
+    builder = lib.make_builder(lib.WINDOW, options=prebuilt_on)
     owner = builder.laguna_prebuilt
     table = random_table(random.Random(2))
     builder.build(0, step_cm(4, 300, table))
@@ -291,7 +298,7 @@ def test_refresh_on_another_width_still_checks_all_views(prebuilt_on):
 
 
 def test_same_width_refresh_checks_identity_of_all_widths(prebuilt_on):
-    builder = lib.make_builder(lib.WINDOW)
+    builder = lib.make_builder(lib.WINDOW, options=prebuilt_on)
     owner = builder.laguna_prebuilt
     table = random_table(random.Random(2))
     builder.build(0, step_cm(4, 300, table))
@@ -301,17 +308,13 @@ def test_same_width_refresh_checks_identity_of_all_widths(prebuilt_on):
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["default", "debug-full"])
-def test_guard_policy_and_its_debug_switch(prebuilt_on, monkeypatch, debug):
+def test_guard_policy_and_its_debug_switch(prebuilt_on, debug):
     """Default: a fingerprint drift in a view of *another* width (same object,
     same tensor, storage swapped in place) is caught at the next width change,
-    not on same-width calls; VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD=1
+    not on same-width calls; the option ``debug_prebuilt_full_guard`` true
     catches it on the very next call (the literal every-call fingerprint)."""
-    import vllm.envs as envs
-
-    monkeypatch.setattr(
-        envs, "VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD", debug, raising=False
-    )
-    builder = lib.make_builder(lib.WINDOW)
+    options = {**prebuilt_on, "debug_prebuilt_full_guard": debug}
+    builder = lib.make_builder(lib.WINDOW, options=options)
     owner = builder.laguna_prebuilt
     assert owner.full_guard_every_call is debug
     table = random_table(random.Random(3))
@@ -327,7 +330,7 @@ def test_guard_policy_and_its_debug_switch(prebuilt_on, monkeypatch, debug):
 
 
 @pytest.mark.parametrize("q", range(2, M + 1))
-def test_toggle_off_reproduces_the_inline_path(monkeypatch, q):
+def test_option_off_reproduces_the_inline_path(q):
     heads = 18
     impl = lib.make_impl(heads, None)
     layer, kv_cache = lib.ScaleLayer(), lib.make_kv_cache()
@@ -338,8 +341,8 @@ def test_toggle_off_reproduces_the_inline_path(monkeypatch, q):
     query = req.q[seq_len - q :]
     outs = {}
     for on in (False, True):
-        lib.set_toggles(monkeypatch, exact=True, width=M, prebuilt=on)
-        builder = lib.make_builder(None, heads)
+        options = lib.options(exact=True, width=M, prebuilt=on)
+        builder = lib.make_builder(None, heads, options)
         assert (builder.laguna_prebuilt is not None) == on
         outs[on], md = lib.forward(builder, impl, layer, kv_cache, cm, query)
         assert md.laguna_exact.width == q
@@ -347,14 +350,44 @@ def test_toggle_off_reproduces_the_inline_path(monkeypatch, q):
     assert torch.equal(outs[False], outs[True])
 
 
-def test_prebuilt_needs_exact_verify(monkeypatch):
-    lib.set_toggles(monkeypatch, exact=False, width=M, prebuilt=True)
-    assert lib.make_builder(None).laguna_prebuilt is None
+def test_prebuilt_needs_exact_verify():
+    options = lib.options(exact=False, width=M, prebuilt=True)
+    assert lib.make_builder(None, options=options).laguna_prebuilt is None
+
+
+# options -> the owner's (max width, full guard, split plan), None: inline
+OWNER_CASES = {
+    "on": (lib.options(prebuilt=True), (8, False, True)),
+    "off": (lib.options(prebuilt=False), None),
+    "debug": (
+        lib.options(prebuilt=True, split_plan=False, debug_prebuilt_full_guard=True),
+        (8, True, False),
+    ),
+    "width5": (lib.options(prebuilt=True, width=5), (5, False, True)),
+    "exact_off": (lib.options(exact=False, prebuilt=True), None),
+    "no_options": (None, None),
+}
+
+
+def test_each_builder_owns_what_its_configuration_says():
+    """Builders of configurations with different options in one process,
+    in either order: each owner (or none) as its own configuration says,
+    nothing kept from the builder made before."""
+    for order in (list(OWNER_CASES), list(reversed(OWNER_CASES))):
+        for name in order:
+            options, want = OWNER_CASES[name]
+            owner = lib.make_builder(None, options=options).laguna_prebuilt
+            got = (
+                None
+                if owner is None
+                else (owner.max_width, owner.full_guard_every_call, owner.split_plan)
+            )
+            assert got == want, name
 
 
 def test_wrong_offset_vector_is_caught_by_the_equality_test(prebuilt_on):
     """The equality check can fail: corrupt width 5's constant offsets."""
-    builder = lib.make_builder(None)
+    builder = lib.make_builder(None, options=prebuilt_on)
     table = random_table(random.Random(9))
     md = builder.build(0, step_cm(5, 400, table))
     assert_prebuilt_equals_fresh(md.laguna_exact, md.seq_lens, table)

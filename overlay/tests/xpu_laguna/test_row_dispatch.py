@@ -4,15 +4,19 @@
 (xpu_laguna_row_dispatch), in process: the forms against stand-ins of the
 M-dependent XPU kernels (``row_invariant_standins.py``), the switches, and
 the linear dispatch on vLLM's real quantization methods (unquantized and
-compressed-tensors WNA16) with recording stand-in GEMMs. The real tiny
-Laguna model is driven in ``test_row_dispatch_laguna.py``.
+compressed-tensors WNA16) with recording stand-in GEMMs. The options come
+from a (stand-in) config's ``additional_config["xpu_laguna"]``; installed
+layers keep the settings of the config they were installed under. The real
+tiny Laguna model is driven in ``test_row_dispatch_laguna.py``.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
-from laguna_model_testlib import ROW_DISPATCH_TOGGLES, toggles_fixture
+from laguna_model_testlib import config_stand_in, series_options
 from row_invariant_standins import (
     m_dependent_linear,
     row_wise_interpreter_dot,
@@ -21,7 +25,8 @@ from row_invariant_standins import (
 from torch import nn
 from torch.nn import functional as F
 
-import vllm.envs as envs
+from vllm.config import set_current_vllm_config
+from vllm.config.xpu_laguna_options import ENV_REPLACED_BY, XpuLagunaOptions
 from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
 from vllm.model_executor.layers import xpu_laguna_row_invariant as forms
 from vllm.model_executor.layers.linear import (
@@ -39,13 +44,24 @@ from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
 LAGUNA_S_HEADS = (12, 18, 2)
 
 
-@pytest.fixture
-def toggles(monkeypatch):
-    def reload() -> rd.Settings:
-        rd.counters.reset()
-        return rd.refresh()
+def _config(**options: object) -> SimpleNamespace:
+    """A Laguna config whose options ask for the series (a CPU run), with
+    ``options`` over them."""
+    return config_stand_in(series_options(**options))
 
-    yield from toggles_fixture(monkeypatch, ROW_DISPATCH_TOGGLES, reload)
+
+@pytest.fixture
+def settings():
+    """``settings(**options)``: the row-invariant settings of a Laguna
+    config with the series' ``options`` (``read_settings``, what the model
+    installs), the form counters reset."""
+
+    def read(**options: object) -> rd.Settings:
+        rd.counters.reset()
+        return rd.read_settings(_config(**options))
+
+    yield read
+    rd.counters.reset()
 
 
 def _rows_equal_decode(fn, x: torch.Tensor) -> list[bool]:
@@ -160,21 +176,65 @@ def test_rows_form_equals_decode_on_the_m_dependent_gemm() -> None:
     assert not all(_rows_equal_decode(gemm, x))  # negative control
 
 
-# -- switches --------------------------------------------------------------
+# -- options ---------------------------------------------------------------
 
 
-def test_defaults(toggles) -> None:
-    s = toggles()
+def test_defaults(settings) -> None:
+    s = settings()
     # rows on CPU (Triton interpreted); batch_invariant is the XPU default
     assert (s.qk_norm, s.linear_form, s.int4) == ("pad", "rows", True)
-    assert envs.VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM is None
+    assert XpuLagunaOptions().row_invariant_linear_form is None
     assert s.linears == frozenset(rd.KINDS)
     assert s.width == 8  # the exact path is on here (reference kernels)
-    assert envs.VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS == "all"
+    assert XpuLagunaOptions().row_invariant_linears == "all"
 
 
-def test_exact_path_off_means_no_rows(toggles) -> None:
-    assert toggles(EXACT_VERIFY="0").width == 0
+def test_exact_path_off_means_no_rows(settings) -> None:
+    assert settings(exact_verify=False).width == 0
+
+
+def test_the_series_scope_decides_the_width() -> None:
+    """On CPU a Laguna config gets the forms only when its options ask for
+    the series explicitly; another model never does; no config (nothing
+    current) means no series."""
+    assert rd.read_settings(_config()).width == 8
+    assert rd.read_settings(config_stand_in(None)).width == 0  # not asked
+    assert rd.read_settings(config_stand_in({"exact_verify": False})).width == 0
+    llama = config_stand_in(series_options(), architecture="LlamaForCausalLM")
+    assert rd.read_settings(llama).width == 0
+    assert rd.read_settings(None).width == 0
+
+
+def test_two_configs_in_one_process_get_their_own_settings() -> None:
+    """Nothing is remembered between reads: each config gets what its
+    options say, in any order, as often as it is read."""
+    plain = _config(row_invariant_linear_form="PLAIN", verify_width=4)
+    series = _config()
+    without = config_stand_in(None)
+    for _ in range(2):
+        assert rd.read_settings(plain).linear_form == "plain"
+        assert rd.read_settings(plain).width == 4
+        assert rd.read_settings(series).linear_form == "rows"
+        assert rd.read_settings(series).width == 8
+        assert rd.read_settings(without).width == 0
+
+
+def test_nothing_is_read_from_the_environment(monkeypatch) -> None:
+    """The variables the series used to read change nothing (the config
+    build refuses them; the forms never look)."""
+    configs = (_config(), _config(row_invariant_linear_form="plain"), None)
+    before = [rd.read_settings(c) for c in configs]
+    contrary = {
+        "exact_verify": "0",
+        "verify_width": "4",
+        "row_invariant_qk_norm": "off",
+        "row_invariant_linears": "none",
+        "row_invariant_linear_form": "batch_invariant",
+        "row_invariant_int4": "0",
+    }
+    for name, key in ENV_REPLACED_BY.items():
+        monkeypatch.setenv(name, contrary.get(key, "1"))
+    assert [rd.read_settings(c) for c in configs] == before
 
 
 @pytest.mark.parametrize(
@@ -192,58 +252,53 @@ def test_parse_linears(value, want) -> None:
 
 
 @pytest.mark.parametrize("value", ["qkv", "all,router", "router,bogus"])
-def test_bad_linears_value_is_one_clear_error(toggles, value) -> None:
-    with pytest.raises(ValueError, match="ROW_INVARIANT_LINEARS"):
-        toggles(ROW_INVARIANT_LINEARS=value)
+def test_bad_linears_value_is_one_clear_error(settings, value) -> None:
+    with pytest.raises(ValueError, match="xpu_laguna.row_invariant_linears"):
+        settings(row_invariant_linears=value)
 
 
 @pytest.mark.parametrize(
     ("key", "value", "valid"),
     [
-        ("ROW_INVARIANT_QK_NORM", "on", "off, tokens, pad"),
-        ("ROW_INVARIANT_LINEAR_FORM", "lanes", "batch_invariant, rows, plain"),
-        ("ROW_INVARIANT_LINEAR_FORM", "bmm", "batch_invariant, rows, plain"),
-        ("ROW_INVARIANT_INT4", "yes", "1, 0"),
-        ("ROW_INVARIANT_LINEARS", "qkv", "qkv_proj, o_proj"),
+        ("row_invariant_qk_norm", "on", "off, tokens, pad"),
+        ("row_invariant_linear_form", "lanes", "batch_invariant, rows, plain"),
+        ("row_invariant_linear_form", "bmm", "batch_invariant, rows, plain"),
+        ("row_invariant_int4", "yes", "true or false"),
+        ("row_invariant_int4", 1, "true or false"),
+        ("row_invariant_linears", "qkv", "qkv_proj, o_proj"),
     ],
 )
-def test_bad_value_is_one_line_naming_the_valid_values(
-    toggles, key, value, valid
-) -> None:
-    """read_settings (the config contract's entry) and settings() refuse a
-    bad value in one line: the variable, the value, the valid values."""
-    toggles()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(f"VLLM_XPU_LAGUNA_{key}", value)
-        for read in (rd.read_settings, rd.refresh):
-            with pytest.raises(ValueError) as err:
-                read()
-            line = str(err.value)
-            assert "\n" not in line
-            assert f"VLLM_XPU_LAGUNA_{key}" in line and value in line
-            assert valid in line
+def test_bad_value_is_one_line_naming_the_valid_values(key, value, valid) -> None:
+    """read_settings (the config contract's entry) and the install of a
+    model's layers refuse a bad option in one line: the option, the value,
+    the valid values."""
+    cfg = _config(**{key: value})
+    for read in (
+        rd.read_settings,
+        lambda c: rd.install_target_layers([], c),
+        lambda c: rd.install_lm_head(nn.Linear(2, 2), c),
+    ):
+        with pytest.raises(ValueError) as err:
+            read(cfg)
+        line = str(err.value)
+        assert "\n" not in line
+        assert key in line and str(value) in line
+        assert valid in line
 
 
-def test_read_settings_reads_every_time(toggles, monkeypatch) -> None:
-    toggles()
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM", "PLAIN")
-    assert rd.read_settings().linear_form == "plain"
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM", "batch_invariant")
-    assert rd.read_settings().linear_form == "batch_invariant"
-    assert rd.settings().linear_form == "rows"  # cached until refresh()
-
-
-def test_n_contig_weight_is_refused_with_batch_invariant(toggles, monkeypatch) -> None:
+def test_n_contig_weight_is_refused_with_batch_invariant(settings, monkeypatch) -> None:
     """VLLM_XPU_FORCE_N_CONTIG_WEIGHT=1 stores weights K-major; the
     batch-invariant form reads [N, K] rows: refused in one line with the fix;
     fine with rows, with no linears, or with the exact path off."""
     monkeypatch.setenv("VLLM_XPU_FORCE_N_CONTIG_WEIGHT", "1")
     with pytest.raises(ValueError, match="unset VLLM_XPU_FORCE_N_CONTIG_WEIGHT"):
-        toggles(ROW_INVARIANT_LINEAR_FORM="batch_invariant")
-    assert toggles(ROW_INVARIANT_LINEAR_FORM="rows").linear_form == "rows"
-    monkeypatch.setenv("VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM", "batch_invariant")
-    assert toggles(ROW_INVARIANT_LINEARS="none").linears == frozenset()
-    assert toggles(ROW_INVARIANT_LINEARS="all", EXACT_VERIFY="0").width == 0
+        settings(row_invariant_linear_form="batch_invariant")
+    assert settings(row_invariant_linear_form="rows").linear_form == "rows"
+    batch_invariant = {"row_invariant_linear_form": "batch_invariant"}
+    assert settings(**batch_invariant, row_invariant_linears="none").linears == (
+        frozenset()
+    )
+    assert settings(**batch_invariant, exact_verify=False).width == 0
 
 
 # -- linear dispatch on real quantization methods --------------------------
@@ -282,16 +337,16 @@ class _StandInWNA16(CompressedTensorsWNA16):
         return m_dependent_linear(x, layer.weight, bias)
 
 
-def _int4_layer(kind: str = "g_proj") -> _Layer:
+def _int4_layer(s: rd.Settings, kind: str = "g_proj") -> _Layer:
     layer = _Layer(CompressedTensorsLinearMethod(None))
     layer.scheme = _StandInWNA16("group", 4, 32)
-    rd._install_linear(layer, kind)
+    rd._install_linear(layer, kind, s)
     return layer
 
 
-def _bf16_layer(kind: str = "qkv_proj", **kw) -> _Layer:
+def _bf16_layer(s: rd.Settings, kind: str = "qkv_proj", **kw) -> _Layer:
     layer = _Layer(UnquantizedLinearMethod(), **kw)
-    rd._install_linear(layer, kind)
+    rd._install_linear(layer, kind, s)
     return layer
 
 
@@ -305,23 +360,24 @@ def _calls(layer: _Layer, rows: int) -> list[int]:
     return list(layer.calls)
 
 
-def test_bf16_rows_form_and_plain_negative_control(toggles) -> None:
+def test_bf16_rows_form_and_plain_negative_control(settings) -> None:
     """The layer's GEMM is the M-dependent stand-in (K-split chosen from
     (m, n, k), as oneDNN does): ``rows`` gives every row the 1-row bits;
-    ``plain`` (the upstream GEMM at M=8) and LINEARS=none do not."""
-    toggles(ROW_INVARIANT_LINEAR_FORM="rows")
-    layer = _bf16_layer()
+    ``plain`` (the upstream GEMM at M=8) and linears ``none`` do not. Each
+    layer keeps the form of the options it was installed under."""
+    layer = _bf16_layer(settings(row_invariant_linear_form="rows"))
     assert [_calls(layer, m) for m in (1, 2, 8, 9)] == [[1], [1, 1], [1] * 8, [9]]
     assert all(_rows_equal_decode(layer, _x(8)))
     negatives = (
-        {"ROW_INVARIANT_LINEAR_FORM": "plain"},
-        {"ROW_INVARIANT_LINEARS": "none"},
+        {"row_invariant_linear_form": "plain"},
+        {"row_invariant_linears": "none"},
     )
     for negative in negatives:
-        toggles(**negative)
-        assert _calls(layer, 8) == [8]
-        assert not all(_rows_equal_decode(layer, _x(8))), negative
-        toggles(ROW_INVARIANT_LINEAR_FORM="rows", ROW_INVARIANT_LINEARS="all")
+        other = _bf16_layer(settings(**negative))
+        assert _calls(other, 8) == [8]
+        assert not all(_rows_equal_decode(other, _x(8))), negative
+    # the first layer still takes its own form
+    assert _calls(layer, 8) == [1] * 8
 
 
 @pytest.fixture
@@ -347,7 +403,7 @@ def kernel_calls(monkeypatch):
     return calls
 
 
-def test_bf16_batch_invariant_form(toggles, kernel_calls, row_wise_dot) -> None:
+def test_bf16_batch_invariant_form(settings, kernel_calls, row_wise_dot) -> None:
     """batch_invariant replaces the layer's GEMM for 1..W rows (the q=1
     decode too) by upstream's batch-invariant matmul on exactly W rows; more
     rows than W run the layer's own GEMM. Rows of a W-row call equal the
@@ -357,8 +413,7 @@ def test_bf16_batch_invariant_form(toggles, kernel_calls, row_wise_dot) -> None:
     ``tl.dot`` computed on its own (``row_wise_interpreter_dot``: OpenBLAS
     rounds by row position, DPAS does not): this proves the wiring and the
     padding, not the device's DPAS arithmetic."""
-    toggles(ROW_INVARIANT_LINEAR_FORM="batch_invariant")
-    layer = _bf16_layer()
+    layer = _bf16_layer(settings(row_invariant_linear_form="batch_invariant"))
     assert [_calls(layer, m) for m in (1, 3, 8, 9)] == [[], [], [], [9]]
     assert kernel_calls == [(8, 96)] * 3
     assert rd.counters.calls["linear", "qkv_proj", "batch_invariant"] == 3
@@ -372,13 +427,14 @@ def test_bf16_batch_invariant_form(toggles, kernel_calls, row_wise_dot) -> None:
     torch.testing.assert_close(out, F.linear(x, layer.weight, bias))
 
 
-def test_batch_invariant_refuses_a_weight_it_cannot_read(toggles) -> None:
+def test_batch_invariant_refuses_a_weight_it_cannot_read(settings) -> None:
     """A K-major weight (VLLM_XPU_FORCE_N_CONTIG_WEIGHT's layout) or one vLLM
-    packed away on CPU: one clear error naming the switch, no silent form."""
-    toggles(ROW_INVARIANT_LINEAR_FORM="batch_invariant")
-    layer = _bf16_layer()
+    packed away on CPU: one clear error naming the option, no silent form."""
+    layer = _bf16_layer(settings(row_invariant_linear_form="batch_invariant"))
     layer.weight.data = layer.weight.data.t().contiguous().t()
-    with pytest.raises(RuntimeError, match="LINEAR_FORM=batch_invariant needs"):
+    with pytest.raises(
+        RuntimeError, match="row_invariant_linear_form batch_invariant needs"
+    ):
         layer(_x(2))
     layer.weight.data = torch.empty(0)
     with pytest.raises(RuntimeError, match="set the form to rows"):
@@ -422,20 +478,21 @@ def test_xpu_descriptor_kernel_rows_equal_one_row_call(dtype) -> None:
 
 
 @pytest.mark.parametrize("kind", ["g_proj", "dense_mlp", "qkv_proj"])
-def test_int4_dispatch_and_bits(toggles, kind) -> None:
+def test_int4_dispatch_and_bits(settings, kind) -> None:
     """INT4 dense linears (g_proj covered whether it is INT4 or BF16): one
-    GEMM per row under the INT4 switch, independent of LINEARS."""
-    toggles(ROW_INVARIANT_LINEARS="none")
-    layer = _int4_layer(kind)
+    GEMM per row under the INT4 option, independent of the linears option."""
+    layer = _int4_layer(settings(row_invariant_linears="none"), kind)
     assert [_calls(layer, m) for m in (1, 8, 12)] == [[1], [1] * 8, [12]]
     assert all(_rows_equal_decode(layer, _x(8)))
     assert rd.counters.calls["linear", kind, "rows"] > 0
-    toggles(ROW_INVARIANT_INT4="0")  # negative control
-    assert _calls(layer, 8) == [8]
-    assert not all(_rows_equal_decode(layer, _x(8)))
+    # negative control: the option off, on a layer installed under it
+    off = _int4_layer(settings(row_invariant_int4=False), kind)
+    assert _calls(off, 8) == [8]
+    assert not all(_rows_equal_decode(off, _x(8)))
+    assert _calls(layer, 8) == [1] * 8  # the first layer keeps its form
 
 
-def test_other_quantization_is_left_alone(toggles) -> None:
+def test_other_quantization_is_left_alone(settings) -> None:
     class OtherMethod(LinearMethodBase):
         def create_weights(self, *a, **k):  # pragma: no cover - unused
             raise NotImplementedError
@@ -443,70 +500,129 @@ def test_other_quantization_is_left_alone(toggles) -> None:
         def apply(self, layer, x, bias=None):
             return layer.cpu_linear(x, layer.weight, bias)
 
-    toggles()
     layer = _Layer(OtherMethod())
-    rd._install_linear(layer, "qkv_proj")
+    rd._install_linear(layer, "qkv_proj", settings())
     assert _calls(layer, 8) == [8]
 
 
-def test_uninstalled_layer_and_other_shapes_are_plain(toggles) -> None:
-    toggles()
+def test_uninstalled_layer_and_other_shapes_are_plain(settings) -> None:
     plain = _Layer(UnquantizedLinearMethod())
     assert _calls(plain, 8) == [8]  # never installed (e.g. a drafter layer)
-    layer = _bf16_layer()
+    layer = _bf16_layer(settings())
     layer.calls.clear()
     layer(torch.randn(2, 4, 96))  # not a [rows, K] input
     assert layer.calls == [2]
 
 
-def test_compiled_graphs_take_the_plain_path(toggles, monkeypatch) -> None:
-    toggles()
-    layer = _bf16_layer()
+class _Norm(nn.Module):
+    """A q/k norm that records the row count and pointer of each call."""
+
+    def __init__(self, weight: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.weight = weight
+        self.seen: list[tuple[int, tuple[int, ...]]] = []
+
+    def forward(self, x):
+        self.seen.append((x.data_ptr(), tuple(x.shape)))
+        return x if self.weight is None else xpu_rms_norm(x, self.weight, 1e-6)
+
+
+def _decoder_layer(norm: nn.Module | None = None) -> SimpleNamespace:
+    """What ``install_target_layers`` reads of a LagunaDecoderLayer: q/k
+    norms, a BF16 qkv_proj and a dense MLP's up_proj (the others absent)."""
+    return SimpleNamespace(
+        self_attn=SimpleNamespace(
+            q_norm=norm if norm is not None else _Norm(),
+            k_norm=_Norm(),
+            qkv_proj=_Layer(UnquantizedLinearMethod()),
+            o_proj=None,
+        ),
+        mlp=SimpleNamespace(
+            gate_proj=None, up_proj=_Layer(UnquantizedLinearMethod()), down_proj=None
+        ),
+    )
+
+
+def test_compiled_graphs_take_the_plain_path(settings, monkeypatch) -> None:
+    layer = _bf16_layer(settings())
+    decoder = _decoder_layer()
+    rd.install_target_layers([decoder], _config())
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert _calls(layer, 8) == [8]
-    norm_calls: list[int] = []
-
-    class Norm(nn.Module):
-        def forward(self, x):
-            norm_calls.append(x.shape[0])
-            return x
-
-    norm = Norm()
-    setattr(norm, rd._NORM_ATTR, forms.NormPadBuffer())
+    norm = decoder.self_attn.q_norm
     rd.qk_norm(norm, _qkv_views(8, 12))
-    assert norm_calls == [8]
+    assert [shape[0] for _, shape in norm.seen] == [8]
+    monkeypatch.undo()  # control: the same call outside a compiled graph
+    rd.qk_norm(norm, _qkv_views(8, 12))
+    assert [shape[0] for _, shape in norm.seen] == [8, 9]
 
 
-def test_lm_head_only_inside_target_logits(toggles) -> None:
-    toggles()
-    head = _bf16_layer("lm_head")
+def test_lm_head_only_inside_target_logits(settings) -> None:
+    head = _bf16_layer(settings(), "lm_head")
     assert _calls(head, 8) == [8]  # outside: the drafter's compute_logits
     with rd.target_logits():
         assert _calls(head, 8) == [1] * 8
     assert _calls(head, 8) == [8]
 
 
-def test_qk_norm_pad_writes_into_the_norm_s_buffer(toggles) -> None:
+def test_install_keeps_the_settings_of_the_config_it_was_given() -> None:
+    """Layers installed under two configs (given, and the current one when
+    none is given, as a model built under its config) keep their own
+    settings: norms, linears and the lm_head."""
+    given, current = _decoder_layer(), _decoder_layer()
+    head_given, head_current = (
+        _Layer(UnquantizedLinearMethod()),
+        _Layer(UnquantizedLinearMethod()),
+    )
+    tokens = _config(row_invariant_qk_norm="tokens", verify_width=4)
+    plain = _config(row_invariant_linear_form="plain")
+    rd.install_target_layers([given], tokens)
+    rd.install_lm_head(head_given, tokens)
+    with set_current_vllm_config(plain):
+        rd.install_target_layers([current])
+        rd.install_lm_head(head_current)
+    for layer, head, want in (
+        (given, head_given, rd.read_settings(tokens)),
+        (current, head_current, rd.read_settings(plain)),
+    ):
+        attn = layer.self_attn
+        for norm in (attn.q_norm, attn.k_norm):
+            assert getattr(norm, rd._NORM_ATTR)[0] == want
+        for linear, kind in (
+            (attn.qkv_proj, "qkv_proj"),
+            (layer.mlp.up_proj, "dense_mlp"),
+            (head, "lm_head"),
+        ):
+            assert linear.quant_method.apply.settings == want
+            assert getattr(linear, rd._KIND_ATTR) == kind
+    # and they act on it: tokens form up to 4 rows vs plain linears at 8
+    assert _calls(given.self_attn.qkv_proj, 4) == [1] * 4
+    assert _calls(given.self_attn.qkv_proj, 8) == [8]  # wider than its width
+    assert _calls(current.self_attn.qkv_proj, 4) == [4]
+    rd.qk_norm(given.self_attn.q_norm, _qkv_views(3, 12))
+    assert [shape for _, shape in given.self_attn.q_norm.seen] == [(1, 12, 128)] * 3
+
+
+def test_install_without_a_config_installs_no_forms() -> None:
+    """No config given and none current (no series): the layers are marked
+    but take no form (width 0)."""
+    layer = _decoder_layer()
+    rd.install_target_layers([layer])
+    assert getattr(layer.self_attn.q_norm, rd._NORM_ATTR)[0].width == 0
+    assert _calls(layer.self_attn.qkv_proj, 8) == [8]
+
+
+def test_qk_norm_pad_writes_into_the_norm_s_buffer() -> None:
     """Item 9: the installed q/k norm owns a [W+1, heads, head_dim] buffer;
     every padded call hands the kernel that storage (no allocation per call)
     and the result is the allocating form's."""
-    toggles()
-    seen: list[tuple[int, tuple[int, ...]]] = []
-    weight = torch.randn(128)
-
-    class Norm(nn.Module):
-        def forward(self, x):
-            seen.append((x.data_ptr(), tuple(x.shape)))
-            return xpu_rms_norm(x, weight, 1e-6)
-
-    norm = Norm()
-    rd.install_target_layers([])  # nothing to install: no layers
-    setattr(norm, rd._NORM_ATTR, forms.NormPadBuffer())
+    norm = _Norm(torch.randn(128))
+    rd.install_target_layers([_decoder_layer(norm)], _config())
     for tokens in (8, 4, 8):
         x = _qkv_views(tokens, 12, seed=tokens)
         out = rd.qk_norm(norm, x)
         assert torch.equal(out, forms.norm_padded(norm, x))
-    padded = seen[0::2]  # each check above calls the norm once more
+    padded = norm.seen[0::2]  # each check above calls the norm once more
     assert [shape for _, shape in padded] == [(9, 12, 128), (5, 12, 128), (9, 12, 128)]
     assert len({ptr for ptr, _ in padded}) == 1
-    assert getattr(norm, rd._NORM_ATTR).buffer.shape == (9, 12, 128)
+    assert getattr(norm, rd._NORM_ATTR)[1].buffer.shape == (9, 12, 128)

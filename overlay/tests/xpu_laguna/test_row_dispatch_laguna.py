@@ -8,7 +8,9 @@ row of the target equals the 1-row call bitwise while the plain path (and
 the drafter, never installed) does not.
 
 The observations come from ``row_dispatch_driver.py``, run once in its own
-process (it initialises a one-rank distributed group).
+process (it initialises a one-rank distributed group and builds one target
+and drafter per set of the series' options, given in each config's
+``additional_config["xpu_laguna"]``).
 """
 
 from __future__ import annotations
@@ -31,9 +33,32 @@ DRAFT_UNITS = (
 )
 
 
+# The variants whose options the configuration contract refuses on the
+# exact path (a form off): built without them, given them afterwards.
+REFUSED = {
+    "linears_none": "row_invariant_linears leaves",
+    "linears_router": "row_invariant_linears leaves",
+    "norms/off": "row_invariant_qk_norm off",
+    "standin/off": "row_invariant_qk_norm off",
+    "standin/norm_off": "row_invariant_qk_norm off",
+    "standin/linears_none": "row_invariant_linears leaves",
+}
+
+
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run_driver(DRIVER, tmp_path_factory.mktemp("row-dispatch"))
+
+
+def test_the_contract_refuses_exactly_the_negative_controls(observed) -> None:
+    """Every other variant's options build a config as given; the negative
+    controls' (a form off on the exact path) are refused in one line naming
+    the option, so the driver gives them to the config after it is built."""
+    refused = observed["refused"]
+    assert {k for k, v in refused.items() if v is not None} == set(REFUSED)
+    for variant, text in REFUSED.items():
+        line = refused[variant]
+        assert line.startswith("XPU Laguna series: xpu_laguna.") and text in line
 
 
 def test_installed_on_target_layers_only(observed) -> None:
@@ -61,6 +86,32 @@ def test_default_dispatch_counts(observed, kind: str) -> None:
     assert calls["counters"][f"linear/{kind}/rows"] == 2  # the 4- and 8-row calls
 
 
+def test_each_model_keeps_the_forms_of_its_config(observed) -> None:
+    """Two configs in one process get their own forms: every model keeps
+    what its config asked for when it was built (read from the config, kept
+    on the installed layers), and the first model takes the default forms
+    again after models of every other variant were built and called."""
+    default = observed["settings/default"]["qkv_proj"]
+    assert default == {
+        "width": 8,
+        "qk_norm": "pad",
+        "linears": sorted(KINDS),
+        "linear_form": "rows",
+        "int4": True,
+    }
+    assert observed["settings/default"]["q_norm"] == default
+    assert observed["settings/exact_off"]["qkv_proj"]["width"] == 0  # no series
+    assert observed["settings/width_4"]["qkv_proj"]["width"] == 4
+    assert observed["settings/form_plain"]["qkv_proj"]["linear_form"] == "plain"
+    assert observed["settings/linears_router"]["q_norm"]["linears"] == [
+        "lm_head",
+        "router",
+    ]
+    again = observed["calls/default_again"]
+    assert again == observed["calls/default"]
+    assert again["qkv_proj/8"] == [1] * 8  # not the plain form of the last build
+
+
 def test_drafter_takes_the_plain_path(observed) -> None:
     calls = observed["calls/default"]
     assert calls["draft_qkv_proj/8"] == [8]
@@ -77,7 +128,7 @@ def test_drafter_takes_the_plain_path(observed) -> None:
         ("exact_off", ()),
     ],
 )
-def test_switches_select_the_kinds(observed, variant: str, on: tuple[str, ...]) -> None:
+def test_options_select_the_kinds(observed, variant: str, on: tuple[str, ...]) -> None:
     calls = observed[f"calls/{variant}"]
     for kind in KINDS:
         want = [1] * 8 if kind in on else [8]
@@ -145,8 +196,8 @@ def test_target_rows_equal_decode_with_m_dependent_kernels(observed, variant) ->
 
 @pytest.mark.parametrize("variant", ["off", "exact_off"])
 def test_negative_control_plain_path_differs(observed, variant) -> None:
-    """With the forms off (switches off, or the exact path off) the same
-    M-dependent kernels make verify rows differ from decode."""
+    """With the forms off (their options off, or the exact path off) the
+    same M-dependent kernels make verify rows differ from decode."""
     bitwise = observed[f"bitwise/standin/{variant}"]
     for unit in (*KINDS, *TARGET_BLOCKS):
         assert not all(bitwise[unit]), (variant, unit)
@@ -161,8 +212,8 @@ def test_plain_linear_form_fails_on_the_m_dependent_gemm(observed) -> None:
         assert not all(bitwise[unit]), unit
 
 
-def test_each_switch_is_needed(observed) -> None:
-    """Negative controls per switch: q/k norm off alone breaks the attention
+def test_each_option_is_needed(observed) -> None:
+    """Negative controls per option: q/k norm off alone breaks the attention
     rows (the norm stand-in) but not the dense MLP; linears off alone breaks
     both."""
     norm_off = observed["bitwise/standin/norm_off"]

@@ -7,7 +7,8 @@ whose result for a row depends on the rows sharing its experts
 (``moe_row_standins.py``: the atomic remap groups routes by expert and the
 grouped GEMM's policy follows rows per expert), bitwise against 1-row calls:
 the plain call fails (negative control), the ``rows`` form passes; the
-switch, the width bound, the cases that keep the plain call.
+option (read from a config's ``additional_config["xpu_laguna"]`` and kept
+by each wrapper), the width bound, the cases that keep the plain call.
 
 Through a real tiny Laguna target and a DFlash drafter with a sparse layer
 (``moe_row_driver.py``, its own process): the wrapper sits on the target's
@@ -23,23 +24,35 @@ from typing import Any
 
 import pytest
 import torch
-from laguna_model_testlib import MOE_TOGGLES, run_driver, toggles_fixture
+from laguna_model_testlib import config_stand_in, run_driver, series_options
 from moe_row_standins import grouped_experts
 
+from vllm.config import set_current_vllm_config
+from vllm.config.xpu_laguna_options import ENV_REPLACED_BY
 from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
 
 DRIVER = Path(__file__).with_name("moe_row_driver.py")
 HIDDEN, INTER, EXPERTS, TOP_K = 64, 32, 16, 4
 
 
-@pytest.fixture
-def toggles(monkeypatch):
-    def reload() -> rim.MoESettings:
-        rim.moe_settings.cache_clear()
-        rim.counters.reset()
-        return rim.moe_settings()
+def _config(**options: object) -> Any:
+    """A Laguna config whose options ask for the series (a CPU run), with
+    ``options`` over them."""
+    return config_stand_in(series_options(**options))
 
-    yield from toggles_fixture(monkeypatch, MOE_TOGGLES, reload)
+
+@pytest.fixture
+def form():
+    """``form(**options)``: the routed experts' settings of a Laguna config
+    with the series' ``options`` (``read_form``, what the model installs),
+    the form counters reset."""
+
+    def read(**options: object) -> rim.MoESettings:
+        rim.counters.reset()
+        return rim.read_form(_config(**options))
+
+    yield read
+    rim.counters.reset()
 
 
 class StandInMethod:
@@ -95,56 +108,98 @@ def test_standin_depends_on_the_rows_of_the_call() -> None:
     assert not any(_rows_equal_decode(method.apply))
 
 
-def test_rows_form_equals_one_row_calls(toggles) -> None:
-    assert toggles() == rim.MoESettings(width=8, form="rows")  # the defaults
+def test_rows_form_equals_one_row_calls(form) -> None:
+    settings = form()
+    assert settings == rim.MoESettings(width=8, form="rows")  # the defaults
     method = StandInMethod()
-    wrapped = rim.RowInvariantExperts(method.apply)
+    wrapped = rim.RowInvariantExperts(method.apply, settings)
     assert all(_rows_equal_decode(wrapped))
     assert rim.counters.calls == {"calls": 1, "rows": 8}
 
 
 @pytest.mark.parametrize(
     "variant",
-    [{"ROW_INVARIANT_MOE": "off"}, {"EXACT_VERIFY": "0"}, {"VERIFY_WIDTH": "4"}],
+    [{"row_invariant_moe": "off"}, {"exact_verify": False}, {"verify_width": 4}],
 )
-def test_negative_control_plain_call_differs(toggles, variant) -> None:
-    """Switch off, exact path off, or more rows than the width: the plain
+def test_negative_control_plain_call_differs(form, variant) -> None:
+    """Option off, exact path off, or more rows than the width: the plain
     call, whose M-dependence shows."""
-    toggles(**variant)
     method = StandInMethod()
-    assert not any(_rows_equal_decode(rim.RowInvariantExperts(method.apply)))
+    wrapped = rim.RowInvariantExperts(method.apply, form(**variant))
+    assert not any(_rows_equal_decode(wrapped))
     assert rim.counters.calls == {}
 
 
 @pytest.mark.parametrize(
     ("rows", "want"), [(1, [1]), (2, [1, 1]), (8, [1] * 8), (9, [9]), (12, [12])]
 )
-def test_row_bounds(toggles, rows: int, want: list[int]) -> None:
+def test_row_bounds(form, rows: int, want: list[int]) -> None:
     method = StandInMethod()
-    out = _call(rim.RowInvariantExperts(method.apply), *_inputs(rows))
+    out = _call(rim.RowInvariantExperts(method.apply, form()), *_inputs(rows))
     assert method.calls == want
     assert out.shape == (rows, HIDDEN)
 
 
-def test_switch_value_is_checked(toggles) -> None:
-    with pytest.raises(ValueError, match="VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE"):
-        toggles(ROW_INVARIANT_MOE="lanes")
-    assert toggles(ROW_INVARIANT_MOE="OFF").form == "off"
+def test_option_value_is_checked(form) -> None:
+    with pytest.raises(ValueError, match="row_invariant_moe") as err:
+        form(row_invariant_moe="lanes")
+    assert "\n" not in str(err.value) and "rows, off" in str(err.value)
+    assert form(row_invariant_moe="OFF").form == "off"
 
 
-def test_plain_while_compiling(toggles, monkeypatch) -> None:
+def test_the_series_scope_and_the_current_config_decide_the_form() -> None:
+    """Without a config given, the one the model is built under; no config
+    and none current, or a config the series is not for: width 0."""
+    assert rim.read_form(None).width == 0
+    assert rim.read_form(config_stand_in(None)).width == 0  # CPU, not asked
+    llama = config_stand_in(series_options(), architecture="LlamaForCausalLM")
+    assert rim.read_form(llama).width == 0
+    with set_current_vllm_config(_config(verify_width=4, row_invariant_moe="off")):
+        assert rim.read_form() == rim.MoESettings(width=4, form="off")
+
+
+def test_two_configs_in_one_process_get_their_own_form() -> None:
+    """Nothing is remembered between reads; wrappers built from two configs
+    keep their own form."""
+    off, rows = _config(row_invariant_moe="off"), _config()
+    for _ in range(2):
+        assert rim.read_form(off).form == "off"
+        assert rim.read_form(rows).form == "rows"
+    method = StandInMethod()
+    plain = rim.RowInvariantExperts(method.apply, rim.read_form(off))
+    per_row = rim.RowInvariantExperts(method.apply, rim.read_form(rows))
+    _call(plain, *_inputs(8))
+    _call(per_row, *_inputs(8))
+    _call(plain, *_inputs(8))
+    assert method.calls == [8] + [1] * 8 + [8]
+
+
+def test_nothing_is_read_from_the_environment(monkeypatch) -> None:
+    configs = (_config(), _config(row_invariant_moe="off"), None)
+    before = [rim.read_form(c) for c in configs]
+    contrary = {
+        "exact_verify": "0",
+        "verify_width": "4",
+        "row_invariant_moe": "off",
+    }
+    for name, key in ENV_REPLACED_BY.items():
+        monkeypatch.setenv(name, contrary.get(key, "1"))
+    assert [rim.read_form(c) for c in configs] == before
+
+
+def test_plain_while_compiling(form, monkeypatch) -> None:
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     method = StandInMethod()
-    _call(rim.RowInvariantExperts(method.apply), *_inputs(8))
+    _call(rim.RowInvariantExperts(method.apply, form()), *_inputs(8))
     assert method.calls == [8]
 
 
-def test_shared_experts_inside_the_kernel_keep_the_plain_call(toggles) -> None:
+def test_shared_experts_inside_the_kernel_keep_the_plain_call(form) -> None:
     """All-to-all kernels run the shared experts inside; one call per row
     would run them per row, so the plain call is kept."""
     method = StandInMethod()
     method.mk_can_overlap_shared_experts = True
-    wrapped = rim.RowInvariantExperts(method.apply)
+    wrapped = rim.RowInvariantExperts(method.apply, form())
     _call(wrapped, *_inputs(8), shared=object())
     assert method.calls == [8]
     method.mk_can_overlap_shared_experts = False
@@ -153,7 +208,7 @@ def test_shared_experts_inside_the_kernel_keep_the_plain_call(toggles) -> None:
     assert method.calls == [1] * 8
 
 
-def test_deferred_finalize_keeps_the_plain_call(toggles) -> None:
+def test_deferred_finalize_keeps_the_plain_call(form) -> None:
     deferred = object()
     calls: list[int] = []
 
@@ -161,7 +216,7 @@ def test_deferred_finalize_keeps_the_plain_call(toggles) -> None:
         calls.append(int(x.shape[0]))
         return deferred
 
-    assert _call(rim.RowInvariantExperts(apply), *_inputs(4)) is deferred
+    assert _call(rim.RowInvariantExperts(apply, form()), *_inputs(4)) is deferred
     assert calls == [1, 1, 1, 1, 4]
     assert rim.counters.calls == {}
 
@@ -174,12 +229,14 @@ def test_install_wraps_once() -> None:
             self.routed_experts.quant_method = StandInMethod()
 
     runner = Runner()
+    first = rim.read_form(_config())
     assert not rim.is_installed(runner)
-    rim.install(runner)
-    rim.install(runner)
+    rim.install(runner, first)
+    rim.install(runner, rim.read_form(_config(row_invariant_moe="off")))
     apply = runner.routed_experts.quant_method.apply
     assert rim.is_installed(runner) and not isinstance(apply.inner, type(apply))
-    rim.install(torch.nn.Linear(2, 2))  # no routed experts: nothing to wrap
+    assert apply.settings == first  # the first install's form is kept
+    rim.install(torch.nn.Linear(2, 2), first)  # no routed experts: nothing to wrap
 
 
 # -- the real tiny Laguna target (driver process) ------------------------------
@@ -210,11 +267,27 @@ def test_experts_per_row_the_rest_once(observed, rows: int, experts) -> None:
     assert calls["counters"] == {"calls": 2, "rows": 12}  # the 4- and 8-row calls
 
 
+def test_each_target_keeps_the_form_of_its_config(observed) -> None:
+    """Every variant's options build a config as given (none is refused);
+    each target keeps the form its config asked for, and the first one takes
+    its form again after the others were built and called."""
+    forms = {
+        "default": {"width": 8, "form": "rows"},
+        "exact_off": {"width": 0, "form": "rows"},  # no series: no rows
+        "width_4": {"width": 4, "form": "rows"},
+        "off": {"width": 8, "form": "off"},
+    }
+    for variant, want in forms.items():
+        assert observed[f"refused/{variant}"] is None, variant
+        assert observed[f"form/{variant}"] == want, variant
+    assert observed["calls/default_again"] == observed["calls/default"]
+
+
 @pytest.mark.parametrize(
     ("variant", "experts"),
     [("off", [8]), ("exact_off", [8]), ("width_4", [8])],
 )
-def test_switches_on_the_model(observed, variant: str, experts) -> None:
+def test_options_on_the_model(observed, variant: str, experts) -> None:
     calls = observed[f"calls/{variant}"]
     assert calls["target.experts/8"] == experts
     assert calls["target.experts/1"] == [1]

@@ -34,10 +34,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import xpu_laguna_standins
+from laguna_model_testlib import config_stand_in, series_options
 from xpu_laguna_standins import xccl_ring as standin
 
 import vllm._custom_ops  # noqa: F401  (loads the CPU SHM ops before the fork)
-import vllm.config  # noqa: F401  (imported by the communicators; before the fork)
+from vllm.config import set_current_vllm_config
 from vllm.distributed import xpu_laguna_collectives as xc
 from vllm.distributed.device_communicators import cpu_communicator
 from vllm.distributed.device_communicators.xpu_communicator import XpuCommunicator
@@ -48,12 +49,13 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 SEEDS = (0, 1)
 WORLDS = (2, 4)
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
-TOGGLES = (
-    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
-    "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE",
-    "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN",
-    "VLLM_BATCH_INVARIANT",
-)
+# The series' options of the communicators the hook check builds (a Laguna
+# config of a CPU run that asks for the series).
+HOOK_OPTIONS = {
+    "defaults": {},
+    "exact_off": {"exact_tp_reduce": False},
+    "standin": {"exact_tp_reduce": False, "debug_xccl_standin": True},
+}
 
 
 def _bits(t: torch.Tensor) -> np.ndarray:
@@ -258,12 +260,19 @@ def _forms(rank: int, world: int, group) -> dict:
 
 
 def _hook_through_cpu_communicator(x: torch.Tensor, group) -> dict:
-    """A real CpuCommunicator of a tp group (SHM transport where the CPU ops
-    have it): which path its all_reduce takes for each toggle setting."""
+    """Real CpuCommunicators of a tp group (SHM transport where the CPU ops
+    have it), one built under each config of :data:`HOOK_OPTIONS` (a
+    communicator decides its mode when it is built, under the current
+    config): which path each one's all_reduce takes."""
     os.environ["VLLM_DIST_IDENT"] = f"test-tp-collectives-{os.getppid()}"
-    comm = cpu_communicator.CpuCommunicator(
-        cpu_group=group, device_group=group, unique_name="tp:0"
-    )
+    names = iter(f"tp:{i}" for i in range(8))  # one SHM group per communicator
+
+    def build(options: dict) -> cpu_communicator.CpuCommunicator:
+        with set_current_vllm_config(config_stand_in(series_options(**options))):
+            return cpu_communicator.CpuCommunicator(
+                cpu_group=group, device_group=group, unique_name=next(names)
+            )
+
     calls: list[str] = []
     real = {
         "rank_order": xc.rank_order_all_reduce,
@@ -277,16 +286,21 @@ def _hook_through_cpu_communicator(x: torch.Tensor, group) -> dict:
 
         return call
 
+    def reduce(comm: cpu_communicator.CpuCommunicator) -> tuple:
+        calls.clear()
+        y = x.clone()
+        result = comm.all_reduce(y)
+        return (list(calls), _bits(result), result.data_ptr() == y.data_ptr())
+
     xc.rank_order_all_reduce = spy("rank_order")
-    seen: dict = {"transport": type(comm.dist_module).__name__}
+    seen: dict = {}
     try:
-        # the debug toggle with no stand-in registered: one line, no reduction
-        # (an empty registry: an earlier test in this process may have run the
-        # runtime's plugin, which registers the ring)
+        # the debug option with no stand-in registered: one line, no
+        # reduction (an empty registry: an earlier test in this process may
+        # have run the runtime's plugin, which registers the ring)
         xc.cpu_stand_ins = xc.CpuStandIns()
-        os.environ["VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"] = "0"
-        os.environ["VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN"] = "1"
-        xc.reset_tp_reduce_mode_cache()
+        comm = build(HOOK_OPTIONS["standin"])
+        seen["transport"] = type(comm.dist_module).__name__
         y = x.clone()
         try:
             comm.all_reduce(y)
@@ -294,43 +308,24 @@ def _hook_through_cpu_communicator(x: torch.Tensor, group) -> dict:
         except RuntimeError as exc:
             seen["unregistered"] = (str(exc), torch.equal(y, x))
         xc.cpu_stand_ins.register_xccl_ring(spy("standin"))
-        for label, env in {
-            "defaults": {},
-            "exact_off": {"VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0"},
-            "standin": {
-                "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0",
-                "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN": "1",
-            },
-        }.items():
-            for key in TOGGLES:
-                os.environ.pop(key, None)
-            os.environ.update(env)
-            xc.reset_tp_reduce_mode_cache()
-            calls.clear()
-            y = x.clone()
-            result = comm.all_reduce(y)
-            seen[label] = (
-                list(calls),
-                _bits(result),
-                result.data_ptr() == y.data_ptr(),
-            )
+        comms = {label: build(options) for label, options in HOOK_OPTIONS.items()}
+        for label, comm in comms.items():
+            seen[label] = reduce(comm)
+            seen[f"mode/{label}"] = comm.xpu_laguna_mode.value
+        # each keeps the mode it was built with, whatever config is current
+        with set_current_vllm_config(
+            config_stand_in(series_options(**HOOK_OPTIONS["standin"]))
+        ):
+            seen["defaults_again"] = reduce(comms["defaults"])
     finally:
         xc.rank_order_all_reduce = real["rank_order"]
         xc.cpu_stand_ins.register_xccl_ring(None)
-        for key in TOGGLES:
-            os.environ.pop(key, None)
-        xc.reset_tp_reduce_mode_cache()
     return seen
 
 
 def _worker(rank: int, world: int, port: int, results) -> None:
-    from vllm.compilation.xpu_breakable_graph.config import reset_series_scope
-
     try:
         torch.set_num_threads(1)
-        # a rank decides the series' scope as a fresh process does (no config:
-        # the toggles decide), whatever an earlier test in this process left
-        reset_series_scope()
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
         )
@@ -529,9 +524,10 @@ def test_negative_control_the_bit_comparison_sees_signed_zero_and_one_ulp():
 
 def test_real_cpu_communicator_takes_the_hook(runs):
     """TP 2 and 4 on CPU: vLLM's CpuCommunicator (SHM transport when the CPU
-    ops provide it) reaches the rank-order path with the defaults, the
-    stand-in with the debug toggle, and its own transport otherwise; in
-    place, like the plain CPU path."""
+    ops provide it), built under a Laguna config, reaches the rank-order path
+    with the defaults, the stand-in with the debug option, and its own
+    transport otherwise; in place, like the plain CPU path. Communicators
+    built under three configs in one process each keep their own mode."""
     for world in WORLDS:
         for rank_result in runs[world]:
             hook = rank_result["hook"]
@@ -539,11 +535,19 @@ def test_real_cpu_communicator_takes_the_hook(runs):
             assert hook["defaults"][0] == ["rank_order"]
             assert hook["exact_off"][0] == []
             assert hook["standin"][0] == ["standin"]
-            # nothing registered: one line naming the toggle, input untouched
+            assert [hook[f"mode/{label}"] for label in HOOK_OPTIONS] == [
+                "rank-order",
+                "plain",
+                "xccl-standin",
+            ]
+            # built under the defaults, reduced under another current config
+            assert hook["defaults_again"][0] == ["rank_order"]
+            assert np.array_equal(hook["defaults_again"][1], hook["defaults"][1])
+            # nothing registered: one line naming the option, input untouched
             message, untouched = hook["unregistered"]
-            assert "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1" in message
+            assert "xpu_laguna.debug_xccl_standin" in message
             assert "\n" not in message and untouched
-            assert all(hook[label][2] for label in ("defaults", "exact_off", "standin"))
+            assert all(hook[label][2] for label in HOOK_OPTIONS)
     # at 4 ranks the paths give different bits for the same input
     four = runs[4][0]["hook"]
     assert not np.array_equal(four["defaults"][1], four["standin"][1])
@@ -670,7 +674,7 @@ def test_vllm_ships_no_xccl_standin():
 
 def test_the_runtime_plugin_registers_the_ring_on_cpu_only(monkeypatch):
     """``xpu_laguna_standins.register`` (the CPU runtime's general plugin)
-    registers the ring on CPU; off CPU nothing is registered and the toggle
+    registers the ring on CPU; off CPU nothing is registered and the option
     fails in one line (negative control)."""
     from vllm.v1.attention.ops import xpu_laguna_kernels as kernels
 
@@ -680,7 +684,7 @@ def test_the_runtime_plugin_registers_the_ring_on_cpu_only(monkeypatch):
         "vllm.platforms.current_platform.is_cpu", lambda: False, raising=True
     )
     assert xpu_laguna_standins.register() is False
-    with pytest.raises(RuntimeError, match="XCCL_STANDIN=1") as err:
+    with pytest.raises(RuntimeError, match="debug_xccl_standin") as err:
         xc.cpu_stand_ins.xccl_ring()
     assert "\n" not in str(err.value)
     monkeypatch.undo()

@@ -1,48 +1,45 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Routing of the communicators' all-reduce (0010, ``xpu_laguna_collectives``):
-which path the CPU and XPU communicators take for each toggle combination,
-at the monkeypatch level (recorders instead of collectives; the real gloo
-runs are in test_tp_collectives.py), and the XCCL ring stand-in's split
-rule."""
+which path the CPU and XPU communicators take for each combination of the
+series' options, at the monkeypatch level (recorders instead of
+collectives; the real gloo runs are in test_tp_collectives.py), and the
+XCCL ring stand-in's split rule.
+
+A communicator decides its mode once, when it is built, under the current
+config (``communicator_mode``, the hook both communicators call in their
+constructor) and keeps it in ``xpu_laguna_mode``; the tests build their
+communicators the same way, under a stand-in config carrying the options.
+"""
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
+from laguna_model_testlib import config_stand_in, series_options
 from xpu_laguna_standins import xccl_ring as standin
 
+from vllm.config import set_current_vllm_config
+from vllm.config.xpu_laguna_options import ENV_REPLACED_BY
 from vllm.distributed import xpu_laguna_collectives as xc
 from vllm.distributed.device_communicators import cpu_communicator
 from vllm.distributed.device_communicators.xpu_communicator import XpuCommunicator
 
-TOGGLES = (
-    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
-    "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE",
-    "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN",
-    "VLLM_BATCH_INVARIANT",
-)
-
-
 # -- routing of the communicators' all_reduce (monkeypatch level) ----------
 
 
-@pytest.fixture
-def toggles(monkeypatch):
-    for key in TOGGLES:
-        monkeypatch.delenv(key, raising=False)
-    xc.reset_tp_reduce_mode_cache()
+def _config(**options: object) -> Any:
+    """A Laguna config whose options ask for the series (a CPU run), with
+    ``options`` over them."""
+    return config_stand_in(series_options(**options))
 
-    def set_env(**env: str) -> None:
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
-        xc.reset_tp_reduce_mode_cache()
 
-    yield set_env
-    xc.reset_tp_reduce_mode_cache()
+@pytest.fixture(autouse=True)
+def _no_batch_invariant(monkeypatch):
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
 
 
 def _recorders(monkeypatch, calls):
@@ -58,75 +55,89 @@ def _recorders(monkeypatch, calls):
     xc.cpu_stand_ins.register_xccl_ring(record("standin"))
 
 
-def _cpu_comm(calls, name="tp:0", world=2):
+def _built(comm: Any, config: Any) -> Any:
+    """``comm`` given its mode as its constructor does: the hook, under
+    ``config`` as the current config (the worker's, in ``init_device``)."""
+    with set_current_vllm_config(config):
+        comm.xpu_laguna_mode = xc.communicator_mode(comm)
+    return comm
+
+
+def _cpu_comm(calls, config, name="tp:0", world=2):
     comm = object.__new__(cpu_communicator.CpuCommunicator)
     comm.unique_name, comm.world_size, comm.device_group = name, world, "GROUP"
     comm.dist_module = SimpleNamespace(
         all_reduce=lambda t, group=None: calls.append(("plain", group))
     )
-    return comm
+    return _built(comm, config)
 
 
 CPU_CASES = [
     ({}, "rank_order"),
-    ({"VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN": "1"}, "rank_order"),
-    ({"VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0"}, "plain"),
-    ({"VLLM_XPU_LAGUNA_EXACT_VERIFY": "0"}, "plain"),
+    ({"debug_xccl_standin": True}, "rank_order"),
+    ({"exact_tp_reduce": False}, "plain"),
+    ({"exact_verify": False, "prebuilt_metadata": True}, "plain"),
+    ({"exact_tp_reduce": False, "debug_xccl_standin": True}, "standin"),
     (
-        {
-            "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0",
-            "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN": "1",
-        },
-        "standin",
-    ),
-    (
-        {
-            "VLLM_XPU_LAGUNA_EXACT_VERIFY": "0",
-            "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN": "1",
-        },
+        {"exact_verify": False, "prebuilt_metadata": True, "debug_xccl_standin": True},
         "standin",
     ),
 ]
 
 
-@pytest.mark.parametrize(("env", "path"), CPU_CASES, ids=str)
-def test_cpu_communicator_routing(env, path, toggles, monkeypatch):
+@pytest.mark.parametrize(("options", "path"), CPU_CASES, ids=str)
+def test_cpu_communicator_routing(options, path, monkeypatch):
     calls: list = []
     _recorders(monkeypatch, calls)
-    toggles(**env)
     x = torch.ones(2, 4)
-    assert _cpu_comm(calls).all_reduce(x) is x
+    assert _cpu_comm(calls, _config(**options)).all_reduce(x) is x
     assert calls == [(path, "GROUP")]
 
 
-@pytest.mark.parametrize(("name", "world"), [("pp:0", 2), ("ep:0", 4), ("tp:0", 1)])
-def test_cpu_communicator_other_groups_stay_plain(name, world, toggles, monkeypatch):
+RING = {"debug_xccl_standin": True}
+OUT_OF_SCOPE = {
+    # a Laguna on CPU whose options do not ask for the series...
+    "laguna_not_asked": config_stand_in(RING),
+    # ...or turn every switch off
+    "laguna_all_off": config_stand_in({"exact_verify": False, **RING}),
+    "llama": config_stand_in(series_options(**RING), "LlamaForCausalLM"),
+    "no_model": config_stand_in(series_options(**RING), architecture=None),
+    "no_config": None,
+}
+
+
+@pytest.mark.parametrize("case", OUT_OF_SCOPE)
+def test_out_of_scope_configs_keep_the_plain_all_reduce(case, monkeypatch):
+    """The series acts on a Laguna target only (on CPU, when its options ask
+    for it): any other config keeps upstream's all-reduce, the debug
+    stand-in included."""
     calls: list = []
     _recorders(monkeypatch, calls)
-    toggles(VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN="1")
-    _cpu_comm(calls, name, world).all_reduce(torch.ones(3))
+    _cpu_comm(calls, OUT_OF_SCOPE[case]).all_reduce(torch.ones(2))
+    assert calls == [("plain", "GROUP")]
+
+
+@pytest.mark.parametrize(("name", "world"), [("pp:0", 2), ("ep:0", 4), ("tp:0", 1)])
+def test_cpu_communicator_other_groups_stay_plain(name, world, monkeypatch):
+    calls: list = []
+    _recorders(monkeypatch, calls)
+    config = _config(debug_xccl_standin=True)
+    _cpu_comm(calls, config, name, world).all_reduce(torch.ones(3))
     assert calls == [("plain", "GROUP")]
 
 
 XPU_CASES = [
     ({}, "rank_order"),
-    ({"VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0"}, "plain"),
-    ({"VLLM_XPU_LAGUNA_EXACT_VERIFY": "0"}, "plain"),
+    ({"exact_tp_reduce": False}, "plain"),
+    ({"exact_verify": False, "prebuilt_metadata": True}, "plain"),
     # the stand-in is CPU only: XPU keeps XCCL
-    (
-        {
-            "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE": "0",
-            "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN": "1",
-        },
-        "plain",
-    ),
-    # upstream's batch-invariant branch keeps its own rank-order sum
-    ({"VLLM_BATCH_INVARIANT": "1"}, "upstream"),
+    ({"exact_tp_reduce": False, "debug_xccl_standin": True}, "plain"),
 ]
 
 
-@pytest.mark.parametrize(("env", "path"), XPU_CASES, ids=str)
-def test_xpu_communicator_routing(env, path, toggles, monkeypatch):
+@pytest.mark.parametrize("batch_invariant", [False, True])
+@pytest.mark.parametrize(("options", "path"), XPU_CASES, ids=str)
+def test_xpu_communicator_routing(options, path, batch_invariant, monkeypatch):
     from vllm.distributed.device_communicators import xpu_communicator
 
     calls: list = []
@@ -141,53 +152,97 @@ def test_xpu_communicator_routing(env, path, toggles, monkeypatch):
         "_fixed_rank_sum",
         lambda self, t: calls.append(("upstream", self.device_group)) or t,
     )
-    toggles(**env)
+    if batch_invariant:
+        # upstream's batch-invariant branch keeps its own rank-order sum
+        monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+        path = "upstream"
     comm = object.__new__(XpuCommunicator)
     comm.unique_name, comm.world_size, comm.device_group = "tp:0", 4, "GROUP"
-    comm.all_reduce(torch.ones(2, 4))
+    _built(comm, _config(**options)).all_reduce(torch.ones(2, 4))
     assert calls == [(path, "GROUP")]
 
 
-def test_mode_is_cached_per_group(toggles):
-    assert xc.tp_reduce_mode("tp:7", 4) is xc.TpReduceMode.RANK_ORDER
-    os.environ["VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"] = "0"
-    try:
-        assert xc.tp_reduce_mode("tp:7", 4) is xc.TpReduceMode.RANK_ORDER  # cached
-        assert xc.tp_reduce_mode("tp:8", 4) is xc.TpReduceMode.PLAIN  # new group
-        xc.reset_tp_reduce_mode_cache()
-        assert xc.tp_reduce_mode("tp:7", 4) is xc.TpReduceMode.PLAIN
-    finally:
-        del os.environ["VLLM_XPU_LAGUNA_EXACT_TP_REDUCE"]
-
-
-def test_all_reduce_into_only_on_the_exact_path(toggles, monkeypatch):
+def test_a_communicator_keeps_the_mode_it_was_built_with(monkeypatch):
+    """Two communicators of the same group built under two configs in one
+    process get their own mode, and each keeps it whatever config is
+    current when it reduces (nothing is cached per group or per process)."""
     calls: list = []
     _recorders(monkeypatch, calls)
-    group = SimpleNamespace(unique_name="tp:0", world_size=4, device_group="GROUP")
+    exact = _cpu_comm(calls, _config())
+    plain = _cpu_comm(calls, _config(exact_tp_reduce=False))
+    again = _cpu_comm(calls, _config())
+    assert exact.xpu_laguna_mode is xc.TpReduceMode.RANK_ORDER
+    assert plain.xpu_laguna_mode is xc.TpReduceMode.PLAIN
+    assert again.xpu_laguna_mode is xc.TpReduceMode.RANK_ORDER
+    with set_current_vllm_config(_config(exact_tp_reduce=False)):
+        exact.all_reduce(torch.ones(2))
+    with set_current_vllm_config(_config()):
+        plain.all_reduce(torch.ones(2))
+    assert calls == [("rank_order", "GROUP"), ("plain", "GROUP")]
+
+
+def test_tp_reduce_mode_is_decided_from_the_config_given():
+    """The decision itself: pure in the config, the group name and size."""
+    rank_order, plain = xc.TpReduceMode.RANK_ORDER, xc.TpReduceMode.PLAIN
+    exact, off = _config(), _config(exact_tp_reduce=False)
+    for _ in range(2):
+        assert xc.tp_reduce_mode("tp:7", 4, exact) is rank_order
+        assert xc.tp_reduce_mode("tp:7", 4, off) is plain
+    assert xc.tp_reduce_mode("tp:7", 4, None) is plain
+    assert xc.tp_reduce_mode("pp:7", 4, exact) is plain
+    assert xc.tp_reduce_mode("tp:7", 1, exact) is plain
+    standin_config = _config(exact_tp_reduce=False, debug_xccl_standin=True)
+    assert xc.tp_reduce_mode("tp:7", 4, standin_config) is xc.TpReduceMode.XCCL_STANDIN
+
+
+def test_nothing_is_read_from_the_environment(monkeypatch):
+    """The variables the series used to read change no decision."""
+    configs = (_config(), _config(exact_tp_reduce=False), config_stand_in(None))
+    before = [xc.tp_reduce_mode("tp:0", 4, c) for c in configs]
+    contrary = {"exact_verify": "0", "exact_tp_reduce": "0"}
+    for name, key in ENV_REPLACED_BY.items():
+        monkeypatch.setenv(name, contrary.get(key, "1"))
+    assert [xc.tp_reduce_mode("tp:0", 4, c) for c in configs] == before
+
+
+def test_all_reduce_into_only_on_the_exact_path(monkeypatch):
+    """The graph break's entry reads the mode of the group's communicator
+    (a GroupCoordinator's ``device_communicator``, or the communicator)."""
+    calls: list = []
+    _recorders(monkeypatch, calls)
+
+    def group(config):
+        comm = SimpleNamespace(unique_name="tp:0", world_size=4, device_group="GROUP")
+        return SimpleNamespace(
+            unique_name="tp:0",
+            world_size=4,
+            device_group="GROUP",
+            device_communicator=_built(comm, config),
+        )
+
     x, out = torch.ones(2), torch.empty(2)
-    assert xc.all_reduce_into(x, out, group) is out
-    toggles(VLLM_XPU_LAGUNA_EXACT_TP_REDUCE="0")
-    assert xc.all_reduce_into(x, out, group) is None
+    assert xc.all_reduce_into(x, out, group(_config())) is out
+    assert xc.all_reduce_into(x, out, group(_config(exact_tp_reduce=False))) is None
     assert calls == [("rank_order", "GROUP")]
+    # a group whose communicator the series did not build: plain
+    bare = SimpleNamespace(unique_name="tp:0", world_size=4, device_group="GROUP")
+    assert xc.all_reduce_into(x, out, bare) is None
     # the CPU stand-in replaces the plain path of a graph break on CPU only
-    toggles(VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN="1")
-    assert xc.all_reduce_into(x, out, group) is out
+    ring = group(_config(exact_tp_reduce=False, debug_xccl_standin=True))
+    assert xc.all_reduce_into(x, out, ring) is out
     assert calls[-1] == ("standin", "GROUP")
-    assert xc.all_reduce_into(x.to("meta"), out.to("meta"), group) is None
+    assert xc.all_reduce_into(x.to("meta"), out.to("meta"), ring) is None
 
 
-def test_unregistered_standin_fails_in_one_line(toggles, monkeypatch):
+def test_unregistered_standin_fails_in_one_line(monkeypatch):
     calls: list = []
     monkeypatch.setattr(xc, "cpu_stand_ins", xc.CpuStandIns())
-    toggles(VLLM_XPU_LAGUNA_EXACT_TP_REDUCE="0", VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN="1")
-    with pytest.raises(
-        RuntimeError, match="VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1"
-    ) as err:
-        _cpu_comm(calls).all_reduce(torch.ones(2))
+    ring = _config(exact_tp_reduce=False, debug_xccl_standin=True)
+    with pytest.raises(RuntimeError, match="xpu_laguna.debug_xccl_standin") as err:
+        _cpu_comm(calls, ring).all_reduce(torch.ones(2))
     assert "\n" not in str(err.value) and calls == []
-    # the plain path (toggle off) needs no stand-in
-    toggles(VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN="0")
-    _cpu_comm(calls).all_reduce(torch.ones(2))
+    # the plain path (option off) needs no stand-in
+    _cpu_comm(calls, _config(exact_tp_reduce=False)).all_reduce(torch.ones(2))
     assert calls == [("plain", "GROUP")]
 
 

@@ -12,17 +12,22 @@ silently break exactness, or crash later in a worker, are refused with one
 is safe and the user could not have asked for another (an unset default),
 the series sets it and logs one line.
 
+The series' options are read from ``additional_config["xpu_laguna"]``
+(:mod:`vllm.config.xpu_laguna_options`) and validated for every
+configuration; a ``VLLM_XPU_LAGUNA_*`` variable still set is refused in one
+line naming the option that replaced it. The options travel with the
+configuration into every worker, whatever the executor (Ray included).
+
 Rules that hold whenever the series is active:
 
-* the Ray executor is refused (see :func:`_check_executor`);
 * the speculative width (``num_speculative_tokens + 1``) must not exceed
-  ``VLLM_XPU_LAGUNA_VERIFY_WIDTH``;
+  the ``verify_width`` option;
 * a DFlash drafter must fit the target (hidden size, vocabulary, target
   layer ids); for a compressed-tensors INT4 Laguna target, a drafter
   identified by content as the BF16 one is refused and one not identified
   as the INT4-matched one gets a warning (:mod:`vllm.xpu_laguna_drafter`).
 
-Rules of the exact path (``VLLM_XPU_LAGUNA_EXACT_VERIFY=1`` as well):
+Rules of the exact path (the ``exact_verify`` option on as well):
 
 * standard rejection sampling only;
 * DFlash without async scheduling (unset: turned off; explicit: refused);
@@ -50,14 +55,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-import vllm.envs as envs
 from vllm import xpu_laguna_checkpoint as int4_layout
 from vllm import xpu_laguna_drafter
 from vllm.compilation.xpu_breakable_graph.config import (
     LAGUNA_TARGET_ARCHITECTURES,
-    SERIES_TOGGLES,
     xpu_laguna_series_active,
 )
+from vllm.config.xpu_laguna_options import XpuLagunaOptions, refuse_environment
 from vllm.logger import init_logger
 
 if TYPE_CHECKING:
@@ -67,27 +71,13 @@ logger = init_logger(__name__)
 
 PREFIX = "XPU Laguna series"
 _NATIVE_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-_SERIES_ENV = (
-    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
-    "VLLM_XPU_LAGUNA_VERIFY_WIDTH",
-    "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA",
-    "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH",
-    "VLLM_XPU_LAGUNA_EXACT_TP_REDUCE",
-    "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN",
-    "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN",
-    "VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD",
-    "VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE",
-)
-"""The series' own switches read here (and the routed experts' form); the
-other row-invariant ones are read and validated by
-``xpu_laguna_row_dispatch.read_settings``."""
 
 
 class SeriesConfigError(ValueError):
     """A setting the XPU Laguna series refuses while one of its toggles is on."""
 
 
-def series_active(vllm_config: VllmConfig | None = None) -> bool:
+def series_active(vllm_config: VllmConfig | None) -> bool:
     """Whether a toggle of the series is in effect for this configuration
     (Laguna target, XPU or a CPU run that asks). The one place that names
     the series switch's module (repoint here when it moves)."""
@@ -99,100 +89,48 @@ def _fail(setting: str, fix: str) -> None:
 
 
 def check_series_contract(vllm_config: VllmConfig) -> None:
-    """Refuse (one line, ``ValueError``) or set what the series needs; no-op
-    while every series toggle is off, the target is not Laguna, or there is
-    no target (a ``VllmConfig()`` built without a model, as vLLM's own tests
-    and tools do)."""
+    """Refuse (one line, ``ValueError``) or set what the series needs. Every
+    configuration: no ``VLLM_XPU_LAGUNA_*`` variable, valid options. The
+    rest is a no-op while every series switch is off, the target is not
+    Laguna, or there is no target (a ``VllmConfig()`` built without a model,
+    as vLLM's own tests and tools do)."""
+    refuse_environment(os.environ)
+    options = XpuLagunaOptions.from_config(vllm_config)
     mc = vllm_config.model_config
     if mc is None:
         return
-    if is_laguna_target(mc):
-        _check_toggle_values()
     if not series_active(vllm_config):
-        _note_inactive(vllm_config)
+        _note_inactive(vllm_config, options)
         return
-    _check_executor(vllm_config)
-    _check_width(vllm_config)
+    _check_width(vllm_config, options)
     _check_drafter(vllm_config)
     # off the exact path an FP8 cache is allowed: its scales must load
-    _check_int4_layout(vllm_config, kv_scales=not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY)
-    if not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY:
+    _check_int4_layout(vllm_config, kv_scales=not options.exact_verify)
+    if not options.exact_verify:
         return
     _check_rejection(vllm_config)
     _check_async_scheduling(vllm_config)
     _check_prefix_caching(vllm_config)
     _check_kv_cache_dtype(vllm_config)
     _check_topology(vllm_config)
-    _check_compilation(vllm_config)
-    _check_exact_forms(vllm_config)
+    _check_compilation(vllm_config, options)
+    _check_exact_forms(vllm_config, options)
     _warn_max_num_seqs(vllm_config)
 
 
-def _note_inactive(vllm_config: VllmConfig) -> None:
-    """One info line when a series toggle is set for a model that is not
-    Laguna (the configuration is then upstream's). The raw value: the
-    series' variables are not parsed for other models."""
+def _note_inactive(vllm_config: VllmConfig, options: XpuLagunaOptions) -> None:
+    """One info line when the configuration asks for the series for a model
+    that is not Laguna (the configuration is then upstream's)."""
     mc = vllm_config.model_config
-    if mc is None or is_laguna_target(mc):
-        return
-    if not any(os.environ.get(name, "0") not in ("", "0") for name in SERIES_TOGGLES):
+    if mc is None or is_laguna_target(mc) or not options.asks_for_series:
         return
     logger.info_once(
-        "%s: inactive for %s (the series acts on %s on XPU, or on CPU when a "
-        "series toggle is set to 1)",
+        "%s: inactive for %s (the series acts on %s on XPU, or on CPU when "
+        "additional_config asks for it)",
         PREFIX,
         ",".join(mc.architectures),
         ",".join(LAGUNA_TARGET_ARCHITECTURES),
     )
-
-
-# ------------------------------------------------------------ toggle values
-
-
-def _check_toggle_values() -> None:
-    """Every series variable readable (a bad value fails here, in the API
-    process, not at the first forward in a worker)."""
-    for name in _SERIES_ENV:
-        if not envs.is_set(name):
-            continue
-        try:
-            getattr(envs, name)
-        except ValueError as err:
-            _fail(
-                f"{name}={os.environ[name]!r} is not a valid value ({err})",
-                f"set {name} to one of its documented values (vllm/envs.py)",
-            )
-
-
-# ---------------------------------------------------------------- executor
-
-
-def _executor_uses_ray(vllm_config: VllmConfig) -> bool:
-    pc = vllm_config.parallel_config
-    if pc.use_ray:
-        return True
-    backend = pc.distributed_executor_backend
-    if isinstance(backend, str) and backend not in ("mp", "uni", "external_launcher"):
-        from vllm.v1.executor.abstract import Executor
-
-        return bool(getattr(Executor.get_class(vllm_config), "uses_ray", False))
-    return False
-
-
-def _check_executor(vllm_config: VllmConfig) -> None:
-    """Multiprocessing (fork or spawn) and the in-process executor inherit
-    this process's environment, and ``external_launcher`` processes each
-    build and check their own config. Ray workers get the VLLM_* variables
-    copied after the actor has started (only VLLM_USE_BREAKABLE_CUDAGRAPH is
-    in the actor's runtime env before import), Ray's V2 executor lets a
-    worker node's own value win, and a user exclusion file can drop them:
-    a worker could run other toggles than the ones checked here."""
-    if _executor_uses_ray(vllm_config):
-        _fail(
-            "the Ray executor is refused while a series toggle is on (Ray "
-            "workers may not run with the VLLM_XPU_LAGUNA_* values checked here)",
-            "use --distributed-executor-backend mp",
-        )
 
 
 # ------------------------------------------------------------------- width
@@ -205,19 +143,19 @@ def _speculative_tokens(sc: SpeculativeConfig) -> int:
     return max(counts)
 
 
-def _check_width(vllm_config: VllmConfig) -> None:
+def _check_width(vllm_config: VllmConfig, options: XpuLagunaOptions) -> None:
     sc = vllm_config.speculative_config
     if sc is None:
         return
-    width = int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH)
+    width = options.verify_width
     tokens = _speculative_tokens(sc)
     if tokens + 1 > width:
         _fail(
             f"speculative width num_speculative_tokens + 1 = {tokens + 1} exceeds "
-            f"VLLM_XPU_LAGUNA_VERIFY_WIDTH={width} (wider verify steps leave the "
+            f"xpu_laguna.verify_width {width} (wider verify steps leave the "
             "exact path)",
             f"set num_speculative_tokens <= {width - 1} in --speculative-config "
-            "or raise VLLM_XPU_LAGUNA_VERIFY_WIDTH",
+            "or raise xpu_laguna.verify_width",
         )
 
 
@@ -373,7 +311,7 @@ def _check_rejection(vllm_config: VllmConfig) -> None:
             f"rejection_sample_method {method!r} on the exact path (only standard "
             "rejection keeps the output the target's own tokens)",
             '"rejection_sample_method": "standard" in --speculative-config, or '
-            "VLLM_XPU_LAGUNA_EXACT_VERIFY=0",
+            "xpu_laguna.exact_verify false",
         )
 
 
@@ -478,7 +416,7 @@ def _check_topology(vllm_config: VllmConfig) -> None:
         )
 
 
-def _check_compilation(vllm_config: VllmConfig) -> None:
+def _check_compilation(vllm_config: VllmConfig, options: XpuLagunaOptions) -> None:
     """Compilation mode NONE and no device graphs, unless the breakable-graph
     toggle is on (its configuration, patch 0007, then sets mode NONE and
     PIECEWISE graphs of the verify width and refuses other explicit modes).
@@ -490,7 +428,7 @@ def _check_compilation(vllm_config: VllmConfig) -> None:
     raise them); an explicit other value is refused."""
     from vllm.config import CompilationMode, CUDAGraphMode
 
-    if envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH:
+    if options.breakable_graph:
         return
     cc = vllm_config.compilation_config
     if cc.mode not in (None, CompilationMode.NONE):
@@ -499,14 +437,14 @@ def _check_compilation(vllm_config: VllmConfig) -> None:
             "(Inductor fuses the norms and gates into its own reductions: verify "
             "rows and the decode then run different arithmetic)",
             "use -cc.mode=NONE (or --enforce-eager), or "
-            "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1 for graphs",
+            "xpu_laguna.breakable_graph true for graphs",
         )
     if cc.cudagraph_mode not in (None, CUDAGraphMode.NONE):
         _fail(
             f"cudagraph_mode {cc.cudagraph_mode.name} on the exact path (graphs "
             "bake the attention split counts at capture time)",
             "use -cc.cudagraph_mode=NONE (or --enforce-eager), or "
-            "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1 for the series' breakable graphs",
+            "xpu_laguna.breakable_graph true for the series' breakable graphs",
         )
     changed = []
     if cc.mode is None:
@@ -519,15 +457,15 @@ def _check_compilation(vllm_config: VllmConfig) -> None:
         logger.info_once(
             "%s: %s on the exact path (Inductor's fused reductions and device "
             "graphs' captured split counts would make verify rows differ from "
-            "the decode; VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1 for graphs)",
+            "the decode; xpu_laguna.breakable_graph true for graphs)",
             PREFIX,
             " and ".join(changed),
         )
 
 
-def _check_exact_forms(vllm_config: VllmConfig) -> None:
+def _check_exact_forms(vllm_config: VllmConfig, options: XpuLagunaOptions) -> None:
     """The row-invariant forms and the fixed rank-order reduction on; the
-    debug switches only with a warning (they are set explicitly, by the
+    debug options only with a warning (they are set explicitly, by the
     matrix's diagnostic legs and the device checks' negative controls)."""
     from vllm.model_executor.layers.xpu_laguna_row_dispatch import (
         KINDS,
@@ -535,55 +473,52 @@ def _check_exact_forms(vllm_config: VllmConfig) -> None:
     )
 
     try:
-        settings = read_settings()
+        settings = read_settings(vllm_config)
     except ValueError as err:
-        _fail(str(err).splitlines()[0], "fix the value (vllm/envs.py lists them)")
+        _fail(str(err).splitlines()[0], "fix the option")
     if settings.qk_norm == "off":
         _fail(
-            "VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM=off on the exact path (the q/k "
+            "xpu_laguna.row_invariant_qk_norm off on the exact path (the q/k "
             "norm kernel reduces verify rows in another order than the decode)",
-            "set VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM=pad (or tokens)",
+            "set xpu_laguna.row_invariant_qk_norm to pad (or tokens)",
         )
     missing = [kind for kind in KINDS if kind not in settings.linears]
     if missing:
         _fail(
-            f"VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS leaves {','.join(missing)} "
+            f"xpu_laguna.row_invariant_linears leaves {','.join(missing)} "
             "without a row-invariant form on the exact path",
-            "set VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS=all",
+            "set xpu_laguna.row_invariant_linears to all",
         )
     if not settings.int4:
         _fail(
-            "VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4=0 on the exact path (the INT4 "
+            "xpu_laguna.row_invariant_int4 false on the exact path (the INT4 "
             "GEMM primitive is built per row count)",
-            "set VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4=1",
+            "set xpu_laguna.row_invariant_int4 true",
         )
     tp = vllm_config.parallel_config.tensor_parallel_size
-    standin = envs.VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN
-    if tp > 1 and not envs.VLLM_XPU_LAGUNA_EXACT_TP_REDUCE:
+    standin = options.debug_xccl_standin
+    if tp > 1 and not options.exact_tp_reduce:
         if not standin:
             _fail(
-                f"VLLM_XPU_LAGUNA_EXACT_TP_REDUCE=0 at tensor_parallel_size {tp} on "
-                "the exact path (the backend's all-reduce sums in an order set by "
-                "the message size)",
-                "set VLLM_XPU_LAGUNA_EXACT_TP_REDUCE=1 (a diagnostic run of the "
-                "ring sets VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1 as well)",
+                f"xpu_laguna.exact_tp_reduce false at tensor_parallel_size {tp} "
+                "on the exact path (the backend's all-reduce sums in an order "
+                "set by the message size)",
+                "set xpu_laguna.exact_tp_reduce true (a diagnostic run of the "
+                "ring sets xpu_laguna.debug_xccl_standin true as well)",
             )
         logger.warning_once(
-            "%s: VLLM_XPU_LAGUNA_EXACT_TP_REDUCE=0 at tensor_parallel_size %d "
+            "%s: xpu_laguna.exact_tp_reduce false at tensor_parallel_size %d "
             "(diagnostic run: not exact, not for serving)",
             PREFIX,
             tp,
         )
     for name, on in (
-        ("VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN", standin),
-        (
-            "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN",
-            envs.VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN,
-        ),
+        ("debug_xccl_standin", standin),
+        ("debug_no_split_plan", options.debug_no_split_plan),
     ):
         if on:
             logger.warning_once(
-                "%s: debug switch %s=1 (diagnostic run, not for serving)",
+                "%s: debug option xpu_laguna.%s (diagnostic run, not for serving)",
                 PREFIX,
                 name,
             )

@@ -40,9 +40,10 @@ What this module provides:
   the breakable-graph collective break needs. The tests check that both give
   the same bits.
 * :func:`tp_reduce_mode`: whether a communicator uses it (or the plain
-  all-reduce, or a registered test stand-in), decided once per group.
+  all-reduce, or a registered test stand-in), decided from the config when
+  the communicator is built and kept on it.
 * :data:`cpu_stand_ins`: where test code registers a CPU stand-in of the
-  device's XCCL ring (the debug toggle ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN``
+  device's XCCL ring (the debug option ``debug_xccl_standin``
   of CPU runs). No stand-in ships here: the CPU runtime's test-side stand-ins
   (``xpu_laguna_standins``) register one; with none registered the toggle
   fails in one line.
@@ -56,11 +57,12 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.distributed as dist
 
-import vllm.envs as envs
 from vllm.logger import init_logger
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
+
+    from vllm.config import VllmConfig
 
 logger = init_logger(__name__)
 
@@ -85,66 +87,79 @@ class TpReduceMode(enum.Enum):
 
 
 class _TpGroup(Protocol):
-    """What :func:`all_reduce_into` needs of a group (a GroupCoordinator)."""
+    """What :func:`all_reduce_into` needs of a group: a device communicator
+    (its mode in ``xpu_laguna_mode``, set when it was built) or a
+    ``GroupCoordinator`` (then its ``device_communicator``'s)."""
 
     unique_name: str
     world_size: int
     device_group: ProcessGroup
 
 
-_MODES: dict[tuple[str, int], TpReduceMode] = {}
+MODE_ATTR = "xpu_laguna_mode"
+"""The attribute a device communicator keeps its :class:`TpReduceMode` in."""
 
 
-def tp_reduce_mode(unique_name: str, world_size: int) -> TpReduceMode:
-    """The all-reduce mode of the group ``unique_name`` (cached per group;
-    the CPU and XPU communicators decide it when they are created, under
-    the worker's VllmConfig).
+def tp_reduce_mode(
+    unique_name: str, world_size: int, vllm_config: VllmConfig | None
+) -> TpReduceMode:
+    """The all-reduce mode of the group ``unique_name`` under ``vllm_config``
+    (the CPU and XPU communicators decide it when they are built, under
+    the worker's VllmConfig, and keep it in :data:`MODE_ATTR`).
 
     ``PLAIN`` wherever the series is not in scope (``series_in_scope``: a
     Laguna target on XPU, or a CPU run that asks). Else ``RANK_ORDER`` for a
-    tensor-parallel group (``tp:N``) of more than one
-    rank when ``VLLM_XPU_LAGUNA_EXACT_VERIFY`` and
-    ``VLLM_XPU_LAGUNA_EXACT_TP_REDUCE`` are on; otherwise ``XCCL_STANDIN``
-    there when ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN`` is on (the caller
-    decides whether it honours it: only the CPU communicator does); otherwise
-    ``PLAIN``. Other groups (pp, dp, ep, ...) always get ``PLAIN``.
+    tensor-parallel group (``tp:N``) of more than one rank when the options
+    ``exact_verify`` and ``exact_tp_reduce`` are on; otherwise
+    ``XCCL_STANDIN`` there when ``debug_xccl_standin`` is on (the caller
+    decides whether it honours it: only the CPU communicator does);
+    otherwise ``PLAIN``. Other groups (pp, dp, ep, ...) always get ``PLAIN``.
     """
-    key = (unique_name, world_size)
-    mode = _MODES.get(key)
-    if mode is None:
-        mode = _decide(unique_name, world_size)
-        _MODES[key] = mode
-        if mode is not TpReduceMode.PLAIN:
-            logger.info_once(
-                "XPU Laguna: all-reduce of group %s (%d ranks) runs as %s.",
-                unique_name,
-                world_size,
-                "all-gather + fixed rank-order sum"
-                if mode is TpReduceMode.RANK_ORDER
-                else "the XCCL ring stand-in (debug)",
-            )
-    return mode
-
-
-def _decide(unique_name: str, world_size: int) -> TpReduceMode:
     from vllm.compilation.xpu_breakable_graph.config import series_in_scope
+    from vllm.config.xpu_laguna_options import XpuLagunaOptions
 
     if world_size <= 1 or unique_name.split(":")[0] != "tp":
         return TpReduceMode.PLAIN
-    if not series_in_scope():
-        # Not a Laguna target (or CPU without a series toggle): upstream's
+    if not series_in_scope(vllm_config):
+        # Not a Laguna target (or CPU without a series switch): upstream's
         # all-reduce (XCCL, CPU SHM/gloo), the debug stand-in included.
         return TpReduceMode.PLAIN
-    if envs.VLLM_XPU_LAGUNA_EXACT_VERIFY and envs.VLLM_XPU_LAGUNA_EXACT_TP_REDUCE:
-        return TpReduceMode.RANK_ORDER
-    if envs.VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN:
-        return TpReduceMode.XCCL_STANDIN
-    return TpReduceMode.PLAIN
+    options = XpuLagunaOptions.from_config(vllm_config)
+    if options.exact_verify and options.exact_tp_reduce:
+        mode = TpReduceMode.RANK_ORDER
+    elif options.debug_xccl_standin:
+        mode = TpReduceMode.XCCL_STANDIN
+    else:
+        return TpReduceMode.PLAIN
+    logger.info_once(
+        "XPU Laguna: all-reduce of group %s (%d ranks) runs as %s.",
+        unique_name,
+        world_size,
+        "all-gather + fixed rank-order sum"
+        if mode is TpReduceMode.RANK_ORDER
+        else "the XCCL ring stand-in (debug)",
+    )
+    return mode
 
 
-def reset_tp_reduce_mode_cache() -> None:
-    """Forget the cached modes (tests that change the toggles)."""
-    _MODES.clear()
+def communicator_mode(communicator: _TpGroup) -> TpReduceMode:
+    """Communicator hook: the mode of a device communicator being built,
+    decided under the current VllmConfig (the worker's: vLLM builds the
+    communicators in ``init_device`` under ``set_current_vllm_config``)."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    return tp_reduce_mode(
+        communicator.unique_name,
+        communicator.world_size,
+        get_current_vllm_config_or_none(),
+    )
+
+
+def group_mode(group: object) -> TpReduceMode:
+    """The mode a communicator (or a GroupCoordinator's communicator) was
+    built with; ``PLAIN`` for a communicator the series does not build."""
+    communicator = getattr(group, "device_communicator", None) or group
+    return getattr(communicator, MODE_ATTR, TpReduceMode.PLAIN)
 
 
 class AllReduceInto(Protocol):
@@ -163,7 +178,7 @@ class AllReduceInto(Protocol):
 class CpuStandIns:
     """Stand-ins of device collectives for CPU runs, registered by test code.
 
-    ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN`` (the ``XCCL_STANDIN`` mode) makes
+    The debug option ``debug_xccl_standin`` (the ``XCCL_STANDIN`` mode) makes
     the CPU all-reduce follow XCCL's ring order, so that CPU runs show the
     device's message-size dependence. That stand-in is test code, never in
     vLLM: the CPU runtime's test-side stand-ins (``xpu_laguna_standins``)
@@ -181,7 +196,7 @@ class CpuStandIns:
         """The registered XCCL ring stand-in; a one-line error without one."""
         if self._xccl_ring is None:
             raise RuntimeError(
-                "VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1 needs the XCCL ring "
+                "xpu_laguna.debug_xccl_standin needs the XCCL ring "
                 "stand-in, which only the CPU runtime's test-side stand-ins "
                 "register (none is registered in this process): unset it"
             )
@@ -334,7 +349,7 @@ def all_reduce_into(
     otherwise (the caller keeps its plain path). ``gathered``: a caller-owned
     scratch buffer (see :func:`rank_order_all_reduce`).
     """
-    mode = tp_reduce_mode(group.unique_name, group.world_size)
+    mode = group_mode(group)
     if mode is TpReduceMode.RANK_ORDER:
         return rank_order_all_reduce(input_, group.device_group, out, gathered)
     if mode is TpReduceMode.XCCL_STANDIN and input_.device.type == "cpu":

@@ -10,8 +10,9 @@ the device, kept out of the wheel (nothing under ``vllm/`` imports this package)
   matmul), so a CPU engine loads a compressed-tensors W4A16 MoE through vLLM's XPU path (only
   with ``VXL_XPU_INT4_EXPERTS=1``);
 * :mod:`.xccl_ring`: XCCL's ring all-reduce (oneCCL's chunk split, sum order and rounding) for
-  the CPU communicator's ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN`` mode (the matrix's ring legs and
-  the patch tests' negative controls).
+  the CPU communicator's ``debug_xccl_standin`` mode (the series' option of that name in the
+  engine's ``additional_config["xpu_laguna"]``; the matrix's ring legs and the patch tests'
+  negative controls).
 
 How it gets there: ``python -m scripts.cpu_runtime sync`` (so ``ensure`` too) copies this folder
 and ``xpu_laguna_standins-0.dist-info`` into the CPU runtime's site-packages (a pristine runtime
@@ -24,9 +25,9 @@ kernel registry (``vllm.v1.attention.ops.xpu_laguna_kernels.registry``) and the 
 CPU communicator's stand-in registry (``vllm.distributed.xpu_laguna_collectives.cpu_stand_ins``);
 on any other platform, and in a vLLM without the series (no registries), it does nothing.
 Registering turns nothing on: a CPU engine still takes upstream's ``CPU_ATTN`` unless a test
-registers FlashAttention under it, and the all-reduce runs the ring only under
-``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1`` (without a registered ring that toggle fails in one
-line). A process that never builds an engine (a unit test) calls :func:`register` itself.
+registers FlashAttention under it, and the all-reduce runs the ring only for an engine whose
+options turn ``debug_xccl_standin`` on (without a registered ring that option fails in one line).
+A process that never builds an engine (a unit test) calls :func:`register` itself.
 """
 
 from __future__ import annotations

@@ -213,8 +213,8 @@ def install_cpu_emulation() -> None:
     """Run breakable graphs on CPU through :class:`RecordingGraph`.
 
     For an in-process CPU engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
-    called before the engine is built, with
-    ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1``. It makes :func:`device_graph_backend`
+    called before the engine is built, for an engine with the series' option
+    ``breakable_graph`` on. It makes :func:`device_graph_backend`
     return the recording backend, keeps the breakable-graph configuration
     that the CPU platform would clear (mode PIECEWISE, the capture size,
     ``use_breakable_cudagraph``), gives the CPU platform a stand-in graph

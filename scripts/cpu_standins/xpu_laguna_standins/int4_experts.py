@@ -27,7 +27,7 @@ computed as the same token's 1-row decode (docs/row-invariance.md; the reference
 903/3072 values differing at the layer-1 MoE output). The stand-in models that with one
 deterministic rule: a call of more than one row accumulates ``x @ w13^T`` over K in two halves,
 each rounded to the activation dtype before they are added (BF16 on the device), a 1-row call in
-one float32 pass. So the series' per-row form (``VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE=rows``)
+one float32 pass. So the series' per-row form (the option ``row_invariant_moe``: ``rows``)
 gives verify rows the decode's bits and ``off`` does not, as on the device. Not reproduced: the
 device kernel's actual arithmetic (dequantization order, tiling, which policies it has), so a
 stand-in run proves the loading, the layout and the form's effect, never the device's numerics. A

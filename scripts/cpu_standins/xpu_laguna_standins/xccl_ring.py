@@ -2,13 +2,13 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Test-side stand-in of XCCL's ring all-reduce on CPU (never in the wheel).
 
-With ``VLLM_XPU_LAGUNA_DEBUG_XCCL_STANDIN=1`` where the exact reduction is
-off, the CPU communicator's tensor-parallel all-reduce runs the stand-in
+With the series' option ``debug_xccl_standin`` on where the exact reduction
+(``exact_tp_reduce``) is off, the CPU communicator's tensor-parallel all-reduce runs the stand-in
 registered in ``xpu_laguna_collectives.cpu_stand_ins``, so that CPU runs show
 the device's message-size dependence. :func:`xpu_laguna_standins.register`
 (the CPU runtime's general plugin, so every engine process and every worker
 of the mp executor) registers :func:`xccl_ring_all_reduce` there on the CPU
-platform; registering does not turn it on, only the toggle does. The patch
+platform; registering does not turn it on, only the option does. The patch
 tests (``tests/xpu_laguna/test_tp_collectives.py``) register it in their gloo
 ranks. It is a CPU stand-in only: no device ever runs it.
 

@@ -2,13 +2,15 @@
 
 Put on ``PYTHONPATH`` by ``python -m scripts.measure crossover --emulate-graphs`` (see
 ``scripts/measure/emulation.py``); Python imports it at start-up in the API server, the engine
-core and the worker alike (the CPU platform spawns them). In a process with
-``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1`` and the marker variable set, it installs the
-recording stand-in (the CPU runtime's test-side ``xpu_laguna_standins.emulated_graphs``,
-``install_cpu_emulation``: graphs captured and replayed by ``RecordingGraph``, results
-EMULATED, the graph class in the accounting says so) as soon as the process imports one of
-``HOOKED_MODULES``, before its config is checked or its model loaded. Nothing is imported at
-start-up: helper processes (resource trackers, compile workers) never load vLLM for it.
+core and the worker alike (the CPU platform spawns them). In a process with the marker variable
+set (:data:`MARK_ENV`; the crossover sets it in the legs whose servers have the option
+``xpu_laguna.breakable_graph`` on, and in no other: the option travels in each server's config,
+which a process cannot read at start-up), it installs the recording stand-in (the CPU runtime's
+test-side ``xpu_laguna_standins.emulated_graphs``, ``install_cpu_emulation``: graphs captured and
+replayed by ``RecordingGraph``, results EMULATED, the graph class in the accounting says so) as
+soon as the process imports one of ``HOOKED_MODULES``, before its config is checked or its model
+loaded. Nothing is imported at start-up: helper processes (resource trackers, compile workers)
+never load vLLM for it.
 """
 
 from __future__ import annotations
@@ -59,5 +61,5 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-if os.environ.get(MARK_ENV) == "1" and os.environ.get("VLLM_XPU_LAGUNA_BREAKABLE_GRAPH") == "1":
+if os.environ.get(MARK_ENV) == "1":
     sys.meta_path.insert(0, _Finder())

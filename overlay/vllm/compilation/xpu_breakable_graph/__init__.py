@@ -4,7 +4,7 @@
 
 Builds on :mod:`vllm.compilation.breakable_cudagraph` (capture segments,
 run decorated ops eagerly between them) and adds what a correct XPU run
-needs, all switched on by ``VLLM_XPU_LAGUNA_BREAKABLE_GRAPH``:
+needs, all switched on by the series' ``breakable_graph`` option:
 
 * an explicit device-graph choice (``torch.xpu.XPUGraph`` on XPU,
   ``torch.cuda.CUDAGraph`` on CUDA) with the graph pool and the capture

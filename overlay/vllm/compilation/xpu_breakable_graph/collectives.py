@@ -4,7 +4,7 @@
 a buffer owned by the capture.
 
 On the exact path (``vllm.distributed.xpu_laguna_collectives``: exact
-verify and ``VLLM_XPU_LAGUNA_EXACT_TP_REDUCE`` on, TP > 1) the break runs the
+verify and the ``exact_tp_reduce`` option on, TP > 1) the break runs the
 fixed rank-order sum, the same arithmetic the communicator's
 all-reduce runs outside a capture (patch 0010), so a replayed verify step and
 an eager teacher decode sum every element in the same order. The break count
@@ -19,8 +19,6 @@ import torch.distributed
 
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
 from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
-from vllm.compilation.xpu_breakable_graph.config import series_in_scope
-from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphError
 from vllm.compilation.xpu_breakable_graph.topology import BreakKind
 from vllm.config import CUDAGraphMode
 from vllm.distributed import xpu_laguna_collectives
@@ -66,15 +64,10 @@ def breakable_all_reduce(input_: torch.Tensor, group: GroupCoordinator) -> torch
     ):
         return group.all_reduce(input_)
     if not isinstance(capture, XpuBreakableGraphCapture):
-        if not series_in_scope():
-            # upstream's breakable capture of a model the series is not for
-            # (upstream's own breakable graphs turned on): upstream's
-            # all-reduce, as without the series
-            return group.all_reduce(input_)
-        raise BreakableGraphError(
-            "collective break inside an upstream breakable capture: "
-            "wrap the model with XpuBreakableGraphWrapper"
-        )
+        # upstream's breakable capture (a model the series is not for, or
+        # its options off: breakable_graph_wrapper_cls chose upstream's
+        # wrapper from the config): upstream's all-reduce, as without it
+        return group.all_reduce(input_)
     buffers = capture.collective_buffers
     owned: list[torch.Tensor] = []
     gathered: torch.Tensor | None = None

@@ -17,6 +17,7 @@ from vllm.compilation.xpu_breakable_graph.backends import (
 )
 from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphConfigError
 from vllm.config import CompilationMode, CUDAGraphMode, VllmConfig
+from vllm.config.xpu_laguna_options import XpuLagunaOptions
 from vllm.logger import init_logger
 
 if TYPE_CHECKING:
@@ -25,8 +26,14 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-def breakable_graph_enabled() -> bool:
-    return bool(envs.VLLM_XPU_LAGUNA_BREAKABLE_GRAPH)
+def breakable_graph_enabled(
+    vllm_config: VllmConfig | None, platform: Platform | None = None
+) -> bool:
+    """Whether ``vllm_config`` turns the series' breakable graphs on (the
+    ``breakable_graph`` option) for a target the series is for."""
+    return XpuLagunaOptions.from_config(
+        vllm_config
+    ).breakable_graph and series_in_scope(vllm_config, platform)
 
 
 def debug_checks_enabled() -> bool:
@@ -37,79 +44,42 @@ def debug_checks_enabled() -> bool:
 
 LAGUNA_TARGET_ARCHITECTURES = ("LagunaForCausalLM",)
 """The targets the series acts on (its exact path, contract and collectives)."""
-# Toggles that switch the series on; on CPU one of them set to 1 in the
-# environment is how a run asks for the series (the device is XPU).
-SERIES_TOGGLES = (
-    "VLLM_XPU_LAGUNA_EXACT_VERIFY",
-    "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA",
-    "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH",
-)
-
-
-class _SeriesScope:
-    """Whether the series applies in this process: decided from the
-    VllmConfig (the target's architecture and the platform) wherever one is
-    at hand, remembered for the calls that have none (a worker's forward
-    pass, and on CPU its warm-up, run outside ``set_current_vllm_config``).
-    Engine processes forked from the one that built the config inherit its
-    decision; a spawned worker decides under its config when its device
-    communicators are created (``init_device``: each decides its group's
-    all-reduce mode, ``tp_reduce_mode``), and again wherever a predicate is
-    called under the current config (attention builders, load)."""
-
-    def __init__(self) -> None:
-        self.decided: bool | None = None
-
-
-_scope = _SeriesScope()
 
 
 def series_in_scope(
-    vllm_config: VllmConfig | None = None, platform: Platform | None = None
+    vllm_config: VllmConfig | None, platform: Platform | None = None
 ) -> bool:
-    """Whether the series may act here: the target is Laguna
-    (``LAGUNA_TARGET_ARCHITECTURES``) and the platform is XPU, or CPU with a
-    series toggle set to 1 explicitly in the environment (the stand-in runs).
-    Without a config (the argument or the current one): the decision last
-    made in this process, else True (the series' own ops used outside an
-    engine: the toggles alone decide)."""
-    if vllm_config is None:
-        from vllm.config import get_current_vllm_config_or_none
-
-        vllm_config = get_current_vllm_config_or_none()
+    """Whether the series may act for ``vllm_config``: the target is Laguna
+    (``LAGUNA_TARGET_ARCHITECTURES``) and the platform is XPU, or CPU with
+    the configuration asking for the series (one of its switches set true
+    explicitly in ``additional_config["xpu_laguna"]``: the stand-in runs).
+    Decided from the configuration alone, never remembered: without one
+    (or without a model) the series is not in scope."""
     mc = vllm_config.model_config if vllm_config is not None else None
     if mc is None:
-        return True if _scope.decided is None else _scope.decided
+        return False
     if platform is None:
         from vllm.platforms import current_platform
 
         platform = current_platform
-    laguna = bool(set(mc.architectures) & set(LAGUNA_TARGET_ARCHITECTURES))
-    if not laguna:
-        decided = False
-    elif platform.is_xpu():
-        decided = True
-    else:
-        decided = platform.is_cpu() and any(
-            envs.is_set(name) and bool(getattr(envs, name)) for name in SERIES_TOGGLES
-        )
-    _scope.decided = decided
-    return decided
+    if not set(mc.architectures) & set(LAGUNA_TARGET_ARCHITECTURES):
+        return False
+    if platform.is_xpu():
+        return True
+    return (
+        platform.is_cpu() and XpuLagunaOptions.from_config(vllm_config).asks_for_series
+    )
 
 
-def reset_series_scope() -> None:
-    """Forget this process's decision (tests that build several configs)."""
-    _scope.decided = None
-
-
-def xpu_laguna_series_active(vllm_config: VllmConfig | None = None) -> bool:
-    """Whether a toggle of the XPU Laguna series is in effect for this
+def xpu_laguna_series_active(vllm_config: VllmConfig | None) -> bool:
+    """Whether a switch of the XPU Laguna series is in effect for this
     configuration: the series is in scope (:func:`series_in_scope`) and
     breakable graphs, prebuilt exact metadata or the exact verify is on (the
     configuration contract acts only then)."""
-    if not series_in_scope(vllm_config):
-        return False
-    return any(bool(getattr(envs, name)) for name in SERIES_TOGGLES)
+    return (
+        series_in_scope(vllm_config)
+        and XpuLagunaOptions.from_config(vllm_config).any_switch_on
+    )
 
 
 def configure_breakable_graph(
@@ -123,18 +93,18 @@ def configure_breakable_graph(
     (:func:`series_in_scope`) keeps upstream's configuration (False).
     Raises :class:`BreakableGraphConfigError` (one line) for combinations
     that cannot work."""
-    if not series_in_scope(vllm_config):
-        # Another model (or Laguna on CPU without an explicit toggle): the
-        # configuration stays upstream's (series_in_scope logs nothing here;
-        # the contract's one line says the series is inactive).
+    if not breakable_graph_enabled(vllm_config, platform):
+        # Off, or another model (or Laguna on CPU without an explicit
+        # switch): the configuration stays upstream's (the contract's one
+        # line says the series is inactive).
         return False
     if platform is None:
         from vllm.platforms import current_platform
 
         platform = current_platform
-    width = int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH)
+    width = XpuLagunaOptions.from_config(vllm_config).verify_width
     cc = vllm_config.compilation_config
-    prefix = "VLLM_XPU_LAGUNA_BREAKABLE_GRAPH=1"
+    prefix = "xpu_laguna.breakable_graph"
 
     def fail(msg: str) -> None:
         raise BreakableGraphConfigError(f"{prefix}: {msg}")
@@ -200,7 +170,7 @@ def configure_breakable_graph(
     ):
         fail(
             f"verify batch of {1 + sc.num_speculative_tokens} tokens exceeds "
-            f"VLLM_XPU_LAGUNA_VERIFY_WIDTH={width}"
+            f"xpu_laguna.verify_width {width}"
         )
     sched = vllm_config.scheduler_config
     if sched is not None and sched.max_num_batched_tokens < width:
@@ -225,7 +195,7 @@ def apply_breakable_graph_settings(vllm_config: VllmConfig) -> None:
     Runner V2 captures PIECEWISE graphs by token count from
     ``prefill_cudagraph_capture_token_sizes`` (``cudagraph_capture_sizes`` is
     deprecated there), and no FULL decode graphs."""
-    width = int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH)
+    width = XpuLagunaOptions.from_config(vllm_config).verify_width
     cc = vllm_config.compilation_config
     cc.mode = CompilationMode.NONE
     cc.cudagraph_mode = CUDAGraphMode.PIECEWISE

@@ -30,7 +30,6 @@ from vllm.compilation.xpu_breakable_graph.collective_buffers import (
 from vllm.compilation.xpu_breakable_graph.config import (
     breakable_graph_enabled,
     debug_checks_enabled,
-    series_in_scope,
 )
 from vllm.compilation.xpu_breakable_graph.errors import StaticInputMismatchError
 from vllm.compilation.xpu_breakable_graph.guards import (
@@ -345,6 +344,6 @@ def breakable_graph_wrapper_cls(
     """The breakable-graph wrapper class V2's graph manager builds: the
     series' while its toggle is on and the series is in scope for
     ``vllm_config`` (a target it is not for keeps upstream's wrapper)."""
-    if breakable_graph_enabled() and series_in_scope(vllm_config):
+    if breakable_graph_enabled(vllm_config):
         return XpuBreakableGraphWrapper
     return BreakableCUDAGraphWrapper

@@ -2,9 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Which calls of the Laguna target take a row-invariant form (exact verify).
 
-On the exact verify path (``VLLM_XPU_LAGUNA_EXACT_VERIFY=1`` where it is
-available, see ``xpu_laguna_exact``) a verify step runs 2..M rows (M =
-``VLLM_XPU_LAGUNA_VERIFY_WIDTH``) through the target; every op between
+On the exact verify path (the option ``exact_verify`` where it is
+available, see ``xpu_laguna_exact``) a verify step runs 2..M rows (M = the
+``verify_width`` option) through the target; every op between
 attention calls must give row ``i`` the bits the q=1 decode of that token
 gets (M=1). Calls of the target model (not the DFlash drafter, whose layers
 are never installed) with ``1 < rows <= M`` take the forms of
@@ -14,10 +14,12 @@ are never installed) with ``1 < rows <= M`` take the forms of
 more than M rows, compiled graphs (Inductor:
 ``torch.compiler.is_compiling()``) and every other model are unchanged.
 
-Switches (declared in ``vllm/envs.py``, read once per process, defaults and
+Options (``VllmConfig.additional_config["xpu_laguna"]``, see
+``vllm.config.xpu_laguna_options``; read from the model's config when its
+layers are installed and kept on each installed object; defaults and
 evidence: ``docs/row-invariance.md``):
 
-* ``VLLM_XPU_LAGUNA_ROW_INVARIANT_QK_NORM`` = ``pad`` (default) | ``tokens``
+* ``row_invariant_qk_norm`` = ``pad`` (default) | ``tokens``
   | ``off``: q/k RMSNorm over ``[rows, heads, 128]`` views. The pinned XPU
   kernel takes a multi-row kernel when rows x heads is a multiple of 16
   (every width-8 verify at TP4: 96/144/16 rows) and a single-row kernel at
@@ -27,11 +29,11 @@ evidence: ``docs/row-invariance.md``):
   calls). Default ``pad``: the source reading is exact about the predicate
   and it costs one copy; the lab saw the plain path equal at one layer-0
   trace only.
-* ``VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS`` = comma list of
+* ``row_invariant_linears`` = comma list of
   :data:`KINDS`, ``all`` (default) or ``none``: BF16 (unquantized) target
   linears. oneDNN picks kernel and K-split from (m, n, k), so the plain M=8
   GEMM is not row-invariant by construction.
-* ``VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM`` = ``batch_invariant`` |
+* ``row_invariant_linear_form`` = ``batch_invariant`` |
   ``rows`` | ``plain``; unset: ``batch_invariant`` on XPU, ``rows``
   elsewhere (see :func:`default_linear_form`).
 
@@ -61,7 +63,7 @@ evidence: ``docs/row-invariance.md``):
   construction on any stack; W x the weight traffic on a device).
   ``plain``: the upstream GEMM unchanged (exact only as far as a device
   measurement shows; none exists in this repo for lm_head and router).
-* ``VLLM_XPU_LAGUNA_ROW_INVARIANT_INT4`` = 1 (default) | 0:
+* ``row_invariant_int4`` = true (default) | false:
   compressed-tensors WNA16 (INT4) dense target linears run one
   ``int4_gemm_w4a16`` call per row. The oneDNN primitive is built per m
   (m is in its cache key), so not row-invariant by construction. Laguna-S
@@ -78,24 +80,27 @@ DFlash proposer shares with the drafter, takes a form only inside
 
 import contextlib
 import contextvars
-import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 import vllm.envs as envs
+from vllm.config.xpu_laguna_options import XpuLagunaOptions
 from vllm.logger import init_logger
 from vllm.model_executor.layers import xpu_laguna_row_invariant as forms
 from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as moe_forms
 from vllm.platforms import current_platform
 
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
 logger = init_logger(__name__)
 
-# Target linear kinds (values of VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS).
+# Target linear kinds (values of the row_invariant_linears option).
 KINDS = (
     "qkv_proj",
     "o_proj",
@@ -105,9 +110,6 @@ KINDS = (
     "router",
     "lm_head",
 )
-QK_NORM_FORMS = ("off", "tokens", "pad")
-LINEAR_FORMS = ("batch_invariant", "rows", "plain")
-INT4_VALUES = ("1", "0")
 
 # Attributes set on installed target modules.
 _NORM_ATTR = "_xpu_laguna_row_invariant_norm"
@@ -120,7 +122,7 @@ _TARGET_LOGITS: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 @dataclass(frozen=True)
 class Settings:
-    """The switches, read once (:func:`settings`; :func:`refresh` re-reads)."""
+    """The forms of one model, read from its config when it is built."""
 
     width: int  # largest verify width on the exact path (0: path off)
     qk_norm: str
@@ -130,7 +132,7 @@ class Settings:
 
 
 def parse_linears(value: str) -> frozenset[str]:
-    """The kinds named by a ``VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS`` value."""
+    """The kinds named by a ``row_invariant_linears`` value."""
     names = {v.strip().lower() for v in value.split(",") if v.strip()}
     if names == {"all"}:
         return frozenset(KINDS)
@@ -139,7 +141,7 @@ def parse_linears(value: str) -> frozenset[str]:
     bad = sorted(names - set(KINDS))
     if bad:
         raise ValueError(
-            f"VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEARS: unknown kind(s) {bad}; "
+            f"xpu_laguna.row_invariant_linears: unknown kind(s) {bad}; "
             f"valid: all, none or a comma list of {', '.join(KINDS)}"
         )
     return frozenset(names)
@@ -155,34 +157,20 @@ def default_linear_form() -> str:
     return "batch_invariant" if current_platform.is_xpu() else "rows"
 
 
-def _env(name: str, valid: Iterable[str]) -> Any:
-    """``envs.<name>``, its ``ValueError`` as one line naming the variable,
-    the value and the valid values."""
-    try:
-        return getattr(envs, name)
-    except ValueError:
-        raise ValueError(
-            f"{name}={os.environ.get(name)!r} is not valid; valid: {', '.join(valid)}"
-        ) from None
-
-
-def read_settings() -> Settings:
-    """Read and validate every row-invariant switch (no caching, no logging
-    of its own; the config contract calls it). Raises ``ValueError`` with one
-    line naming the variable, the bad value and the valid values."""
+def read_settings(vllm_config: "VllmConfig | None") -> Settings:
+    """The row-invariant forms ``vllm_config`` asks for (no caching, no
+    logging of its own; the config contract and the install call it).
+    Raises ``ValueError`` with one line for a combination that cannot work."""
     from vllm.v1.attention.backends.xpu_laguna_exact import exact_verify_width
 
-    prefix = "VLLM_XPU_LAGUNA_ROW_INVARIANT_"
-    qk = str(_env(f"{prefix}QK_NORM", QK_NORM_FORMS)).lower()
-    linears = parse_linears(_env(f"{prefix}LINEARS", ("all", "none", *KINDS)))
-    form = str(_env(f"{prefix}LINEAR_FORM", LINEAR_FORMS) or default_linear_form())
-    int4 = bool(_env(f"{prefix}INT4", INT4_VALUES))
+    options = XpuLagunaOptions.from_config(vllm_config)
+    form = options.row_invariant_linear_form or default_linear_form()
     s = Settings(
-        width=exact_verify_width(),
-        qk_norm=qk,
-        linears=linears,
-        linear_form=form.lower(),
-        int4=int4,
+        width=exact_verify_width(vllm_config),
+        qk_norm=options.row_invariant_qk_norm,
+        linears=parse_linears(options.row_invariant_linears),
+        linear_form=form,
+        int4=options.row_invariant_int4,
     )
     if (
         s.width > 1
@@ -192,40 +180,24 @@ def read_settings() -> Settings:
     ):
         raise ValueError(
             "VLLM_XPU_FORCE_N_CONTIG_WEIGHT=1 stores BF16 weights K-major; "
-            f"{prefix}LINEAR_FORM=batch_invariant reads them as [N, K] rows "
-            "(it would copy each weight per call): unset "
-            f"VLLM_XPU_FORCE_N_CONTIG_WEIGHT or set {prefix}LINEAR_FORM=rows"
+            "xpu_laguna.row_invariant_linear_form batch_invariant reads them as "
+            "[N, K] rows (it would copy each weight per call): unset "
+            "VLLM_XPU_FORCE_N_CONTIG_WEIGHT or set the form to rows"
         )
     return s
 
 
-_settings: Settings | None = None
-
-
-def settings() -> Settings:
-    """:func:`read_settings`, once per process (:func:`refresh` re-reads)."""
-    global _settings
-    if _settings is None:
-        _settings = read_settings()
-        if _settings.width > 1:
-            logger.info_once(
-                "XPU Laguna row-invariant forms on the exact path (up to %d "
-                "rows): q/k norm %s, BF16 linears %s (%s), INT4 dense linears %s",
-                _settings.width,
-                _settings.qk_norm,
-                ",".join(k for k in KINDS if k in _settings.linears) or "none",
-                _settings.linear_form,
-                "rows" if _settings.int4 else "off",
-            )
-    return _settings
-
-
-def refresh() -> Settings:
-    """Re-read the switches (tests; the process default is read once)."""
-    global _settings
-    _settings = None
-    _padded_rows.clear()
-    return settings()
+def _log_settings(s: Settings) -> None:
+    if s.width > 1:
+        logger.info_once(
+            "XPU Laguna row-invariant forms on the exact path (up to %d "
+            "rows): q/k norm %s, BF16 linears %s (%s), INT4 dense linears %s",
+            s.width,
+            s.qk_norm,
+            ",".join(k for k in KINDS if k in s.linears) or "none",
+            s.linear_form,
+            "rows" if s.int4 else "off",
+        )
 
 
 @dataclass
@@ -250,11 +222,12 @@ def _rows_active(rows: int, s: Settings) -> bool:
 
 def qk_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``norm(x)`` for a target q/k norm over a ``[rows, heads, head_dim]``
-    view, in the form of the QK_NORM switch on exact verify rows."""
-    pad_buffer = getattr(norm, _NORM_ATTR, None)
-    if pad_buffer is None or torch.compiler.is_compiling():
+    view, in the form of the model's ``row_invariant_qk_norm`` on exact
+    verify rows."""
+    installed = getattr(norm, _NORM_ATTR, None)
+    if installed is None or torch.compiler.is_compiling():
         return norm(x)
-    s = settings()
+    s, pad_buffer = installed
     if s.qk_norm == "off" or not _rows_active(x.shape[0], s):
         return norm(x)
     counters.calls["qk_norm", "qk_norm", s.qk_norm] += 1
@@ -299,7 +272,7 @@ def _batch_invariant_weight(layer: nn.Module) -> torch.Tensor:
     ):
         shape = None if weight is None else tuple(weight.shape)
         raise RuntimeError(
-            "VLLM_XPU_LAGUNA_ROW_INVARIANT_LINEAR_FORM=batch_invariant needs a "
+            "xpu_laguna.row_invariant_linear_form batch_invariant needs a "
             f"contiguous [N, K] weight; {getattr(layer, 'prefix', '')} has "
             f"{shape}: set the form to rows"
         )
@@ -330,10 +303,11 @@ def linear_batch_invariant(
 
 class RowInvariantApply:
     """Replaces a target layer's ``quant_method.apply``: the form of the
-    LINEARS/INT4 switches on exact verify rows, else the original."""
+    model's linears/INT4 options on exact verify rows, else the original."""
 
-    def __init__(self, inner: Callable[..., torch.Tensor]) -> None:
+    def __init__(self, inner: Callable[..., torch.Tensor], settings: Settings) -> None:
         self.inner = inner
+        self.settings = settings
         self.method = getattr(inner, "__self__", None)
         self._class: str | None = None  # "bf16" | "int4" | "other"
 
@@ -359,7 +333,7 @@ class RowInvariantApply:
             return None
         if kind == "lm_head" and not _TARGET_LOGITS.get():
             return None  # the drafter's compute_logits (shared lm_head)
-        s = settings()
+        s = self.settings
         rows = x.shape[0]
         if not 0 < rows <= s.width:
             return None
@@ -380,47 +354,67 @@ class RowInvariantApply:
             return self.inner(layer, x, bias)
         counters.calls["linear", getattr(layer, _KIND_ATTR), form] += 1
         if form == "batch_invariant":
-            return linear_batch_invariant(layer, x, bias, settings().width)
+            return linear_batch_invariant(layer, x, bias, self.settings.width)
         return forms.per_row(lambda row: self.inner(layer, row, bias), x)
 
 
-def _install_linear(layer: nn.Module | None, kind: str) -> None:
+def _install_linear(layer: nn.Module | None, kind: str, s: Settings) -> None:
     method = getattr(layer, "quant_method", None)
     if layer is None or method is None:
         return
     setattr(layer, _KIND_ATTR, kind)
     if not isinstance(method.apply, RowInvariantApply):
-        method.apply = RowInvariantApply(method.apply)
+        method.apply = RowInvariantApply(method.apply, s)
 
 
-def install_target_layers(layers: Iterable[nn.Module]) -> None:
+def _model_config(vllm_config: "VllmConfig | None") -> "VllmConfig | None":
+    if vllm_config is None:
+        from vllm.config import get_current_vllm_config_or_none
+
+        # the model is built under its config
+        vllm_config = get_current_vllm_config_or_none()
+    return vllm_config
+
+
+def install_target_layers(
+    layers: Iterable[nn.Module], vllm_config: "VllmConfig | None" = None
+) -> None:
     """Mark the q/k norms and wrap the linears of the target's decoder
-    layers (``LagunaDecoderLayer``; pipeline-missing layers are skipped)."""
+    layers (``LagunaDecoderLayer``; pipeline-missing layers are skipped),
+    with the forms of ``vllm_config`` (default: the config the model is
+    being built under). A module installed before keeps its first settings."""
+    vllm_config = _model_config(vllm_config)
+    s = read_settings(vllm_config)
+    _log_settings(s)
+    moe_form = moe_forms.read_form(vllm_config)
     for layer in layers:
         attn = getattr(layer, "self_attn", None)
         if attn is None:
             continue
-        setattr(attn.q_norm, _NORM_ATTR, forms.NormPadBuffer())
-        setattr(attn.k_norm, _NORM_ATTR, forms.NormPadBuffer())
-        _install_linear(attn.qkv_proj, "qkv_proj")
-        _install_linear(attn.o_proj, "o_proj")
-        _install_linear(getattr(attn, "g_proj", None), "g_proj")
+        for norm in (attn.q_norm, attn.k_norm):
+            if getattr(norm, _NORM_ATTR, None) is None:
+                setattr(norm, _NORM_ATTR, (s, forms.NormPadBuffer()))
+        _install_linear(attn.qkv_proj, "qkv_proj", s)
+        _install_linear(attn.o_proj, "o_proj", s)
+        _install_linear(getattr(attn, "g_proj", None), "g_proj", s)
         mlp = layer.mlp
         if hasattr(mlp, "gate_proj"):  # LagunaMLP: the dense layer
             dense: tuple[nn.Module | None, str] = (mlp, "dense_mlp")
         else:  # LagunaMoE
-            _install_linear(mlp.gate, "router")
-            moe_forms.install(mlp.experts)  # routed experts (own switch)
+            _install_linear(mlp.gate, "router", s)
+            moe_forms.install(mlp.experts, moe_form)  # routed experts (own option)
             dense = (mlp.shared_expert, "shared_expert")
         module, kind = dense
         if module is not None:
             for proj in (module.gate_proj, module.up_proj, module.down_proj):
-                _install_linear(proj, kind)
+                _install_linear(proj, kind, s)
 
 
-def install_lm_head(lm_head: nn.Module) -> None:
+def install_lm_head(
+    lm_head: nn.Module, vllm_config: "VllmConfig | None" = None
+) -> None:
     """Wrap the target's lm_head (a form only inside :func:`target_logits`)."""
-    _install_linear(lm_head, "lm_head")
+    _install_linear(lm_head, "lm_head", read_settings(_model_config(vllm_config)))
 
 
 @contextlib.contextmanager

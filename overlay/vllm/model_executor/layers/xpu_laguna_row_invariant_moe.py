@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Row-invariant routed experts of the Laguna target on the exact verify path.
 
-A verify step runs 2..M rows (M = ``VLLM_XPU_LAGUNA_VERIFY_WIDTH``) through
+A verify step runs 2..M rows (M = the ``verify_width`` option) through
 the target; each row must get the bits the q=1 decode of its token gets.
 The XPU routed experts (``XPUExpertsWNA16`` and the unquantized
 ``XPUExperts``, both ``vllm_xpu_kernels`` ``XpuFusedMoe``) are not
@@ -16,7 +16,8 @@ reading. The reference lab measured 903/3072 values differing at the
 layer-1 MoE output between a q=1 decode and a q=8 verify (GEMM and
 all-reduce not separated) before it wrote a fixed-route kernel.
 
-``VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE`` (declared in ``vllm/envs.py``):
+The option ``row_invariant_moe`` (``VllmConfig.additional_config
+["xpu_laguna"]``, read from the model's config when it is installed):
 
 * ``rows`` (default): :func:`experts_per_row`, one call of the layer's own
   experts kernel per row on ``x[i:i+1]`` with that row's top-k weights and
@@ -45,16 +46,16 @@ call, as does a deferred-finalize output.
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache, partial
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-import vllm.envs as envs
 from vllm.logger import init_logger
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
     from vllm.model_executor.layers.fused_moe.runner.shared_experts import (
         SharedExperts,
     )
@@ -66,20 +67,24 @@ MOE_FORMS = ("rows", "off")
 
 @dataclass(frozen=True)
 class MoESettings:
-    """The switch and the verify width, read once (:func:`moe_settings`)."""
+    """The form and the verify width of one model (:func:`read_form`)."""
 
     width: int  # largest verify width on the exact path (0: path off)
     form: str
 
 
-@cache
-def moe_settings() -> MoESettings:
-    """The settings of this process (tests: ``moe_settings.cache_clear()``)."""
+def read_form(vllm_config: "VllmConfig | None" = None) -> MoESettings:
+    """The routed experts' form ``vllm_config`` asks for (default: the config
+    the model is being built under)."""
+    from vllm.config import get_current_vllm_config_or_none
+    from vllm.config.xpu_laguna_options import XpuLagunaOptions
     from vllm.v1.attention.backends.xpu_laguna_exact import exact_verify_width
 
+    if vllm_config is None:
+        vllm_config = get_current_vllm_config_or_none()
     s = MoESettings(
-        width=exact_verify_width(),
-        form=str(envs.VLLM_XPU_LAGUNA_ROW_INVARIANT_MOE).lower(),
+        width=exact_verify_width(vllm_config),
+        form=XpuLagunaOptions.from_config(vllm_config).row_invariant_moe,
     )
     if s.width > 1:
         logger.info_once(
@@ -127,14 +132,15 @@ class RowInvariantExperts:
     experts of a modular kernel): :func:`experts_per_row` on exact verify
     rows, else the original."""
 
-    def __init__(self, inner: Callable[..., Any]) -> None:
+    def __init__(self, inner: Callable[..., Any], settings: MoESettings) -> None:
         self.inner = inner
+        self.settings = settings
         self.method = getattr(inner, "__self__", None)
 
     def _form(self, x: torch.Tensor, shared_experts: Any) -> bool:
         if x.dim() != 2 or torch.compiler.is_compiling():
             return False
-        s = moe_settings()
+        s = self.settings
         if s.form != "rows" or not 1 < x.shape[0] <= s.width:
             return False
         if shared_experts is not None and getattr(
@@ -185,14 +191,14 @@ class RowInvariantExperts:
         return torch.cat(outs)
 
 
-def install(moe: nn.Module) -> None:
+def install(moe: nn.Module, settings: MoESettings) -> None:
     """Wrap the routed experts of a target MoE block's runner
-    (``LagunaMoE.experts``)."""
+    (``LagunaMoE.experts``) with the model's form (:func:`read_form`)."""
     experts = getattr(moe, "routed_experts", None)
     method = getattr(experts, "quant_method", None)
     if method is None or isinstance(method.apply, RowInvariantExperts):
         return
-    method.apply = RowInvariantExperts(method.apply)
+    method.apply = RowInvariantExperts(method.apply, settings)
 
 
 def is_installed(moe: nn.Module) -> bool:

@@ -22,12 +22,12 @@ non-speculative decoding.
 
 Which steps take the path (:func:`plan_step`, called once per step and KV
 cache group by the metadata builder): exactly one request, 1 <= q <= M query
-rows (M = ``VLLM_XPU_LAGUNA_VERIFY_WIDTH``; q = 1 is the plain decode, one row
+rows (M = the ``verify_width`` option; q = 1 is the plain decode, one row
 with the planned split count), all rows real (no padding), no
 decode context parallelism, causal attention without multimodal prefix ranges
 or R-SWA. Per layer (:func:`run_exact_verify`): decoder
 self-attention without ALiBi, soft-cap or sinks. Everything else takes the
-unchanged upstream code. ``VLLM_XPU_LAGUNA_EXACT_VERIFY=0`` (default 1)
+unchanged upstream code. The option ``exact_verify`` false (default true)
 disables the path.
 
 Split plan: the paged-decode kernel splits each sequence's KV into a number
@@ -37,8 +37,8 @@ active, both the q=1 decode of one request (width 1) and every verify row run
 with an explicit count: the one a single-request q=1 decode of that row's own
 KV length gets (:mod:`vllm.v1.attention.ops.xpu_laguna_split_plan`, a port of
 the pinned kernel's heuristic). Rows of one step that need different counts go
-in separate calls (at most a few per step). The debug switch
-``VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN=1`` drops the explicit count (one call,
+in separate calls (at most a few per step). The debug option
+``debug_no_split_plan`` drops the explicit count (one call,
 the kernel picks): the negative control of the tests, never for serving.
 
 The exact KV length of the request comes from the host copy of ``seq_lens``
@@ -73,7 +73,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-import vllm.envs as envs
+from vllm.config import get_current_vllm_config_or_none
+from vllm.config.xpu_laguna_options import XpuLagunaOptions
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
@@ -139,6 +140,9 @@ class ExactVerifyMetadata:
     block_table: torch.Tensor | None = None
     kv_offsets: torch.Tensor | None = None
     owner: ExactMetadataOwner | None = None
+    # False only under the debug option ``debug_no_split_plan`` (decided
+    # from the builder's config when the step is planned).
+    split_plan: bool = True
     # The step's kernel calls per layer shape (see call_groups).
     plans: dict[tuple[int, ...], CallGroups] = field(default_factory=dict)
 
@@ -159,7 +163,7 @@ class ExactVerifyMetadata:
             num_heads_q,
             num_heads_kv,
             block_size,
-            split_plan_enabled(),
+            self.split_plan,
         )
         groups = self.plans.get(key)
         if groups is None:
@@ -232,42 +236,37 @@ def exact_path_available() -> bool:
     return _available
 
 
-def split_plan_enabled() -> bool:
-    """False only under the debug switch VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN."""
-    return not envs.VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN
-
-
-def exact_verify_width(vllm_config: "VllmConfig | None" = None) -> int:
+def exact_verify_width(vllm_config: "VllmConfig | None") -> int:
     """The largest verify width M that takes the exact path (0 = off): the
-    toggle on, the series in scope (a Laguna target on XPU, or a CPU run
-    that asks: ``series_in_scope``, decided from ``vllm_config``, else the
-    current one) and the platform running FLASH_ATTN on the XPU or reference
-    kernels."""
+    ``exact_verify`` option on, the series in scope for ``vllm_config`` (a
+    Laguna target on XPU, or a CPU run that asks: ``series_in_scope``) and
+    the platform running FLASH_ATTN on the XPU or reference kernels."""
     from vllm.compilation.xpu_breakable_graph.config import series_in_scope
 
     if not series_in_scope(vllm_config):
         return 0
-    on = bool(envs.VLLM_XPU_LAGUNA_EXACT_VERIFY) and exact_path_available()
-    width = int(envs.VLLM_XPU_LAGUNA_VERIFY_WIDTH) if on else 0
+    options = XpuLagunaOptions.from_config(vllm_config)
+    on = options.exact_verify and exact_path_available()
+    width = options.verify_width if on else 0
     if on:
         logger.info_once(
             "XPU Laguna exact verify: ON (verify widths 2..%d run as one-token "
             "paged-decode pseudo-sequences, kernel seam: %s, KV split plan: %s)",
             width,
             kernel_seam_name(),
-            "on" if split_plan_enabled() else "OFF (debug switch)",
+            "OFF (debug switch)" if options.debug_no_split_plan else "on",
         )
-        if not split_plan_enabled():
+        if options.debug_no_split_plan:
             logger.warning_once(
-                "VLLM_XPU_LAGUNA_DEBUG_NO_SPLIT_PLAN=1: verify rows past ~2K "
-                "tokens of context are no longer bitwise equal to decode "
-                "(debug switch, not for serving)"
+                "xpu_laguna.debug_no_split_plan: verify rows past ~2K tokens of "
+                "context are no longer bitwise equal to decode (debug switch, "
+                "not for serving)"
             )
     else:
         logger.info_once(
             "XPU Laguna exact verify: OFF (%s); verify uses the upstream path",
-            "VLLM_XPU_LAGUNA_EXACT_VERIFY=0"
-            if not envs.VLLM_XPU_LAGUNA_EXACT_VERIFY
+            "xpu_laguna.exact_verify false"
+            if not options.exact_verify
             else "platform has native FlashAttention kernels",
         )
     return width
@@ -344,7 +343,8 @@ def plan_step(
             common_attn_metadata.block_table_tensor,
             seq_len,
         )
-    return ExactVerifyMetadata(width=q, seq_len=seq_len)
+    split_plan = not XpuLagunaOptions.from_config(vllm_config).debug_no_split_plan
+    return ExactVerifyMetadata(width=q, seq_len=seq_len, split_plan=split_plan)
 
 
 def build_inline(
@@ -434,7 +434,7 @@ def call_groups(
     :meth:`ExactVerifyMetadata.call_groups`, once per step."""
     counters.plans += 1
     q, seq_len = exact.width, exact.seq_len
-    if not split_plan_enabled():
+    if not exact.split_plan:
         return ((0, q, None, seq_len),)
     kv_lens = tuple(range(seq_len - q + 1, seq_len + 1))
     return split_plan.row_groups(
@@ -527,7 +527,8 @@ def checked_fa_version(version: int | None) -> int | None:
     exact path on, ``vllm_xpu_kernels`` at its pinned version; on a platform
     without FlashAttention kernels, registered ones (then version 2)."""
     if current_platform.is_xpu():
-        if exact_verify_width():
+        # the impl is built under its model's config
+        if exact_verify_width(get_current_vllm_config_or_none()):
             kernel_registry.get()
         return version
     if version is None and exact_path_available():

@@ -8,7 +8,7 @@ lengths ``seq_len - q + [1..q]`` and the block-table row repeated q times.
 Built inline they cost host time in every layer forward, and fresh tensors
 break device-graph replay, which needs stable addresses.
 
-With ``VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA=1`` (default 0) each
+With the option ``prebuilt_metadata`` true (default false) each
 FlashAttention metadata builder owns one :class:`PrebuiltExactMetadata`:
 
 * buffers allocated once, at the first eligible step (their column count,
@@ -31,10 +31,10 @@ and handed out; the same full fingerprint of all widths' views at the first
 use and whenever the width changes (so no view is ever handed out
 unchecked); agreement of the incoming tensors' dtype, device and column
 count with the buffers. The literal every-call fingerprint of all views of
-all widths roughly doubles the refresh cost and is a debug mode:
-``VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD=1`` (read when the owner is
-created). Any drift raises :class:`PrebuiltMetadataDriftError`; nothing is
-ever reallocated after the first use.
+all widths roughly doubles the refresh cost and is a debug mode: the
+option ``debug_prebuilt_full_guard`` (read when the owner is created). Any
+drift raises :class:`PrebuiltMetadataDriftError`; nothing is ever
+reallocated after the first use.
 
 Width 1 (a single-request decode on the exact path) never uses the buffers:
 it is built inline.
@@ -50,14 +50,19 @@ forward checks (:meth:`check_source`) that the expanded table was made from
 the block table of the metadata it runs with.
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 
-import vllm.envs as envs
+from vllm.config.xpu_laguna_options import XpuLagunaOptions
 from vllm.logger import init_logger
 from vllm.v1.attention.backends.xpu_laguna_exact import (
     ExactVerifyMetadata,
     exact_verify_width,
 )
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 logger = init_logger(__name__)
 
@@ -92,17 +97,16 @@ class PrebuiltExactMetadata:
         self,
         max_width: int,
         device: torch.device | str,
-        full_guard_every_call: bool | None = None,
+        full_guard_every_call: bool = False,
+        split_plan: bool = True,
     ) -> None:
         if not 2 <= max_width <= 16:
             raise ValueError(f"verify width must be in 2..16, got {max_width}")
         # Fingerprint every view of every width on each refresh (not only the
         # refreshed width's): the debug mode of the guard.
-        self.full_guard_every_call = (
-            bool(envs.VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD)
-            if full_guard_every_call is None
-            else full_guard_every_call
-        )
+        self.full_guard_every_call = full_guard_every_call
+        # False only under the debug option debug_no_split_plan.
+        self.split_plan = split_plan
         self.max_width = max_width
         self.device = torch.device(device)
         self.num_cols: int | None = None
@@ -152,6 +156,7 @@ class PrebuiltExactMetadata:
                 block_table=table[:q],
                 kv_offsets=offsets[q, :q],
                 owner=self,
+                split_plan=self.split_plan,
             )
             self._zero_index[q] = zero_index[:q]
         self.num_cols = num_cols
@@ -359,25 +364,34 @@ class PrebuiltExactMetadata:
             )
 
 
-def maybe_create(device: torch.device | str) -> PrebuiltExactMetadata | None:
-    """Builder hook: an owner when the toggle is on and exact verify is active."""
-    want = bool(envs.VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA)
-    width = exact_verify_width() if want else 0
+def maybe_create(
+    vllm_config: "VllmConfig", device: torch.device | str
+) -> "PrebuiltExactMetadata | None":
+    """Builder hook: an owner when ``vllm_config`` turns the prebuilt metadata
+    on (``prebuilt_metadata``) and the exact verify is active for it."""
+    options = XpuLagunaOptions.from_config(vllm_config)
+    want = options.prebuilt_metadata
+    width = exact_verify_width(vllm_config) if want else 0
     if not want:
         logger.info_once("XPU Laguna prebuilt exact-verify metadata: OFF (inline)")
     elif width < 2:
         logger.warning_once(
-            "VLLM_XPU_LAGUNA_M8_PREBUILT_EXACT_ATTN_METADATA=1 has no "
-            "effect: the exact verify path is not active"
+            "xpu_laguna.prebuilt_metadata has no effect: the exact verify path "
+            "is not active"
         )
     else:
         logger.info_once(
             "XPU Laguna prebuilt exact-verify metadata: ON (widths 2..%d, guard: %s)",
             width,
             "full fingerprint every call (debug)"
-            if envs.VLLM_XPU_LAGUNA_DEBUG_PREBUILT_FULL_GUARD
+            if options.debug_prebuilt_full_guard
             else "identity every call, full fingerprint on first use/width change",
         )
     if width < 2:
         return None
-    return PrebuiltExactMetadata(width, device)
+    return PrebuiltExactMetadata(
+        width,
+        device,
+        full_guard_every_call=options.debug_prebuilt_full_guard,
+        split_plan=not options.debug_no_split_plan,
+    )
