@@ -57,7 +57,6 @@ def _engine_args(cfg: dict[str, Any], model: str, kv_cache_dtype: str, series: b
 
 def _resolve(cfg: dict[str, Any], model: str, kv_cache_dtype: str, series: bool) -> dict[str, Any]:
     """The resolved settings the series could touch, or the one-line refusal."""
-    from vllm.config import set_current_vllm_config
     from vllm.distributed import xpu_laguna_collectives as coll
     from vllm.engine.arg_utils import EngineArgs
 
@@ -68,10 +67,7 @@ def _resolve(cfg: dict[str, Any], model: str, kv_cache_dtype: str, series: bool)
         text = " ".join(str(exc).split())
         return {"refused": text[text.find(SERIES_LINE) :].split(" [type=")[0]}
     cc, comp = config.cache_config, config.compilation_config
-    with set_current_vllm_config(config):
-        coll.reset_tp_reduce_mode_cache()
-        mode = coll.tp_reduce_mode("tp:0", cfg["tp"]).value
-        coll.reset_tp_reduce_mode_cache()
+    mode = coll.tp_reduce_mode("tp:0", cfg["tp"], config).value
     return {
         "enable_prefix_caching": cc.enable_prefix_caching,
         "cache_dtype": cc.cache_dtype,
@@ -94,9 +90,9 @@ def _configs(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _worker_state(worker: Any) -> dict[str, Any]:
-    """In a worker: its TP group, the all-reduce modes decided so far (the series' cache, one
-    entry per group that reduced through the CPU communicator), the scope it decided, the series'
-    options its config carried into this process, and the element size of its KV cache."""
+    """In a worker: its TP group, the all-reduce mode its communicator was built with (the series'
+    decision from the worker's config), the scope its config gives, the series' options its config
+    carried into this process, and the element size of its KV cache."""
     from vllm.compilation.xpu_breakable_graph import config as series_config
     from vllm.distributed import get_tp_group
     from vllm.distributed import xpu_laguna_collectives as coll
@@ -105,8 +101,8 @@ def _worker_state(worker: Any) -> dict[str, Any]:
     caches = [t for t in getattr(worker.model_runner, "kv_caches", []) if hasattr(t, "element_size")]
     return {
         "tp_group": [group.unique_name, group.world_size],
-        "modes": {f"{name}/{world}": mode.value for (name, world), mode in coll._MODES.items()},
-        "series_in_scope": series_config._scope.decided,
+        "modes": {f"{group.unique_name}/{group.world_size}": coll.group_mode(group).value},
+        "series_in_scope": series_config.series_in_scope(worker.vllm_config),
         "options": (worker.vllm_config.additional_config or {}).get(OPTIONS_KEY),
         "kv_cache_element_bytes": sorted({t.element_size() for t in caches}),
         "kv_cache_torch_dtypes": sorted({str(t.dtype) for t in caches}),
