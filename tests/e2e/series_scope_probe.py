@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-OPTIONS_KEY = "xpu_laguna"  # the key of additional_config (the runtime's python cannot import scripts)
+from vllm.config.xpu_laguna_options import ADDITIONAL_CONFIG_KEY as OPTIONS_KEY
+
 CONFIGS_MARKER = "series scope probe: engine done, configs next"
 SERIES_LINE = "XPU Laguna series:"  # how the contract's lines start
 
