@@ -156,7 +156,9 @@ def xpu_recipe(pins: Pins, width: int = VERIFY_WIDTH, model: str | None = None, 
         Setting("revision", pins.target.revision, "pins.toml [models.target]"),
         Setting("dtype", "bfloat16", "exact: the model dtype the KV cache must match"),
         Setting("tensor-parallel-size", TENSOR_PARALLEL, "exact topology: TP only (no expert parallelism)"),
-        Setting("distributed-executor-backend", "mp", "the executor the records ran with (the options travel in the config)"),
+        Setting(
+            "distributed-executor-backend", "mp", "the executor the records ran with (the options travel in the config)"
+        ),
         *_exact_scheduling(
             Setting("max-model-len", 8192, "tunable (the records' context)"),
             Setting("kv-cache-dtype", "bfloat16", "exact: auto would resolve to the checkpoint's FP8"),
