@@ -66,6 +66,24 @@ def additional_config(options: Mapping[str, Any] | None) -> dict[str, Any]:
     return {} if options is None else {ADDITIONAL_CONFIG_KEY: dict(options)}
 
 
+def assert_reads_no_variable(
+    monkeypatch: Any,
+    decide: Callable[[Any], Any],
+    configs: Sequence[Any],
+    contrary: Mapping[str, str],
+) -> None:
+    """``decide`` gives every config of ``configs`` the same answer with
+    every variable the series used to read set: each option in ``contrary``
+    to that value (one that would change the decision if it were read),
+    every other one to ``1``."""
+    from vllm.config.xpu_laguna_options import ENV_REPLACED_BY
+
+    before = [decide(c) for c in configs]
+    for name, key in ENV_REPLACED_BY.items():
+        monkeypatch.setenv(name, contrary.get(key, "1"))
+    assert [decide(c) for c in configs] == before
+
+
 def config_stand_in(
     options: Mapping[str, Any] | None,
     architecture: str | None = "LagunaForCausalLM",

@@ -16,7 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from laguna_model_testlib import config_stand_in, series_options
+from laguna_model_testlib import (
+    assert_reads_no_variable,
+    config_stand_in,
+    series_options,
+)
 from row_invariant_standins import (
     m_dependent_linear,
     row_wise_interpreter_dot,
@@ -26,7 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from vllm.config import set_current_vllm_config
-from vllm.config.xpu_laguna_options import ENV_REPLACED_BY, XpuLagunaOptions
+from vllm.config.xpu_laguna_options import XpuLagunaOptions
 from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
 from vllm.model_executor.layers import xpu_laguna_row_invariant as forms
 from vllm.model_executor.layers.linear import (
@@ -223,7 +227,6 @@ def test_nothing_is_read_from_the_environment(monkeypatch) -> None:
     """The variables the series used to read change nothing (the config
     build refuses them; the forms never look)."""
     configs = (_config(), _config(row_invariant_linear_form="plain"), None)
-    before = [rd.read_settings(c) for c in configs]
     contrary = {
         "exact_verify": "0",
         "verify_width": "4",
@@ -232,9 +235,7 @@ def test_nothing_is_read_from_the_environment(monkeypatch) -> None:
         "row_invariant_linear_form": "batch_invariant",
         "row_invariant_int4": "0",
     }
-    for name, key in ENV_REPLACED_BY.items():
-        monkeypatch.setenv(name, contrary.get(key, "1"))
-    assert [rd.read_settings(c) for c in configs] == before
+    assert_reads_no_variable(monkeypatch, rd.read_settings, configs, contrary)
 
 
 @pytest.mark.parametrize(

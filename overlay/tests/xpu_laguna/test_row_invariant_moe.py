@@ -24,11 +24,15 @@ from typing import Any
 
 import pytest
 import torch
-from laguna_model_testlib import config_stand_in, run_driver, series_options
+from laguna_model_testlib import (
+    assert_reads_no_variable,
+    config_stand_in,
+    run_driver,
+    series_options,
+)
 from moe_row_standins import grouped_experts
 
 from vllm.config import set_current_vllm_config
-from vllm.config.xpu_laguna_options import ENV_REPLACED_BY
 from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
 
 DRIVER = Path(__file__).with_name("moe_row_driver.py")
@@ -176,15 +180,12 @@ def test_two_configs_in_one_process_get_their_own_form() -> None:
 
 def test_nothing_is_read_from_the_environment(monkeypatch) -> None:
     configs = (_config(), _config(row_invariant_moe="off"), None)
-    before = [rim.read_form(c) for c in configs]
     contrary = {
         "exact_verify": "0",
         "verify_width": "4",
         "row_invariant_moe": "off",
     }
-    for name, key in ENV_REPLACED_BY.items():
-        monkeypatch.setenv(name, contrary.get(key, "1"))
-    assert [rim.read_form(c) for c in configs] == before
+    assert_reads_no_variable(monkeypatch, rim.read_form, configs, contrary)
 
 
 def test_plain_while_compiling(form, monkeypatch) -> None:

@@ -19,11 +19,14 @@ from typing import Any
 
 import pytest
 import torch
-from laguna_model_testlib import config_stand_in, series_options
+from laguna_model_testlib import (
+    assert_reads_no_variable,
+    config_stand_in,
+    series_options,
+)
 from xpu_laguna_standins import xccl_ring as standin
 
 from vllm.config import set_current_vllm_config
-from vllm.config.xpu_laguna_options import ENV_REPLACED_BY
 from vllm.distributed import xpu_laguna_collectives as xc
 from vllm.distributed.device_communicators import cpu_communicator
 from vllm.distributed.device_communicators.xpu_communicator import XpuCommunicator
@@ -198,11 +201,10 @@ def test_tp_reduce_mode_is_decided_from_the_config_given():
 def test_nothing_is_read_from_the_environment(monkeypatch):
     """The variables the series used to read change no decision."""
     configs = (_config(), _config(exact_tp_reduce=False), config_stand_in(None))
-    before = [xc.tp_reduce_mode("tp:0", 4, c) for c in configs]
     contrary = {"exact_verify": "0", "exact_tp_reduce": "0"}
-    for name, key in ENV_REPLACED_BY.items():
-        monkeypatch.setenv(name, contrary.get(key, "1"))
-    assert [xc.tp_reduce_mode("tp:0", 4, c) for c in configs] == before
+    assert_reads_no_variable(
+        monkeypatch, lambda c: xc.tp_reduce_mode("tp:0", 4, c), configs, contrary
+    )
 
 
 def test_all_reduce_into_only_on_the_exact_path(monkeypatch):
