@@ -82,7 +82,7 @@ import contextlib
 import contextvars
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -129,6 +129,11 @@ class Settings:
     linears: frozenset[str]
     linear_form: str
     int4: bool
+    # The padded-rows form of this model's batch-invariant linears (its
+    # buffers are shared by every layer of one K; calls run one at a time).
+    padded_rows: forms.PaddedRows | None = field(
+        default=None, compare=False, repr=False
+    )
 
 
 def parse_linears(value: str) -> frozenset[str]:
@@ -165,12 +170,14 @@ def read_settings(vllm_config: "VllmConfig | None") -> Settings:
 
     options = XpuLagunaOptions.from_config(vllm_config)
     form = options.row_invariant_linear_form or default_linear_form()
+    width = exact_verify_width(vllm_config)
     s = Settings(
-        width=exact_verify_width(vllm_config),
+        width=width,
         qk_norm=options.row_invariant_qk_norm,
         linears=parse_linears(options.row_invariant_linears),
         linear_form=form,
         int4=options.row_invariant_int4,
+        padded_rows=forms.PaddedRows(width) if width else None,
     )
     if (
         s.width > 1
@@ -257,11 +264,6 @@ def _is_wna16(layer: nn.Module) -> bool:
     return isinstance(getattr(layer, "scheme", None), CompressedTensorsWNA16)
 
 
-# Per verify width: the padded-rows form of the batch-invariant linears (its
-# buffers are shared by every layer of one K; calls run one at a time).
-_padded_rows: dict[int, forms.PaddedRows] = {}
-
-
 def _batch_invariant_weight(layer: nn.Module) -> torch.Tensor:
     weight = getattr(layer, "weight", None)
     if (
@@ -280,10 +282,10 @@ def _batch_invariant_weight(layer: nn.Module) -> torch.Tensor:
 
 
 def linear_batch_invariant(
-    layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, width: int
+    layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, pad: forms.PaddedRows
 ) -> torch.Tensor:
     """The layer's GEMM as upstream's batch-invariant matmul on exactly
-    ``width`` rows (see module doc: every call one identical launch)."""
+    ``pad.width`` rows (see module doc: every call one identical launch)."""
     from vllm.model_executor.determinism import batch_invariant
 
     weight = _batch_invariant_weight(layer)
@@ -293,9 +295,6 @@ def linear_batch_invariant(
         from vllm.triton_utils.allocation import set_triton_allocator
 
         set_triton_allocator(x.device)
-    pad = _padded_rows.get(width)
-    if pad is None:
-        pad = _padded_rows[width] = forms.PaddedRows(width)
     return pad(
         lambda rows: batch_invariant.linear_batch_invariant(rows, weight, bias), x
     )
@@ -354,7 +353,8 @@ class RowInvariantApply:
             return self.inner(layer, x, bias)
         counters.calls["linear", getattr(layer, _KIND_ATTR), form] += 1
         if form == "batch_invariant":
-            return linear_batch_invariant(layer, x, bias, self.settings.width)
+            assert self.settings.padded_rows is not None  # width > 0 here
+            return linear_batch_invariant(layer, x, bias, self.settings.padded_rows)
         return forms.per_row(lambda row: self.inner(layer, row, bias), x)
 
 
