@@ -14,7 +14,7 @@ from typing import Any
 
 from scripts.matrix.evaluate import evaluate
 from scripts.matrix.graphs import GraphExpectation, decoder_topology
-from scripts.matrix.legs import ALL_LEGS, device_kind, long_context_prompt, make_prompts
+from scripts.matrix.legs import ALL_LEGS, device_kind, long_context_prompt, make_prompts, rollover_prompt
 from scripts.matrix.preloaded import PreloadedInterpreter, leg_start
 from scripts.matrix.report import finish, series_info
 from scripts.matrix.runner import run_legs
@@ -85,9 +85,10 @@ def _drive(
     legs = tuple(known[n] for n in names)  # validate_run checked them
     models = models_by_tp(args, {leg.tp_size(args.tp) for leg in legs})
     prompts = make_prompts(args.prompts, args.max_tokens, args.seed)
+    target = next(iter(models.values()))[0]  # every tiny variant has the same tokenizer
+    prompts[0] = rollover_prompt(target, prompts[0])
     if args.long_prompt_tokens > 0:
-        # every tiny variant has the same tokenizer
-        spec = long_context_prompt(next(iter(models.values()))[0], args.long_prompt_tokens, args.max_tokens, args.seed)
+        spec = long_context_prompt(target, args.long_prompt_tokens, args.max_tokens, args.seed)
         if spec.max_tokens + args.long_prompt_tokens + 64 > args.max_model_len:
             print(
                 f"error: --max-model-len {args.max_model_len} cannot hold the long-context prompt "

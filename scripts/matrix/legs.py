@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from scripts.matrix.logprobs import long_prompt
+from scripts.matrix.logprobs import crossing_prompt, long_prompt
 
 WIDTH = 8  # DFlash M8: 7 drafted tokens + 1 verified
 # The series' options a leg sets, typed values: keys of the engine's additional_config["xpu_laguna"]
@@ -155,8 +155,9 @@ class PromptSpec:
 def make_prompts(count: int, max_tokens: int, seed: int | None = None) -> list[PromptSpec]:
     """``count`` fresh prompts, unique per run (a run nonce is part of every prompt).
 
-    Prompt 0 is long (its output crosses several KV blocks: rollover); prompt 1 is a short
-    generation right after it in the same engine (long-then-next).
+    Prompt 0 is long (the driver grows it so that its output crosses a KV block boundary:
+    :func:`rollover_prompt`); prompt 1 is a short generation right after it in the same engine
+    (long-then-next).
     """
     if count < 3:
         raise ValueError("the matrix needs at least 3 prompts (long, long-then-next, plain)")
@@ -173,6 +174,14 @@ def make_prompts(count: int, max_tokens: int, seed: int | None = None) -> list[P
         else:
             prompts.append(PromptSpec(f"run {nonce} item {index} {words}", max_tokens, "plain"))
     return prompts
+
+
+def rollover_prompt(target: str, spec: PromptSpec) -> PromptSpec:
+    """``spec`` (the long prompt) grown to end one token short of a KV block boundary (counted with
+    the target's tokenizer: :func:`scripts.matrix.logprobs.crossing_prompt`), so that its output
+    crosses one whatever the run's random words."""
+    text, _ = crossing_prompt(target, spec.text)
+    return PromptSpec(text, spec.max_tokens, spec.role)
 
 
 def long_context_prompt(target: str, min_tokens: int, max_tokens: int, seed: int | None) -> PromptSpec:

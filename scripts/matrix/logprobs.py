@@ -110,6 +110,38 @@ def gate(comparison: LogprobComparison, *, expect_equal: bool, require_bitwise: 
     return f"negative control holds (differs at {differing} positions)", []
 
 
+ROLLOVER_SPAN = 128
+"""Prompt 0 ends one token short of a multiple of this many tokens, so its second generated token
+starts a new KV block for every power-of-two block size up to it (CPU's default 128, the XPU
+records' 64)."""
+
+
+FILLER = " a"
+"""Appended to prompt 0 one at a time: one token each in the tiny tokenizer and in common BPE
+vocabularies (checked by counting, not assumed)."""
+
+
+def crossing_prompt(tokenizer_dir: str, text: str) -> tuple[str, int]:
+    """``text`` with :data:`FILLER` appended until its token count (the target's tokenizer, as the
+    engine counts it) is ``-1`` modulo :data:`ROLLOVER_SPAN`: any output of two or more tokens then
+    crosses a KV block boundary. (text, token count); a ``ValueError`` when no count up to two
+    spans longer lands there."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+
+    def count(candidate: str) -> int:
+        return len(tok(candidate)["input_ids"])
+
+    need = (ROLLOVER_SPAN - 1 - count(text)) % ROLLOVER_SPAN
+    for extra in range(need, need + 2 * ROLLOVER_SPAN):
+        candidate = text + FILLER * extra
+        tokens = count(candidate)
+        if tokens % ROLLOVER_SPAN == ROLLOVER_SPAN - 1:
+            return candidate, tokens
+    raise ValueError(f"{tokenizer_dir}: no filler count makes the long prompt end one token short of a block")
+
+
 def long_prompt(tokenizer_dir: str, min_tokens: int, words: tuple[str, ...], nonce: str, seed: int) -> tuple[str, int]:
     """The shortest prompt of random ``words`` with at least ``min_tokens`` tokens (counted with
     the target's tokenizer); (text, token count)."""
