@@ -152,6 +152,8 @@ def test_series_options_reach_every_legs_config_and_the_report(tmp_path: Path, m
         return {}
 
     monkeypatch.setattr(driver, "run_legs", run_legs)
+    # the long prompt's block crossing needs the target's tokenizer (tests/test_matrix_rollover.py)
+    monkeypatch.setattr(driver, "rollover_prompt", lambda target, spec: spec)
     assert driver._drive(args, "cpu", {}, None) == 1  # no leg ran: the teacher is missing
     extra = {"row_invariant_moe": "off", "verify_width": 8}
     for name in ("teacher", "dflash-noplan-diagnostic", "dflash-graph1-meta1"):
