@@ -217,6 +217,31 @@ def test_a_bad_option_fails_at_config_time_in_one_line_naming_it(models, case) -
     assert refused_line(models, OPTIONS, options=options) == line
 
 
+@pytest.mark.parametrize(
+    ("valid", "invalid"),
+    [
+        ({"exact_verify": True}, {"exact_verify": 1}),
+        ({"verify_width": 1}, {"verify_width": True}),
+    ],
+)
+def test_a_value_equal_to_a_valid_one_is_still_refused(valid, invalid) -> None:
+    """``from_config`` memoises per mapping; ``True == 1`` (and they hash
+    alike), so the memo must not hand the valid value's options to the
+    invalid one after the valid one was parsed."""
+    from types import SimpleNamespace
+
+    from vllm.config.xpu_laguna_options import XpuLagunaOptions
+
+    def parse(options):
+        return XpuLagunaOptions.from_config(
+            SimpleNamespace(additional_config=additional_config(options))
+        )
+
+    assert parse(valid).given == frozenset(valid)
+    with pytest.raises(ValueError, match="must be"):
+        parse(invalid)
+
+
 def test_a_bad_option_is_refused_for_another_model_too(tmp_path) -> None:
     """The options are validated for every configuration (a typo must not
     wait for the model that uses it); what an option means for the exact

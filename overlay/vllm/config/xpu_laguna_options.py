@@ -127,7 +127,8 @@ class XpuLagunaOptions:
         if raw is None:
             return _DEFAULT
         try:
-            items = tuple(sorted(raw.items()))
+            # typed: True == 1 and hash(True) == hash(1), but only one of them is valid
+            items = tuple(sorted((k, type(v).__name__, v) for k, v in raw.items()))
             hash(items)
         except (AttributeError, TypeError):
             return cls.from_mapping(raw)  # not a mapping of plain values: one line
@@ -149,8 +150,8 @@ _DEFAULT = XpuLagunaOptions()
 
 
 @functools.lru_cache(maxsize=64)
-def _parsed(items: tuple[tuple[str, Any], ...]) -> XpuLagunaOptions:
-    return XpuLagunaOptions.from_mapping(dict(items))
+def _parsed(items: tuple[tuple[str, str, Any], ...]) -> XpuLagunaOptions:
+    return XpuLagunaOptions.from_mapping({key: value for key, _, value in items})
 
 
 def _checked(where: str, key: str, value: object, default: object) -> object:
