@@ -25,7 +25,9 @@ A marker file in the package records the synced tree HEAD, so a repeated sync
 is a fast no-op. Every sync also lays the series' test-side stand-ins next to the package
 (:mod:`scripts.cpu_standins`: the reference attention kernels, registered on CPU through a
 ``vllm.general_plugins`` entry point, and the emulated device graphs), which the wheel never
-carries; a pristine runtime is never synced and never gets them.
+carries, and writes the installed vllm's ``entry_points.txt`` from the tree's ``pyproject.toml``
+(the series' own general plugin is one), as the wheel built from the tree carries them; a pristine
+runtime is never synced and never gets either.
 
 Entry: ``python -m scripts.cpu_runtime ensure | where | install | sync --tree PATH``; ``ensure``
 (:mod:`scripts.cpu_venv`) makes the one shared runtime every CPU session uses.
@@ -38,6 +40,7 @@ import importlib.util
 import json
 import sys
 import time
+import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,6 +193,7 @@ def sync(tree: Path, package: Path | None = None) -> SyncPlan | None:
         raise ToolError(f"{package}: not a vllm package folder")
     cpu_standins.lay(package.parent)  # small; laid on every sync: this checkout's stand-ins
     head = git(tree, "rev-parse", "HEAD")
+    write_entry_points(package.parent, blob_bytes(tree, head, "pyproject.toml"))
     marker = _read_marker(package)
     raw = marker.get("files")
     previous: dict[str, object] = raw if isinstance(raw, dict) else {}
@@ -226,6 +230,27 @@ def sync(tree: Path, package: Path | None = None) -> SyncPlan | None:
         }
         (package / SYNC_MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return plan
+
+
+def entry_points_text(pyproject: bytes) -> str:
+    """The ``entry_points.txt`` a wheel built from ``pyproject`` carries: ``[project.scripts]`` as
+    ``console_scripts`` and each ``[project.entry-points."GROUP"]`` table."""
+    project = tomllib.loads(pyproject.decode("utf-8")).get("project", {})
+    groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
+    return "".join(
+        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in table.items()) + "\n"
+        for group, table in groups.items()
+        if table
+    )
+
+
+def write_entry_points(site: Path, pyproject: bytes | None) -> None:
+    """Give the installed vllm the entry points of the tree's ``pyproject.toml`` (the series'
+    general plugin among them), as the wheel built from that tree would have them."""
+    infos = sorted(site.glob("vllm-*.dist-info"))
+    if len(infos) != 1 or pyproject is None:
+        raise ToolError(f"{site}: expected one vllm-*.dist-info and a tree pyproject.toml, found {len(infos)}")
+    (infos[0] / "entry_points.txt").write_text(entry_points_text(pyproject), encoding="utf-8")
 
 
 def builds_own(package: Path, tree: Path, root: str, previously_synced: Iterable[str] = ()) -> frozenset[str]:

@@ -1,8 +1,11 @@
-"""Loading the tiny Laguna checkpoint into vLLM's LagunaForCausalLM in-process.
+"""Loading the tiny Laguna checkpoint in-process into the class vLLM resolves for
+``LagunaForCausalLM``: the series' ``XpuLagunaForCausalLM``, which its general plugin (an
+entry point of the wheel's metadata; the CPU runtime's sync writes the tree's) registers.
 
-Checks patch 0002 directly: the checkpoint's routing correction bias ends up in
-the tensor the MoE router reads, and a bias no router consumes is a load error
-(instead of being dropped silently, as upstream 0.26.0 does).
+Checks the series' routing-bias load fix directly: the checkpoint's routing correction bias ends
+up in the tensor the MoE router reads, and a bias no router consumes is a load error. The negative
+control loads the same checkpoint into upstream's own class, which drops the bias silently (the bug
+in 0.26.0 through 0.34.0).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def load_model(tiny_models: TinyModels) -> Iterator[Any]:
         initialize_model_parallel,
     )
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader.utils import get_model_cls
     from vllm.model_executor.models.laguna import LagunaForCausalLM
 
     def make_config() -> Any:
@@ -54,10 +58,11 @@ def load_model(tiny_models: TinyModels) -> Iterator[Any]:
         )
         initialize_model_parallel(1, 1)
 
-    def load(weights: dict[str, Any]) -> tuple[Any, set[str]]:
-        config = make_config()
+    def load(weights: dict[str, Any], upstream: bool = False) -> tuple[Any, set[str]]:
+        config = make_config()  # EngineArgs loads vLLM's general plugins
+        cls = LagunaForCausalLM if upstream else get_model_cls(config.model_config)
         with set_current_vllm_config(config):
-            model = LagunaForCausalLM(vllm_config=config)
+            model = cls(vllm_config=config)
             return model, model.load_weights(weights.items())
 
     try:
@@ -71,6 +76,12 @@ def _checkpoint(tiny_models: TinyModels) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     return load_file(str(tiny_models.target / "model.safetensors"))
+
+
+def test_vllm_builds_the_series_laguna_class(tiny_models: TinyModels, load_model: Any) -> None:
+    model, _ = load_model(_checkpoint(tiny_models))
+    assert type(model).__qualname__ == "XpuLagunaForCausalLM"
+    assert type(model).__module__ == "vllm.model_executor.models.xpu_laguna"
 
 
 def test_routing_bias_reaches_the_router(tiny_models: TinyModels, load_model: Any) -> None:
@@ -96,3 +107,18 @@ def test_unconsumed_routing_bias_is_a_load_error(tiny_models: TinyModels, load_m
     weights["model.layers.0.mlp.experts.e_score_correction_bias"] = some_bias.clone()
     with pytest.raises(ValueError, match="not consumed by the MoE router"):
         load_model(weights)
+
+
+def test_negative_control_upstream_class_drops_the_routing_bias(
+    tiny_models: TinyModels, load_model: Any
+) -> None:
+    """Without the series' class the gate above fails: upstream's Laguna leaves every router's
+    bias at zero and reports no bias loaded."""
+    weights = _checkpoint(tiny_models)
+    model, loaded = load_model(weights, upstream=True)
+    biases = [k for k, v in weights.items() if k.endswith("e_score_correction_bias") and v.any()]
+    assert biases
+    for name in biases:
+        experts = model.model.layers[int(name.split(".")[2])].mlp.experts
+        assert not experts.router.e_score_correction_bias.any(), f"{name} loaded by upstream"
+    assert not any(k.endswith("e_score_correction_bias") for k in loaded)

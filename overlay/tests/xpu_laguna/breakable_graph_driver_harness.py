@@ -148,7 +148,7 @@ class Harness:
         target's config carrying the speculative config."""
         from vllm.config import set_current_vllm_config
         from vllm.distributed.parallel_state import get_tp_group
-        from vllm.model_executor.models.laguna import LagunaForCausalLM
+        from vllm.model_executor.model_loader.utils import get_model_cls
         from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
 
         vllm_config = self.vllm_config(
@@ -172,7 +172,12 @@ class Harness:
             group.all_reduce = out_of_place_all_reduce
         vllm_config.parallel_config.tensor_parallel_size = tp
         with set_current_vllm_config(vllm_config), torch.device("cpu"):
-            model_cls = DFlashLagunaForCausalLM if draft_layers else LagunaForCausalLM
+            # the target: the class vLLM's registry resolves (the series' own)
+            model_cls = (
+                DFlashLagunaForCausalLM
+                if draft_layers
+                else get_model_cls(vllm_config.model_config)
+            )
             model = model_cls(vllm_config=vllm_config, prefix="")
         gen = torch.Generator().manual_seed(1234)
         with torch.no_grad():

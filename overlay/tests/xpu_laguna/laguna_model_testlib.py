@@ -276,8 +276,10 @@ def build_target_and_drafter(
     """A vLLM config (DFlash, ``verify_width - 1`` speculative tokens) of
     :func:`write_target_and_draft`'s checkpoints with the series' ``options``
     (:func:`series_options` of them: the CPU run asks for the series) under
-    a one-rank group, and its ``LagunaForCausalLM`` target and
-    ``DFlashLagunaForCausalLM`` drafter built under it on CPU, with seeded
+    a one-rank group, and its target (the class vLLM's registry resolves for
+    ``LagunaForCausalLM``: the series' ``XpuLagunaForCausalLM``, which its
+    general plugin registers) and ``DFlashLagunaForCausalLM`` drafter built
+    under it on CPU, with seeded
     random weights (N(0, 0.2^2), the same for every call). The model reads
     its forms from the config it is built under, so every set of options
     gets its own pair. Options the configuration contract refuses are given
@@ -285,7 +287,7 @@ def build_target_and_drafter(
     import torch
 
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.models.laguna import LagunaForCausalLM
+    from vllm.model_executor.model_loader.utils import get_model_cls
     from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
 
     torch._dynamo.config.disable = True
@@ -319,7 +321,7 @@ def build_target_and_drafter(
         config.additional_config = additional_config(options)
     init_one_rank(config)
     with set_current_vllm_config(config), torch.device("cpu"):
-        target = LagunaForCausalLM(vllm_config=config, prefix="")
+        target = get_model_cls(config.model_config)(vllm_config=config, prefix="")
         drafter = DFlashLagunaForCausalLM(vllm_config=config, prefix="")
     gen = torch.Generator().manual_seed(1234)
     with torch.no_grad():

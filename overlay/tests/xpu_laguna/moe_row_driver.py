@@ -159,10 +159,15 @@ def installed(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     }
 
 
-def installed_form(target: nn.Module) -> dict[str, Any]:
-    """The form the target's wrapped routed experts keep."""
-    s = _moe(target).experts.routed_experts.quant_method.apply.settings
-    return {"width": s.width, "form": s.form}
+def installed_form(target: nn.Module) -> dict[str, Any] | None:
+    """The form the target's wrapped routed experts keep (None: not
+    wrapped, the model was built without the exact path)."""
+    from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
+
+    apply = _moe(target).experts.routed_experts.quant_method.apply
+    if not isinstance(apply, rim.RowInvariantExperts):
+        return None
+    return {"width": apply.settings.width, "form": apply.settings.form}
 
 
 def run() -> dict[str, Any]:

@@ -88,7 +88,7 @@ def _instrument(prefix: str, model: nn.Module) -> None:
             mod.attn = StubAttention()
             for norm_name in ("q_norm", "k_norm"):
                 norm = getattr(mod, norm_name)
-                norm.forward = _recording_norm(f"{full}.{norm_name}", norm)
+                norm._forward_method = _recording_norm(f"{full}.{norm_name}", norm)
 
 
 def _recording_gemm(name: str):
@@ -102,7 +102,9 @@ def _recording_gemm(name: str):
 
 
 def _recording_norm(name: str, norm: nn.Module):
-    real = norm.forward
+    """The norm's kernel (its CustomOp forward method), recorded: a q/k norm
+    of the target calls it in its row-invariant form."""
+    real = norm._forward_method
 
     def forward(x, residual=None):
         RECORD.rows(name, x)
@@ -130,7 +132,7 @@ def installed(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
             kind = getattr(mod, rd._KIND_ATTR, None)
             if kind is not None:
                 kinds[name] = kind
-            if getattr(mod, rd._NORM_ATTR, False):
+            if isinstance(mod, rd.RowInvariantQKNorm):
                 norms.append(name)
         out[prefix] = {"kinds": kinds, "norms": sorted(norms)}
     return out
@@ -241,15 +243,18 @@ def norm_calls(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     return out
 
 
-def installed_settings(target: nn.Module) -> dict[str, Any]:
-    """The forms the target's installed qkv_proj and q norm keep."""
+def installed_settings(target: nn.Module) -> dict[str, Any] | None:
+    """The forms the target's installed qkv_proj and q norm keep (None:
+    nothing installed, the model was built without the exact path)."""
     from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
 
     attn = target.model.layers[0].self_attn
+    if not isinstance(attn.q_norm, rd.RowInvariantQKNorm):
+        return None
     out: dict[str, Any] = {}
     for name, s in (
         ("qkv_proj", attn.qkv_proj.quant_method.apply.settings),
-        ("q_norm", getattr(attn.q_norm, rd._NORM_ATTR)[0]),
+        ("q_norm", attn.q_norm.settings),
     ):
         out[name] = {
             "width": s.width,

@@ -29,10 +29,10 @@ from row_invariant_standins import (
 from torch import nn
 from torch.nn import functional as F
 
-from vllm.config import set_current_vllm_config
 from vllm.config.xpu_laguna_options import XpuLagunaOptions
 from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
 from vllm.model_executor.layers import xpu_laguna_row_invariant as forms
+from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     LinearMethodBase,
     UnquantizedLinearMethod,
@@ -515,26 +515,37 @@ def test_uninstalled_layer_and_other_shapes_are_plain(settings) -> None:
     assert layer.calls == [2]
 
 
-class _Norm(nn.Module):
-    """A q/k norm that records the row count and pointer of each call."""
+def _record(norm: nn.Module) -> list[tuple[int, tuple[int, ...]]]:
+    """The pointer and shape of each call an installed q/k norm makes to
+    its RMSNorm kernel (recorded from now on)."""
+    seen: list[tuple[int, tuple[int, ...]]] = []
+    kernel = norm._forward_method
 
-    def __init__(self, weight: torch.Tensor | None = None) -> None:
-        super().__init__()
-        self.weight = weight
-        self.seen: list[tuple[int, tuple[int, ...]]] = []
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        seen.append((x.data_ptr(), tuple(x.shape)))
+        return kernel(x)
 
-    def forward(self, x):
-        self.seen.append((x.data_ptr(), tuple(x.shape)))
-        return x if self.weight is None else xpu_rms_norm(x, self.weight, 1e-6)
+    norm._forward_method = forward
+    return seen
 
 
-def _decoder_layer(norm: nn.Module | None = None) -> SimpleNamespace:
+@pytest.fixture(autouse=True)
+def _current_config():
+    """RMSNorm is a CustomOp: built under a current config (as in a model,
+    which is built under its own)."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    with set_current_vllm_config(VllmConfig()):
+        yield
+
+
+def _decoder_layer() -> SimpleNamespace:
     """What ``install_target_layers`` reads of a LagunaDecoderLayer: q/k
     norms, a BF16 qkv_proj and a dense MLP's up_proj (the others absent)."""
     return SimpleNamespace(
         self_attn=SimpleNamespace(
-            q_norm=norm if norm is not None else _Norm(),
-            k_norm=_Norm(),
+            q_norm=RMSNorm(128, eps=1e-6),
+            k_norm=RMSNorm(128, eps=1e-6),
             qkv_proj=_Layer(UnquantizedLinearMethod()),
             o_proj=None,
         ),
@@ -551,11 +562,12 @@ def test_compiled_graphs_take_the_plain_path(settings, monkeypatch) -> None:
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert _calls(layer, 8) == [8]
     norm = decoder.self_attn.q_norm
-    rd.qk_norm(norm, _qkv_views(8, 12))
-    assert [shape[0] for _, shape in norm.seen] == [8]
+    seen = _record(norm)
+    norm(_qkv_views(8, 12))
+    assert [shape[0] for _, shape in seen] == [8]
     monkeypatch.undo()  # control: the same call outside a compiled graph
-    rd.qk_norm(norm, _qkv_views(8, 12))
-    assert [shape[0] for _, shape in norm.seen] == [8, 9]
+    norm(_qkv_views(8, 12))
+    assert [shape[0] for _, shape in seen] == [8, 9]
 
 
 def test_lm_head_only_inside_target_logits(settings) -> None:
@@ -567,28 +579,29 @@ def test_lm_head_only_inside_target_logits(settings) -> None:
 
 
 def test_install_keeps_the_settings_of_the_config_it_was_given() -> None:
-    """Layers installed under two configs (given, and the current one when
-    none is given, as a model built under its config) keep their own
-    settings: norms, linears and the lm_head."""
-    given, current = _decoder_layer(), _decoder_layer()
-    head_given, head_current = (
+    """Layers installed under two configs keep their own settings: norms
+    (built as RowInvariantQKNorm, same weight name), linears and the
+    lm_head."""
+    first, second = _decoder_layer(), _decoder_layer()
+    head_first, head_second = (
         _Layer(UnquantizedLinearMethod()),
         _Layer(UnquantizedLinearMethod()),
     )
     tokens = _config(row_invariant_qk_norm="tokens", verify_width=4)
     plain = _config(row_invariant_linear_form="plain")
-    rd.install_target_layers([given], tokens)
-    rd.install_lm_head(head_given, tokens)
-    with set_current_vllm_config(plain):
-        rd.install_target_layers([current])
-        rd.install_lm_head(head_current)
+    rd.install_target_layers([first], tokens)
+    rd.install_lm_head(head_first, tokens)
+    rd.install_target_layers([second], plain)
+    rd.install_lm_head(head_second, plain)
     for layer, head, want in (
-        (given, head_given, rd.read_settings(tokens)),
-        (current, head_current, rd.read_settings(plain)),
+        (first, head_first, rd.read_settings(tokens)),
+        (second, head_second, rd.read_settings(plain)),
     ):
         attn = layer.self_attn
         for norm in (attn.q_norm, attn.k_norm):
-            assert getattr(norm, rd._NORM_ATTR)[0] == want
+            assert isinstance(norm, rd.RowInvariantQKNorm)
+            assert norm.settings == want
+            assert [name for name, _ in norm.named_parameters()] == ["weight"]
         for linear, kind in (
             (attn.qkv_proj, "qkv_proj"),
             (layer.mlp.up_proj, "dense_mlp"),
@@ -597,19 +610,20 @@ def test_install_keeps_the_settings_of_the_config_it_was_given() -> None:
             assert linear.quant_method.apply.settings == want
             assert getattr(linear, rd._KIND_ATTR) == kind
     # and they act on it: tokens form up to 4 rows vs plain linears at 8
-    assert _calls(given.self_attn.qkv_proj, 4) == [1] * 4
-    assert _calls(given.self_attn.qkv_proj, 8) == [8]  # wider than its width
-    assert _calls(current.self_attn.qkv_proj, 4) == [4]
-    rd.qk_norm(given.self_attn.q_norm, _qkv_views(3, 12))
-    assert [shape for _, shape in given.self_attn.q_norm.seen] == [(1, 12, 128)] * 3
+    assert _calls(first.self_attn.qkv_proj, 4) == [1] * 4
+    assert _calls(first.self_attn.qkv_proj, 8) == [8]  # wider than its width
+    assert _calls(second.self_attn.qkv_proj, 4) == [4]
+    seen = _record(first.self_attn.q_norm)
+    first.self_attn.q_norm(_qkv_views(3, 12))
+    assert [shape for _, shape in seen] == [(1, 12, 128)] * 3
 
 
 def test_install_without_a_config_installs_no_forms() -> None:
-    """No config given and none current (no series): the layers are marked
-    but take no form (width 0)."""
+    """No config (no series): the layers are built but take no form
+    (width 0)."""
     layer = _decoder_layer()
-    rd.install_target_layers([layer])
-    assert getattr(layer.self_attn.q_norm, rd._NORM_ATTR)[0].width == 0
+    rd.install_target_layers([layer], None)
+    assert layer.self_attn.q_norm.settings.width == 0
     assert _calls(layer.self_attn.qkv_proj, 8) == [8]
 
 
@@ -617,13 +631,18 @@ def test_qk_norm_pad_writes_into_the_norm_s_buffer() -> None:
     """Item 9: the installed q/k norm owns a [W+1, heads, head_dim] buffer;
     every padded call hands the kernel that storage (no allocation per call)
     and the result is the allocating form's."""
-    norm = _Norm(torch.randn(128))
-    rd.install_target_layers([_decoder_layer(norm)], _config())
+    layer = _decoder_layer()
+    rd.install_target_layers([layer], _config())
+    norm = layer.self_attn.q_norm
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(128))
+    seen = _record(norm)
     for tokens in (8, 4, 8):
         x = _qkv_views(tokens, 12, seed=tokens)
-        out = rd.qk_norm(norm, x)
-        assert torch.equal(out, forms.norm_padded(norm, x))
-    padded = norm.seen[0::2]  # each check above calls the norm once more
+        out = norm(x)
+        assert torch.equal(out, forms.norm_padded(norm._forward_method, x))
+    padded = seen[0::2]  # each check above calls the kernel once more
     assert [shape for _, shape in padded] == [(9, 12, 128), (5, 12, 128), (9, 12, 128)]
     assert len({ptr for ptr, _ in padded}) == 1
-    assert getattr(norm, rd._NORM_ATTR)[1].buffer.shape == (9, 12, 128)
+    assert norm.pad_buffer.buffer is not None
+    assert norm.pad_buffer.buffer.shape == (9, 12, 128)

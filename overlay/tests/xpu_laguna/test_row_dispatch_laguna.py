@@ -100,7 +100,7 @@ def test_each_model_keeps_the_forms_of_its_config(observed) -> None:
         "int4": True,
     }
     assert observed["settings/default"]["q_norm"] == default
-    assert observed["settings/exact_off"]["qkv_proj"]["width"] == 0  # no series
+    assert observed["settings/exact_off"] is None  # no exact path: none built
     assert observed["settings/width_4"]["qkv_proj"]["width"] == 4
     assert observed["settings/form_plain"]["qkv_proj"]["linear_form"] == "plain"
     assert observed["settings/linears_router"]["q_norm"]["linears"] == [

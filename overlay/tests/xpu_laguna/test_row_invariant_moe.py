@@ -32,7 +32,6 @@ from laguna_model_testlib import (
 )
 from moe_row_standins import grouped_experts
 
-from vllm.config import set_current_vllm_config
 from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
 
 DRIVER = Path(__file__).with_name("moe_row_driver.py")
@@ -151,15 +150,15 @@ def test_option_value_is_checked(form) -> None:
     assert form(row_invariant_moe="OFF").form == "off"
 
 
-def test_the_series_scope_and_the_current_config_decide_the_form() -> None:
-    """Without a config given, the one the model is built under; no config
-    and none current, or a config the series is not for: width 0."""
+def test_the_series_scope_and_the_config_decide_the_form() -> None:
+    """The config given decides; no config, or a config the series is not
+    for: width 0."""
     assert rim.read_form(None).width == 0
     assert rim.read_form(config_stand_in(None)).width == 0  # CPU, not asked
     llama = config_stand_in(series_options(), architecture="LlamaForCausalLM")
     assert rim.read_form(llama).width == 0
-    with set_current_vllm_config(_config(verify_width=4, row_invariant_moe="off")):
-        assert rim.read_form() == rim.MoESettings(width=4, form="off")
+    asked = _config(verify_width=4, row_invariant_moe="off")
+    assert rim.read_form(asked) == rim.MoESettings(width=4, form="off")
 
 
 def test_two_configs_in_one_process_get_their_own_form() -> None:
@@ -274,7 +273,7 @@ def test_each_target_keeps_the_form_of_its_config(observed) -> None:
     its form again after the others were built and called."""
     forms = {
         "default": {"width": 8, "form": "rows"},
-        "exact_off": {"width": 0, "form": "rows"},  # no series: no rows
+        "exact_off": None,  # no exact path: the model wraps nothing
         "width_4": {"width": 4, "form": "rows"},
         "off": {"width": 8, "form": "off"},
     }

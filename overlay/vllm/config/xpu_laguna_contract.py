@@ -20,6 +20,8 @@ configuration into every worker, whatever the executor (Ray included).
 
 Rules that hold whenever the series is active:
 
+* vLLM's plugin allow-list (``VLLM_PLUGINS``), when set, names the series'
+  general plugin, which registers its Laguna class;
 * the speculative width (``num_speculative_tokens + 1``) must not exceed
   the ``verify_width`` option;
 * a DFlash drafter must fit the target (hidden size, vocabulary, target
@@ -55,8 +57,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+import vllm.envs as envs
 from vllm import xpu_laguna_checkpoint as int4_layout
-from vllm import xpu_laguna_drafter
+from vllm import xpu_laguna_drafter, xpu_laguna_plugin
 from vllm.compilation.xpu_breakable_graph.config import (
     LAGUNA_TARGET_ARCHITECTURES,
     xpu_laguna_series_active,
@@ -102,6 +105,7 @@ def check_series_contract(vllm_config: VllmConfig) -> None:
     if not series_active(vllm_config):
         _note_inactive(vllm_config, options)
         return
+    _check_plugin()
     _check_width(vllm_config, options)
     _check_drafter(vllm_config)
     # off the exact path an FP8 cache is allowed: its scales must load
@@ -134,6 +138,20 @@ def _note_inactive(vllm_config: VllmConfig, options: XpuLagunaOptions) -> None:
 
 
 # ------------------------------------------------------------------- width
+
+
+def _check_plugin() -> None:
+    """The series' Laguna class reaches an engine through its general plugin
+    (:mod:`vllm.xpu_laguna_plugin`), which vLLM loads unless its allow-list
+    leaves it out."""
+    allowed = envs.VLLM_PLUGINS
+    if xpu_laguna_plugin.plugin_left_out(allowed):
+        _fail(
+            f"VLLM_PLUGINS={','.join(allowed or [])} leaves out the series' "
+            f"plugin '{xpu_laguna_plugin.PLUGIN_NAME}' (vLLM would build "
+            "upstream's Laguna: no routing bias, no row-invariant forms)",
+            f"add {xpu_laguna_plugin.PLUGIN_NAME} to VLLM_PLUGINS or unset it",
+        )
 
 
 def _speculative_tokens(sc: SpeculativeConfig) -> int:

@@ -93,6 +93,7 @@ from vllm.config.xpu_laguna_options import XpuLagunaOptions
 from vllm.logger import init_logger
 from vllm.model_executor.layers import xpu_laguna_row_invariant as forms
 from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as moe_forms
+from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.platforms import current_platform
 
 if TYPE_CHECKING:
@@ -111,8 +112,7 @@ KINDS = (
     "lm_head",
 )
 
-# Attributes set on installed target modules.
-_NORM_ATTR = "_xpu_laguna_row_invariant_norm"
+# Attribute set on installed target linears.
 _KIND_ATTR = "_xpu_laguna_row_invariant_kind"
 
 _TARGET_LOGITS: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -227,21 +227,38 @@ def _rows_active(rows: int, s: Settings) -> bool:
 # -- q/k norm ---------------------------------------------------------------
 
 
-def qk_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``norm(x)`` for a target q/k norm over a ``[rows, heads, head_dim]``
-    view, in the form of the model's ``row_invariant_qk_norm`` on exact
-    verify rows."""
-    installed = getattr(norm, _NORM_ATTR, None)
-    if installed is None or torch.compiler.is_compiling():
-        return norm(x)
-    s, pad_buffer = installed
-    if s.qk_norm == "off" or not _rows_active(x.shape[0], s):
-        return norm(x)
-    counters.calls["qk_norm", "qk_norm", s.qk_norm] += 1
-    if s.qk_norm == "tokens":
-        return forms.per_row(norm, x)
-    pad_buffer.capacity = s.width + 1
-    return forms.norm_padded(norm, x, pad_buffer)
+class RowInvariantQKNorm(RMSNorm):
+    """A target q/k norm over ``[rows, heads, head_dim]`` views that takes
+    the form of the model's ``row_invariant_qk_norm`` on exact verify rows.
+    Built from (and in place of) the ``RMSNorm`` it replaces, before the
+    weights load: the same parameter (``weight``), so the checkpoint's
+    names are unchanged."""
+
+    def __init__(self, norm: RMSNorm, settings: Settings) -> None:
+        super().__init__(
+            norm.hidden_size,
+            eps=norm.variance_epsilon,
+            var_hidden_size=norm.variance_size_override,
+            has_weight=norm.has_weight,
+            dtype=norm.weight.dtype,
+        )
+        self.settings = settings
+        self.pad_buffer = forms.NormPadBuffer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.settings
+        plain = super().forward
+        if (
+            torch.compiler.is_compiling()
+            or s.qk_norm == "off"
+            or not _rows_active(x.shape[0], s)
+        ):
+            return plain(x)
+        counters.calls["qk_norm", "qk_norm", s.qk_norm] += 1
+        if s.qk_norm == "tokens":
+            return forms.per_row(plain, x)
+        self.pad_buffer.capacity = s.width + 1
+        return forms.norm_padded(plain, x, self.pad_buffer)
 
 
 # -- linears ----------------------------------------------------------------
@@ -367,23 +384,15 @@ def _install_linear(layer: nn.Module | None, kind: str, s: Settings) -> None:
         method.apply = RowInvariantApply(method.apply, s)
 
 
-def _model_config(vllm_config: "VllmConfig | None") -> "VllmConfig | None":
-    if vllm_config is None:
-        from vllm.config import get_current_vllm_config_or_none
-
-        # the model is built under its config
-        vllm_config = get_current_vllm_config_or_none()
-    return vllm_config
-
-
 def install_target_layers(
-    layers: Iterable[nn.Module], vllm_config: "VllmConfig | None" = None
+    layers: Iterable[nn.Module], vllm_config: "VllmConfig | None"
 ) -> None:
-    """Mark the q/k norms and wrap the linears of the target's decoder
-    layers (``LagunaDecoderLayer``; pipeline-missing layers are skipped),
-    with the forms of ``vllm_config`` (default: the config the model is
-    being built under). A module installed before keeps its first settings."""
-    vllm_config = _model_config(vllm_config)
+    """Build the q/k norms as :class:`RowInvariantQKNorm` and wrap the
+    linears of the target's decoder layers (``LagunaDecoderLayer``;
+    pipeline-missing layers are skipped) with the forms of ``vllm_config``,
+    the config the model is built with (the series' Laguna class calls it
+    in its constructor). A module installed before keeps its first
+    settings."""
     s = read_settings(vllm_config)
     _log_settings(s)
     moe_form = moe_forms.read_form(vllm_config)
@@ -391,9 +400,10 @@ def install_target_layers(
         attn = getattr(layer, "self_attn", None)
         if attn is None:
             continue
-        for norm in (attn.q_norm, attn.k_norm):
-            if getattr(norm, _NORM_ATTR, None) is None:
-                setattr(norm, _NORM_ATTR, (s, forms.NormPadBuffer()))
+        for name in ("q_norm", "k_norm"):
+            norm = getattr(attn, name)
+            if not isinstance(norm, RowInvariantQKNorm):
+                setattr(attn, name, RowInvariantQKNorm(norm, s))
         _install_linear(attn.qkv_proj, "qkv_proj", s)
         _install_linear(attn.o_proj, "o_proj", s)
         _install_linear(getattr(attn, "g_proj", None), "g_proj", s)
@@ -410,11 +420,9 @@ def install_target_layers(
                 _install_linear(proj, kind, s)
 
 
-def install_lm_head(
-    lm_head: nn.Module, vllm_config: "VllmConfig | None" = None
-) -> None:
+def install_lm_head(lm_head: nn.Module, vllm_config: "VllmConfig | None") -> None:
     """Wrap the target's lm_head (a form only inside :func:`target_logits`)."""
-    _install_linear(lm_head, "lm_head", read_settings(_model_config(vllm_config)))
+    _install_linear(lm_head, "lm_head", read_settings(vllm_config))
 
 
 @contextlib.contextmanager

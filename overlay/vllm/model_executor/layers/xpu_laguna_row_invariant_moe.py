@@ -73,15 +73,11 @@ class MoESettings:
     form: str
 
 
-def read_form(vllm_config: "VllmConfig | None" = None) -> MoESettings:
-    """The routed experts' form ``vllm_config`` asks for (default: the config
-    the model is being built under)."""
-    from vllm.config import get_current_vllm_config_or_none
+def read_form(vllm_config: "VllmConfig | None") -> MoESettings:
+    """The routed experts' form ``vllm_config`` asks for."""
     from vllm.config.xpu_laguna_options import XpuLagunaOptions
     from vllm.v1.attention.backends.xpu_laguna_exact import exact_verify_width
 
-    if vllm_config is None:
-        vllm_config = get_current_vllm_config_or_none()
     s = MoESettings(
         width=exact_verify_width(vllm_config),
         form=XpuLagunaOptions.from_config(vllm_config).row_invariant_moe,
