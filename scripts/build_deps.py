@@ -175,8 +175,9 @@ def ensure_build_requirements(pyproject: Path, install: Callable[..., None] | No
 
 
 def pinned_pyproject_text(layout: Layout) -> tuple[str, str]:
-    """The pinned sdist's pyproject.toml (text, where) when the series leaves it as upstream wrote it
-    (for installing the build requirements before a work tree exists: the tests session)."""
+    """The pinned sdist's pyproject.toml (text, where), for installing the build requirements before
+    a work tree exists (the tests session). The series may edit the file (its plugin's entry point)
+    but not its ``[build-system]`` table: the patched text is built in memory and compared."""
     import tarfile
 
     from scripts.pins import load_pins
@@ -184,18 +185,54 @@ def pinned_pyproject_text(layout: Layout) -> tuple[str, str]:
     from scripts.source import fetch_sdist
 
     pins = load_pins(layout.pins)
-    touching = [p.name for p in load_series(layout.patches) if "pyproject.toml" in p.files]
-    if touching or (layout.overlay / "pyproject.toml").exists():
-        raise ToolError(
-            f"the series changes pyproject.toml ({', '.join(touching) or 'overlay'}): run apply, then build"
-        )
+    if (layout.overlay / "pyproject.toml").exists():
+        raise ToolError("the overlay replaces pyproject.toml: run apply, then build")
     archive = fetch_sdist(pins.vllm)
     name = f"vllm-{pins.vllm.version}/pyproject.toml"
     with tarfile.open(archive) as tar:
         member = tar.extractfile(name)
         if member is None:
             raise ToolError(f"{archive.name} has no {name}")
-        return member.read().decode("utf-8"), f"{archive.name}:{name}"
+        text = member.read().decode("utf-8")
+    for patch in load_series(layout.patches):
+        if "pyproject.toml" not in patch.files:
+            continue
+        patched = patched_text(text, patch.raw.decode("utf-8"), "pyproject.toml")
+        if _build_system(patched) != _build_system(text):
+            raise ToolError(f"{patch.name} changes pyproject.toml [build-system]: run apply, then build")
+        text = patched
+    return text, f"{archive.name}:{name} (+ the series)"
+
+
+def _build_system(text: str) -> object:
+    return tomllib.loads(text).get("build-system")
+
+
+def patched_text(text: str, diff: str, path: str) -> str:
+    """``text`` with the hunks ``diff`` holds for ``path`` applied strictly (every context and removed
+    line must match; a mismatch is one ToolError line)."""
+    from unidiff import PatchSet
+
+    source = text.splitlines(keepends=True)
+    out: list[str] = []
+    pos = 0
+    for pfile in PatchSet(diff):
+        if pfile.path != path:
+            continue
+        for hunk in pfile:
+            start = max(hunk.source_start - 1, 0)
+            out.extend(source[pos:start])
+            pos = start
+            for line in hunk:
+                if line.is_added:
+                    out.append(line.value)
+                    continue
+                if pos >= len(source) or source[pos] != line.value:
+                    raise ToolError(f"{path}: the series' hunk at line {hunk.source_start} does not apply")
+                if line.is_context:
+                    out.append(source[pos])
+                pos += 1
+    return "".join(out + source[pos:])
 
 
 def tree_pyproject_text(tree: Path) -> tuple[str, str]:

@@ -130,3 +130,21 @@ def test_pip_itself_refuses_a_stale_build_dependency(tmp_path: Path) -> None:
     assert "Some build dependencies for" in proc.stdout + proc.stderr
     assert "setuptools==0.0.1" in proc.stdout + proc.stderr
     assert sys.executable == command[0]
+
+
+PINNED = '[build-system]\nrequires = ["setuptools"]\n\n[project.entry-points."g"]\na = "m:a"\n'
+
+
+def test_patched_text_applies_the_series_hunk_strictly() -> None:
+    from scripts.build_deps import patched_text
+
+    diff = (
+        "diff --git a/pyproject.toml b/pyproject.toml\n--- a/pyproject.toml\n+++ b/pyproject.toml\n"
+        "@@ -4,2 +4,3 @@\n"
+        ' [project.entry-points."g"]\n'
+        ' a = "m:a"\n'
+        '+b = "m:b"\n'
+    )
+    assert patched_text(PINNED, diff, "pyproject.toml") == PINNED + 'b = "m:b"\n'
+    with pytest.raises(ToolError, match="hunk at line 4 does not apply"):
+        patched_text(PINNED.replace('a = "m:a"', 'a = "m:other"'), diff, "pyproject.toml")

@@ -123,6 +123,18 @@ def _commit(repo: Path, message: str) -> str:
     return _git(repo, "rev-parse", "HEAD")
 
 
+PYPROJECT = """[project]
+name = "vllm"
+
+[project.scripts]
+vllm = "vllm.entrypoints.cli.main:main"
+
+[project.entry-points."vllm.general_plugins"]
+lora_x = "vllm.plugins.x:register"
+xpu_laguna = "vllm.xpu_laguna_plugin:register"
+"""
+
+
 @pytest.fixture()
 def tree_and_site(tmp_path: Path) -> tuple[Path, Path]:
     """A tiny 'pristine upstream' work tree and an 'installed' copy of its vllm/."""
@@ -135,6 +147,7 @@ def tree_and_site(tmp_path: Path) -> tuple[Path, Path]:
         "vllm/platforms/__init__.py": "# upstream platforms\n",
         "vllm/models/laguna.py": "bias = None\n",
         "setup.py": "# setup\n",
+        "pyproject.toml": PYPROJECT,
     }
     for rel, text in files.items():
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +155,7 @@ def tree_and_site(tmp_path: Path) -> tuple[Path, Path]:
     _git(tree.parent, "init", "-q", str(tree))
     _commit(tree, "pristine")
     site = tmp_path / "site"
+    (site / "vllm-0.34.0+cpu.dist-info").mkdir(parents=True)
     for rel, text in files.items():
         if rel.startswith("vllm/"):
             (site / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -271,3 +285,30 @@ def test_a_patch_to_platforms_reaches_a_stand_in_runtime_whose_file_is_the_relea
     _edit_and_commit(tree, {"vllm/platforms/__init__.py": "# upstream platforms\n"}, "drop the patch")
     assert sync(tree, package=package) is not None
     assert (package / "platforms/__init__.py").read_text() == "# upstream platforms\n"
+
+
+def test_sync_writes_the_trees_entry_points_into_the_installed_dist_info(
+    tree_and_site: tuple[Path, Path],
+) -> None:
+    """The runtime gets the entry points the wheel built from the tree would carry (the series'
+    general plugin among them), and a tree that drops one drops it from the runtime too."""
+    tree, package = tree_and_site
+    sync(tree, package)
+    written = (package.parent / "vllm-0.34.0+cpu.dist-info" / "entry_points.txt").read_text()
+    assert written == (
+        "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n\n"
+        "[vllm.general_plugins]\nlora_x = vllm.plugins.x:register\n"
+        "xpu_laguna = vllm.xpu_laguna_plugin:register\n\n"
+    )
+    (tree / "pyproject.toml").write_text(PYPROJECT.replace('xpu_laguna = "vllm.xpu_laguna_plugin:register"\n', ""))
+    _commit(tree, "no plugin")
+    sync(tree, package)
+    written = (package.parent / "vllm-0.34.0+cpu.dist-info" / "entry_points.txt").read_text()
+    assert "xpu_laguna" not in written and "lora_x" in written
+
+
+def test_sync_refuses_a_site_without_one_vllm_dist_info(tree_and_site: tuple[Path, Path]) -> None:
+    tree, package = tree_and_site
+    (package.parent / "vllm-0.34.0+cpu.dist-info").rmdir()
+    with pytest.raises(ToolError, match="expected one vllm-\\*.dist-info"):
+        sync(tree, package)
