@@ -78,7 +78,8 @@ def expected_topology_for(
     """Expected topology of ``runnable`` when it is a Laguna decoder, else
     None (unknown: counts are reported but not checked)."""
     model = _unwrap_model(runnable)
-    if type(model).__name__ not in LAGUNA_ARCHITECTURES:
+    # the class or a base (the series' own Laguna class subclasses upstream's)
+    if not {c.__name__ for c in type(model).__mro__} & set(LAGUNA_ARCHITECTURES):
         return None
     if not isinstance(model, torch.nn.Module):
         return None
