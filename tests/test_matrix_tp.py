@@ -23,7 +23,7 @@ from scripts.matrix.legs import (
 from scripts.matrix.runner import leg_environment
 from scripts.measure.emulation import PLUGIN_DIR
 from scripts.series_options import ENV_PREFIX
-from tests.fake_vllm import run_probe, write_fake_vllm
+from tests.fake_vllm import PLATFORM_MODULE, run_probe, write_fake_vllm
 from tests.test_matrix_logprobs import TEACHER, _out
 
 LEG = {leg.name: leg for leg in LEGS}
@@ -52,11 +52,16 @@ def test_tp_legs_install_the_series_hooks_in_their_workers() -> None:
 
 
 # A stand-in vllm package for the plugin probe (tests/fake_vllm.py: the platform is CPU unless
-# FAKE_PLATFORM says otherwise): the kernel registry the plugin also fills, and the overlay's real
-# xpu_laguna_collectives (its registration point and its one-line error) over stub envs/logger.
+# FAKE_PLATFORM says otherwise, and upstream's CPU plugin detects it then): the kernel registry the
+# general plugin fills, stub CPU platform and communicator bases, and the overlay's real
+# xpu_laguna_collectives (the modes and the mixin the runtime's communicator builds on).
 FAKE_VLLM = {
     "envs.py": "",
     "logger.py": "import logging\ndef init_logger(name):\n    return logging.getLogger(name)\n",
+    "platforms/__init__.py": PLATFORM_MODULE
+    + "def cpu_platform_plugin():\n    return 'cpu' if current_platform.is_cpu() else None\n",
+    "platforms/cpu.py": "class CpuPlatform:\n    pass\n",
+    "distributed/device_communicators/cpu_communicator.py": "class CpuCommunicator:\n    pass\n",
     "v1/attention/ops/xpu_laguna_kernels.py": (
         "class AttentionKernels:\n"
         "    def __init__(self, **kw):\n        self.__dict__.update(kw)\n"
@@ -67,22 +72,22 @@ FAKE_VLLM = {
     "distributed/xpu_laguna_collectives.py": (REPO / "overlay/vllm/distributed/xpu_laguna_collectives.py").read_text(),
 }
 
-# What vLLM's load_general_plugins does in every engine process and mp-executor worker: load each
-# vllm.general_plugins entry point and call it. Then what the CPU communicator asks for under the
-# toggle: the registered ring, or the one-line error.
+# What vLLM does in every process: ask each vllm.platform_plugins entry point for its platform (the
+# out-of-tree one wins), then build the platform's device communicator for each group. The probe
+# reports what each plugin answers and the modes the chosen platform's communicator runs.
 PLUGIN_PROBE = """
-import json
+import importlib, json
 from importlib.metadata import entry_points
-for plugin in entry_points(group="vllm.general_plugins"):
-    plugin.load()()
-from vllm.distributed import xpu_laguna_collectives
-from xpu_laguna_standins import xccl_ring
-try:
-    ring, error = xpu_laguna_collectives.cpu_stand_ins.xccl_ring(), None
-except RuntimeError as exc:
-    ring, error = None, str(exc)
-names = sorted(p.name for p in entry_points(group="vllm.general_plugins"))
-print(json.dumps({"plugins": names, "ring": ring is xccl_ring.xccl_ring_all_reduce, "error": error}))
+def load(qualname):
+    module, _, name = qualname.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+active = {p.name: p.load()() for p in entry_points(group="vllm.platform_plugins")}
+out = {"platforms": active, "modes": None}
+chosen = active.get("xpu_laguna_standins")
+if chosen:
+    communicator = load(load(chosen).get_device_communicator_cls())
+    out["modes"] = sorted(m.value for m in communicator.reduce_modes)
+print(json.dumps(out))
 """
 
 
@@ -98,12 +103,12 @@ def _probe_plugins(tmp_path: Path, **env: str) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_ring_legs_get_the_xccl_standin_from_the_runtime_plugin(tmp_path: Path) -> None:
+def test_ring_legs_get_the_xccl_standin_from_the_runtime_platform(tmp_path: Path) -> None:
     """The ring stand-in is the runtime's test-side package (scripts/cpu_standins, laid by sync):
-    its general plugin registers the ring on CPU in every process vLLM loads plugins in (the TP
-    legs' mp-executor workers among them), so a leg only sets the option, adds no path, and no
-    other plugin registers it. Negative control: off CPU nothing is registered and the toggle's
-    ring is the one-line error."""
+    its platform plugin makes the platform of every process on CPU (the TP legs' mp-executor
+    workers among them) the stand-in CPU platform, whose communicator runs the ring mode, so a leg
+    only sets the option and adds no path. Negative control: off CPU the plugin names no platform
+    (upstream's is chosen, whose communicator has no ring)."""
     ring_leg = LEG["dflash-ring-tp2-diagnostic"]
     ring = leg_environment(ring_leg, 1, "cpu", {})
     plain = leg_environment(replace(ring_leg, xccl_standin=False), 1, "cpu", {})
@@ -111,11 +116,11 @@ def test_ring_legs_get_the_xccl_standin_from_the_runtime_plugin(tmp_path: Path) 
     assert ring == plain  # the switch is the engine's option only: the same environment either way
     assert "xccl" not in (next(PLUGIN_DIR.glob("*.dist-info")) / "entry_points.txt").read_text()
     assert (cpu_standins.HERE / cpu_standins.PACKAGE / "xccl_ring.py").is_file()
+    platform = f"{cpu_standins.PACKAGE}.platform.StandInCpuPlatform"
     on_cpu = _probe_plugins(tmp_path)
-    assert on_cpu == {"plugins": [cpu_standins.PACKAGE], "ring": True, "error": None}
+    assert on_cpu == {"platforms": {cpu_standins.PACKAGE: platform}, "modes": ["rank-order", "xccl-standin"]}
     off_cpu = _probe_plugins(tmp_path, FAKE_PLATFORM="xpu")
-    assert off_cpu["ring"] is False and "\n" not in off_cpu["error"]
-    assert "needs the XCCL ring stand-in" in off_cpu["error"]
+    assert off_cpu == {"platforms": {cpu_standins.PACKAGE: None}, "modes": None}
 
 
 def test_each_leg_is_gated_against_its_own_teacher() -> None:

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The XPU Laguna series' ``vllm.general_plugins`` entry point.
+"""The XPU Laguna series' entry points: a general plugin and a platform
+plugin (both ``xpu_laguna`` in the wheel's metadata).
 
 vLLM calls :func:`register` in every process that builds an engine (the
 ``EngineArgs`` of the API server and of the engine core, every worker)
@@ -11,6 +12,10 @@ class decides, from the configuration it is built with, whether the series
 acts (:mod:`vllm.model_executor.models.xpu_laguna`): registering turns
 nothing on.
 
+:func:`platform` (``vllm.platform_plugins``) names the series' XPU platform
+(:mod:`vllm.platforms.xpu_laguna`: upstream's with the series' communicator)
+wherever upstream's XPU plugin detects an XPU, and nothing elsewhere.
+
 ``VLLM_PLUGINS`` (vLLM's allow-list of plugins) must name ``xpu_laguna``
 when it is set; the configuration contract refuses a series configuration
 whose allow-list leaves it out (:func:`plugin_left_out`).
@@ -19,6 +24,7 @@ whose allow-list leaves it out (:func:`plugin_left_out`).
 PLUGIN_NAME = "xpu_laguna"
 ARCHITECTURE = "LagunaForCausalLM"
 MODEL_CLASS = "vllm.model_executor.models.xpu_laguna:XpuLagunaForCausalLM"
+PLATFORM_CLASS = "vllm.platforms.xpu_laguna.XpuLagunaPlatform"
 
 
 def register() -> None:
@@ -26,6 +32,13 @@ def register() -> None:
     from vllm.model_executor.models import ModelRegistry
 
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+
+
+def platform() -> str | None:
+    """The series' XPU platform where upstream detects an XPU, else None."""
+    from vllm.platforms import xpu_platform_plugin
+
+    return PLATFORM_CLASS if xpu_platform_plugin() is not None else None
 
 
 def plugin_left_out(allowed: list[str] | None) -> bool:

@@ -74,9 +74,9 @@ def test_no_slots_without_collectives() -> None:
     assert collective_buffers_for(5, 8, 16, 4, torch.float32, cpu).count == 5
 
 
-class _TwoRankGroup:
+class _TwoRankGroup(xc.SeriesAllReduce):
     """A tensor-parallel group of 2 whose all-reduce doubles (and counts);
-    its communicator was built in the exact path's mode."""
+    a series communicator built in the exact path's mode."""
 
     unique_name = "tp:0"
     world_size = 2

@@ -84,3 +84,61 @@ def test_the_allow_list_rule_acts_only_for_the_series(models, monkeypatch) -> No
     make_config(models, options=SERIES_OFF)
     monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver,xpu_laguna")
     make_config(models)
+
+
+UPSTREAM_CPU = "vllm.distributed.device_communicators.cpu_communicator.CpuCommunicator"
+SERIES_XPU = (
+    "vllm.distributed.device_communicators.xpu_laguna_communicator."
+    "XpuLagunaCommunicator"
+)
+
+
+def _communicator(monkeypatch, qualname: str) -> None:
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(
+        type(current_platform),
+        "get_device_communicator_cls",
+        classmethod(lambda cls: qualname),
+    )
+
+
+def test_the_runtime_platform_runs_the_series_all_reduce(models) -> None:
+    """In the CPU runtime vLLM picks the test-side platform (its platform
+    plugin), whose communicator runs the rank-order sum: a TP 2 config of
+    the exact path passes the contract."""
+    from vllm.platforms import current_platform
+
+    assert type(current_platform).__name__ == "StandInCpuPlatform"
+    make_config(models, tensor_parallel_size=2)
+
+
+def test_a_communicator_without_the_mode_is_refused(models, monkeypatch) -> None:
+    """Negative control: upstream's CPU communicator (a platform without the
+    series' communicator) would sum with gloo at TP 2; refused in one line.
+    TP 1 needs no reduction and passes."""
+    _communicator(monkeypatch, UPSTREAM_CPU)
+    with pytest.raises(ValueError) as err:
+        make_config(models, tensor_parallel_size=2)
+    assert error_line(str(err.value)) == (
+        "XPU Laguna series: the rank-order all-reduce at tensor parallel 2 "
+        "needs the series' device communicator; this platform "
+        "(StandInCpuPlatform) builds CpuCommunicator; run on the series' XPU "
+        "platform (its plugin 'xpu_laguna'), or on CPU in the runtime with "
+        "the series' test-side platform"
+    )
+    make_config(models, tensor_parallel_size=1)
+
+
+def test_the_ring_needs_the_test_side_communicator(models, monkeypatch) -> None:
+    """The debug ring runs only on the runtime's communicator: the wheel's
+    XPU communicator has no such mode, so the option is refused there."""
+    ring = {**SERIES_OFF, "prebuilt_metadata": True, "exact_tp_reduce": False}
+    ring["debug_xccl_standin"] = True
+    make_config(models, tensor_parallel_size=2, options=ring)
+    _communicator(monkeypatch, SERIES_XPU)
+    with pytest.raises(ValueError) as err:
+        make_config(models, tensor_parallel_size=2, options=ring)
+    assert "the xccl-standin all-reduce at tensor parallel 2" in error_line(
+        str(err.value)
+    )

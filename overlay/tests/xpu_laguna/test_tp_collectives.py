@@ -33,14 +33,13 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import xpu_laguna_standins
 from laguna_model_testlib import config_stand_in, series_options
+from xpu_laguna_standins import communicator as standin_communicator
 from xpu_laguna_standins import xccl_ring as standin
 
 import vllm._custom_ops  # noqa: F401  (loads the CPU SHM ops before the fork)
 from vllm.config import set_current_vllm_config
 from vllm.distributed import xpu_laguna_collectives as xc
-from vllm.distributed.device_communicators import cpu_communicator
 from vllm.distributed.device_communicators.xpu_communicator import XpuCommunicator
 
 ROWS = 8  # the verify width M
@@ -260,16 +259,18 @@ def _forms(rank: int, world: int, group) -> dict:
 
 
 def _hook_through_cpu_communicator(x: torch.Tensor, group) -> dict:
-    """Real CpuCommunicators of a tp group (SHM transport where the CPU ops
+    """Real stand-in CPU communicators of a tp group (upstream's
+    CpuCommunicator with the series' modes, SHM transport where the CPU ops
     have it), one built under each config of :data:`HOOK_OPTIONS` (a
     communicator decides its mode when it is built, under the current
     config): which path each one's all_reduce takes."""
     os.environ["VLLM_DIST_IDENT"] = f"test-tp-collectives-{os.getppid()}"
     names = iter(f"tp:{i}" for i in range(8))  # one SHM group per communicator
+    communicator_cls = standin_communicator.StandInCpuCommunicator
 
-    def build(options: dict) -> cpu_communicator.CpuCommunicator:
+    def build(options: dict) -> standin_communicator.StandInCpuCommunicator:
         with set_current_vllm_config(config_stand_in(series_options(**options))):
-            return cpu_communicator.CpuCommunicator(
+            return communicator_cls(
                 cpu_group=group, device_group=group, unique_name=next(names)
             )
 
@@ -286,29 +287,18 @@ def _hook_through_cpu_communicator(x: torch.Tensor, group) -> dict:
 
         return call
 
-    def reduce(comm: cpu_communicator.CpuCommunicator) -> tuple:
+    def reduce(comm: standin_communicator.StandInCpuCommunicator) -> tuple:
         calls.clear()
         y = x.clone()
         result = comm.all_reduce(y)
         return (list(calls), _bits(result), result.data_ptr() == y.data_ptr())
 
     xc.rank_order_all_reduce = spy("rank_order")
+    standin_communicator.xccl_ring_all_reduce = spy("standin")
     seen: dict = {}
     try:
-        # the debug option with no stand-in registered: one line, no
-        # reduction (an empty registry: an earlier test in this process may
-        # have run the runtime's plugin, which registers the ring)
-        xc.cpu_stand_ins = xc.CpuStandIns()
-        comm = build(HOOK_OPTIONS["standin"])
-        seen["transport"] = type(comm.dist_module).__name__
-        y = x.clone()
-        try:
-            comm.all_reduce(y)
-            seen["unregistered"] = None
-        except RuntimeError as exc:
-            seen["unregistered"] = (str(exc), torch.equal(y, x))
-        xc.cpu_stand_ins.register_xccl_ring(spy("standin"))
         comms = {label: build(options) for label, options in HOOK_OPTIONS.items()}
+        seen["transport"] = type(comms["defaults"].dist_module).__name__
         for label, comm in comms.items():
             seen[label] = reduce(comm)
             seen[f"mode/{label}"] = comm.xpu_laguna_mode.value
@@ -319,7 +309,7 @@ def _hook_through_cpu_communicator(x: torch.Tensor, group) -> dict:
             seen["defaults_again"] = reduce(comms["defaults"])
     finally:
         xc.rank_order_all_reduce = real["rank_order"]
-        xc.cpu_stand_ins.register_xccl_ring(None)
+        standin_communicator.xccl_ring_all_reduce = real["standin"]
     return seen
 
 
@@ -523,8 +513,9 @@ def test_negative_control_the_bit_comparison_sees_signed_zero_and_one_ulp():
 
 
 def test_real_cpu_communicator_takes_the_hook(runs):
-    """TP 2 and 4 on CPU: vLLM's CpuCommunicator (SHM transport when the CPU
-    ops provide it), built under a Laguna config, reaches the rank-order path
+    """TP 2 and 4 on CPU: the runtime's stand-in communicator (vLLM's
+    CpuCommunicator with the series' modes, SHM transport when the CPU ops
+    provide it), built under a Laguna config, reaches the rank-order path
     with the defaults, the stand-in with the debug option, and its own
     transport otherwise; in place, like the plain CPU path. Communicators
     built under three configs in one process each keep their own mode."""
@@ -543,10 +534,6 @@ def test_real_cpu_communicator_takes_the_hook(runs):
             # built under the defaults, reduced under another current config
             assert hook["defaults_again"][0] == ["rank_order"]
             assert np.array_equal(hook["defaults_again"][1], hook["defaults"][1])
-            # nothing registered: one line naming the option, input untouched
-            message, untouched = hook["unregistered"]
-            assert "xpu_laguna.debug_xccl_standin" in message
-            assert "\n" not in message and untouched
             assert all(hook[label][2] for label in HOOK_OPTIONS)
     # at 4 ranks the paths give different bits for the same input
     four = runs[4][0]["hook"]
@@ -657,38 +644,35 @@ def test_a_bf16_add_into_an_output_is_the_in_place_add():
 
 
 def test_vllm_ships_no_xccl_standin():
-    """The ring stand-in is test code: the production module has none and
-    only a registration point, empty until test code registers."""
+    """The ring stand-in is test code: the production modules have none and
+    no registration point; only the runtime's own communicator runs it."""
     import vllm
 
-    for name in ("xccl_ring_standin_all_reduce", "ring_chunk_bounds"):
+    for name in ("xccl_ring_standin_all_reduce", "ring_chunk_bounds", "cpu_stand_ins"):
         assert not hasattr(xc, name)
     root = os.path.dirname(vllm.__file__)
     for folder, _, files in os.walk(os.path.join(root, "distributed")):
         for name in files:
             if name.endswith(".py"):
                 with open(os.path.join(folder, name), encoding="utf-8") as f:
-                    assert "ring_chunk_bounds" not in f.read(), name
-    assert xc.CpuStandIns()._xccl_ring is None
+                    text = f.read()
+                    assert "ring_chunk_bounds" not in text, name
+                    assert "xccl_ring" not in text, name
 
 
-def test_the_runtime_plugin_registers_the_ring_on_cpu_only(monkeypatch):
-    """``xpu_laguna_standins.register`` (the CPU runtime's general plugin)
-    registers the ring on CPU; off CPU nothing is registered and the option
-    fails in one line (negative control)."""
-    from vllm.v1.attention.ops import xpu_laguna_kernels as kernels
+def test_the_runtime_platform_builds_the_standin_communicator(monkeypatch):
+    """``xpu_laguna_standins.platform_plugin`` (the CPU runtime's platform
+    plugin) names the stand-in platform on CPU, whose communicator is the
+    stand-in one; where upstream detects no CPU platform it names none
+    (negative control)."""
+    import xpu_laguna_standins
+    from xpu_laguna_standins.platform import StandInCpuPlatform
 
-    monkeypatch.setattr(kernels, "registry", kernels.AttentionKernelRegistry())
-    monkeypatch.setattr(xc, "cpu_stand_ins", xc.CpuStandIns())
-    monkeypatch.setattr(
-        "vllm.platforms.current_platform.is_cpu", lambda: False, raising=True
+    import vllm.platforms
+
+    assert xpu_laguna_standins.platform_plugin() == xpu_laguna_standins.PLATFORM
+    assert StandInCpuPlatform.get_device_communicator_cls() == (
+        "xpu_laguna_standins.communicator.StandInCpuCommunicator"
     )
-    assert xpu_laguna_standins.register() is False
-    with pytest.raises(RuntimeError, match="debug_xccl_standin") as err:
-        xc.cpu_stand_ins.xccl_ring()
-    assert "\n" not in str(err.value)
-    monkeypatch.undo()
-    monkeypatch.setattr(kernels, "registry", kernels.AttentionKernelRegistry())
-    monkeypatch.setattr(xc, "cpu_stand_ins", xc.CpuStandIns())
-    assert xpu_laguna_standins.register() is True
-    assert xc.cpu_stand_ins.xccl_ring() is standin.xccl_ring_all_reduce
+    monkeypatch.setattr(vllm.platforms, "cpu_platform_plugin", lambda: None)
+    assert xpu_laguna_standins.platform_plugin() is None

@@ -1,15 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Routing of the communicators' all-reduce (0010, ``xpu_laguna_collectives``):
-which path the CPU and XPU communicators take for each combination of the
+"""Routing of the series' communicators' all-reduce (``xpu_laguna_collectives.
+SeriesAllReduce``): which path the XPU communicator of the series' platform
+(``XpuLagunaCommunicator``) and the CPU runtime's stand-in communicator
+(``xpu_laguna_standins.communicator``) take for each combination of the
 series' options, at the monkeypatch level (recorders instead of
 collectives; the real gloo runs are in test_tp_collectives.py), and the
 XCCL ring stand-in's split rule.
 
 A communicator decides its mode once, when it is built, under the current
-config (``communicator_mode``, the hook both communicators call in their
-constructor) and keeps it in ``xpu_laguna_mode``; the tests build their
-communicators the same way, under a stand-in config carrying the options.
+config (``init_series_mode``, which both communicators call at the end of
+their constructor) and keeps it in ``xpu_laguna_mode``; the tests build
+their communicators the same way, under a stand-in config carrying the
+options.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from laguna_model_testlib import (
     config_stand_in,
     series_options,
 )
+from xpu_laguna_standins import communicator as standin_communicator
 from xpu_laguna_standins import xccl_ring as standin
 
 from vllm.config import set_current_vllm_config
 from vllm.distributed import xpu_laguna_collectives as xc
-from vllm.distributed.device_communicators import cpu_communicator
 from vllm.distributed.device_communicators.xpu_communicator import XpuCommunicator
+from vllm.distributed.device_communicators.xpu_laguna_communicator import (
+    XpuLagunaCommunicator,
+)
 
 # -- routing of the communicators' all_reduce (monkeypatch level) ----------
 
@@ -54,20 +60,20 @@ def _recorders(monkeypatch, calls):
         return call
 
     monkeypatch.setattr(xc, "rank_order_all_reduce", record("rank_order"))
-    monkeypatch.setattr(xc, "cpu_stand_ins", xc.CpuStandIns())
-    xc.cpu_stand_ins.register_xccl_ring(record("standin"))
+    monkeypatch.setattr(standin_communicator, "xccl_ring_all_reduce", record("standin"))
 
 
 def _built(comm: Any, config: Any) -> Any:
-    """``comm`` given its mode as its constructor does: the hook, under
-    ``config`` as the current config (the worker's, in ``init_device``)."""
+    """``comm`` given its mode as its constructor does (``init_series_mode``),
+    under ``config`` as the current config (the worker's, in
+    ``init_device``)."""
     with set_current_vllm_config(config):
-        comm.xpu_laguna_mode = xc.communicator_mode(comm)
+        comm.init_series_mode()
     return comm
 
 
 def _cpu_comm(calls, config, name="tp:0", world=2):
-    comm = object.__new__(cpu_communicator.CpuCommunicator)
+    comm = object.__new__(standin_communicator.StandInCpuCommunicator)
     comm.unique_name, comm.world_size, comm.device_group = name, world, "GROUP"
     comm.dist_module = SimpleNamespace(
         all_reduce=lambda t, group=None: calls.append(("plain", group))
@@ -157,9 +163,10 @@ def test_xpu_communicator_routing(options, path, batch_invariant, monkeypatch):
     )
     if batch_invariant:
         # upstream's batch-invariant branch keeps its own rank-order sum
+        # where the series' mode is plain (the same bits: test_tp_collectives)
         monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
-        path = "upstream"
-    comm = object.__new__(XpuCommunicator)
+        path = "upstream" if path == "plain" else path
+    comm = object.__new__(XpuLagunaCommunicator)
     comm.unique_name, comm.world_size, comm.device_group = "tp:0", 4, "GROUP"
     _built(comm, _config(**options)).all_reduce(torch.ones(2, 4))
     assert calls == [(path, "GROUP")]
@@ -208,26 +215,30 @@ def test_nothing_is_read_from_the_environment(monkeypatch):
 
 
 def test_all_reduce_into_only_on_the_exact_path(monkeypatch):
-    """The graph break's entry reads the mode of the group's communicator
-    (a GroupCoordinator's ``device_communicator``, or the communicator)."""
+    """The graph break's entry asks the group's communicator (a
+    GroupCoordinator's ``device_communicator``, or the communicator)."""
     calls: list = []
     _recorders(monkeypatch, calls)
 
     def group(config):
-        comm = SimpleNamespace(unique_name="tp:0", world_size=4, device_group="GROUP")
         return SimpleNamespace(
             unique_name="tp:0",
-            world_size=4,
+            world_size=2,
             device_group="GROUP",
-            device_communicator=_built(comm, config),
+            device_communicator=_cpu_comm(calls, config),
         )
 
     x, out = torch.ones(2), torch.empty(2)
     assert xc.all_reduce_into(x, out, group(_config())) is out
     assert xc.all_reduce_into(x, out, group(_config(exact_tp_reduce=False))) is None
     assert calls == [("rank_order", "GROUP")]
-    # a group whose communicator the series did not build: plain
-    bare = SimpleNamespace(unique_name="tp:0", world_size=4, device_group="GROUP")
+    # a communicator the series did not build (upstream's): plain
+    bare = SimpleNamespace(
+        unique_name="tp:0",
+        world_size=4,
+        device_group="GROUP",
+        xpu_laguna_mode=xc.TpReduceMode.RANK_ORDER,
+    )
     assert xc.all_reduce_into(x, out, bare) is None
     # the CPU stand-in replaces the plain path of a graph break on CPU only
     ring = group(_config(exact_tp_reduce=False, debug_xccl_standin=True))
@@ -236,16 +247,22 @@ def test_all_reduce_into_only_on_the_exact_path(monkeypatch):
     assert xc.all_reduce_into(x.to("meta"), out.to("meta"), ring) is None
 
 
-def test_unregistered_standin_fails_in_one_line(monkeypatch):
+def test_the_xpu_communicator_runs_no_ring(monkeypatch):
+    """The wheel's communicator runs only the rank-order mode: the debug
+    ring mode is plain there (only the test-side communicator has it)."""
     calls: list = []
-    monkeypatch.setattr(xc, "cpu_stand_ins", xc.CpuStandIns())
-    ring = _config(exact_tp_reduce=False, debug_xccl_standin=True)
-    with pytest.raises(RuntimeError, match="xpu_laguna.debug_xccl_standin") as err:
-        _cpu_comm(calls, ring).all_reduce(torch.ones(2))
-    assert "\n" not in str(err.value) and calls == []
-    # the plain path (option off) needs no stand-in
-    _cpu_comm(calls, _config(exact_tp_reduce=False)).all_reduce(torch.ones(2))
-    assert calls == [("plain", "GROUP")]
+    _recorders(monkeypatch, calls)
+    assert XpuLagunaCommunicator.reduce_modes == {xc.TpReduceMode.RANK_ORDER}
+    assert xc.TpReduceMode.XCCL_STANDIN in (
+        standin_communicator.StandInCpuCommunicator.reduce_modes
+    )
+    comm = object.__new__(XpuLagunaCommunicator)
+    comm.unique_name, comm.world_size, comm.device_group = "tp:0", 4, "GROUP"
+    ring = _built(comm, _config(exact_tp_reduce=False, debug_xccl_standin=True))
+    assert ring.xpu_laguna_mode is xc.TpReduceMode.XCCL_STANDIN
+    x = torch.ones(2)
+    assert ring.xpu_laguna_reduce_into(x, torch.empty(2)) is None
+    assert calls == []
 
 
 # -- ring split (oneCCL WorkSizeData, NoOverlap) ----------------------------

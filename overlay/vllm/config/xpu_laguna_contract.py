@@ -106,6 +106,7 @@ def check_series_contract(vllm_config: VllmConfig) -> None:
         _note_inactive(vllm_config, options)
         return
     _check_plugin()
+    _check_communicator(vllm_config)
     _check_width(vllm_config, options)
     _check_drafter(vllm_config)
     # off the exact path an FP8 cache is allowed: its scales must load
@@ -151,6 +152,34 @@ def _check_plugin() -> None:
             f"plugin '{xpu_laguna_plugin.PLUGIN_NAME}' (vLLM would build "
             "upstream's Laguna: no routing bias, no row-invariant forms)",
             f"add {xpu_laguna_plugin.PLUGIN_NAME} to VLLM_PLUGINS or unset it",
+        )
+
+
+def _check_communicator(vllm_config: VllmConfig) -> None:
+    """The tensor-parallel all-reduce mode the options ask for must be one
+    the platform's device communicator runs (the series' XPU platform's;
+    on CPU, the CPU runtime's test-side platform's): otherwise the TP sum
+    would silently be the backend's own."""
+    from vllm.distributed import xpu_laguna_collectives as collectives
+    from vllm.platforms import current_platform
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    mode = collectives.tp_reduce_mode("tp", tp, vllm_config)
+    if mode is collectives.TpReduceMode.PLAIN:
+        return
+    name = current_platform.get_device_communicator_cls()
+    cls = resolve_obj_by_qualname(name)
+    modes = getattr(cls, "reduce_modes", frozenset())
+    if not (isinstance(cls, type) and issubclass(cls, collectives.SeriesAllReduce)):
+        modes = frozenset()
+    if mode not in modes:
+        _fail(
+            f"the {mode.value} all-reduce at tensor parallel {tp} needs the "
+            f"series' device communicator; this platform "
+            f"({type(current_platform).__name__}) builds {name.rsplit('.', 1)[-1]}",
+            "run on the series' XPU platform (its plugin 'xpu_laguna'), or on "
+            "CPU in the runtime with the series' test-side platform",
         )
 
 

@@ -42,11 +42,13 @@ What this module provides:
 * :func:`tp_reduce_mode`: whether a communicator uses it (or the plain
   all-reduce, or a registered test stand-in), decided from the config when
   the communicator is built and kept on it.
-* :data:`cpu_stand_ins`: where test code registers a CPU stand-in of the
-  device's XCCL ring (the debug option ``debug_xccl_standin``
-  of CPU runs). No stand-in ships here: the CPU runtime's test-side stand-ins
-  (``xpu_laguna_standins``) register one; with none registered the toggle
-  fails in one line.
+* :class:`SeriesAllReduce`: the series' part of a device communicator, its
+  mode kept when it is built and :meth:`~SeriesAllReduce.xpu_laguna_reduce_into`.
+  The series' XPU platform builds ``XpuLagunaCommunicator``
+  (``vllm/distributed/device_communicators/xpu_laguna_communicator.py``);
+  the CPU runtime's test-side platform (``xpu_laguna_standins``) builds its
+  own CPU communicator with it, which adds the debug stand-in of XCCL's
+  ring (``debug_xccl_standin``). No stand-in ships here.
 """
 
 from __future__ import annotations
@@ -104,15 +106,17 @@ def tp_reduce_mode(
     unique_name: str, world_size: int, vllm_config: VllmConfig | None
 ) -> TpReduceMode:
     """The all-reduce mode of the group ``unique_name`` under ``vllm_config``
-    (the CPU and XPU communicators decide it when they are built, under
-    the worker's VllmConfig, and keep it in :data:`MODE_ATTR`).
+    (the series' communicators, :class:`SeriesAllReduce`, decide it when
+    they are built, under the worker's VllmConfig, and keep it in
+    :data:`MODE_ATTR`).
 
     ``PLAIN`` wherever the series is not in scope (``series_in_scope``: a
     Laguna target on XPU, or a CPU run that asks). Else ``RANK_ORDER`` for a
     tensor-parallel group (``tp:N``) of more than one rank when the options
     ``exact_verify`` and ``exact_tp_reduce`` are on; otherwise
-    ``XCCL_STANDIN`` there when ``debug_xccl_standin`` is on (the caller
-    decides whether it honours it: only the CPU communicator does);
+    ``XCCL_STANDIN`` there when ``debug_xccl_standin`` is on (run only by
+    a communicator whose ``reduce_modes`` has it: the CPU runtime's
+    test-side one);
     otherwise ``PLAIN``. Other groups (pp, dp, ep, ...) always get ``PLAIN``.
     """
     from vllm.compilation.xpu_breakable_graph.config import series_in_scope
@@ -162,48 +166,38 @@ def group_mode(group: object) -> TpReduceMode:
     return getattr(communicator, MODE_ATTR, TpReduceMode.PLAIN)
 
 
-class AllReduceInto(Protocol):
-    """An all-reduce that writes into ``out`` and may use the caller's
-    ``gathered`` buffer (the signature of :func:`rank_order_all_reduce`)."""
+class SeriesAllReduce:
+    """The series' part of a device communicator (a mixin before the
+    platform's communicator class): the all-reduce mode, decided when the
+    communicator is built (:meth:`init_series_mode`, under the worker's
+    config), and the reduction into a caller-owned buffer that the
+    communicator's ``all_reduce`` and the breakable graphs' collective break
+    (:func:`all_reduce_into`) both run."""
 
-    def __call__(
+    unique_name: str
+    world_size: int
+    device_group: ProcessGroup
+    xpu_laguna_mode: TpReduceMode = TpReduceMode.PLAIN
+
+    # the modes this communicator runs (another mode: its plain all-reduce)
+    reduce_modes: frozenset[TpReduceMode] = frozenset({TpReduceMode.RANK_ORDER})
+
+    def init_series_mode(self) -> None:
+        """Decide and keep the mode (call at the end of ``__init__``)."""
+        self.xpu_laguna_mode = communicator_mode(self)
+
+    def xpu_laguna_reduce_into(
         self,
         input_: torch.Tensor,
-        group: ProcessGroup,
-        out: torch.Tensor | None = None,
+        out: torch.Tensor,
         gathered: torch.Tensor | None = None,
-    ) -> torch.Tensor: ...
-
-
-class CpuStandIns:
-    """Stand-ins of device collectives for CPU runs, registered by test code.
-
-    The debug option ``debug_xccl_standin`` (the ``XCCL_STANDIN`` mode) makes
-    the CPU all-reduce follow XCCL's ring order, so that CPU runs show the
-    device's message-size dependence. That stand-in is test code, never in
-    vLLM: the CPU runtime's test-side stand-ins (``xpu_laguna_standins``)
-    register it here, in the patch tests and in every engine process.
-    """
-
-    def __init__(self) -> None:
-        self._xccl_ring: AllReduceInto | None = None
-
-    def register_xccl_ring(self, all_reduce: AllReduceInto | None) -> None:
-        """Register the XCCL ring stand-in (None: unregister)."""
-        self._xccl_ring = all_reduce
-
-    def xccl_ring(self) -> AllReduceInto:
-        """The registered XCCL ring stand-in; a one-line error without one."""
-        if self._xccl_ring is None:
-            raise RuntimeError(
-                "xpu_laguna.debug_xccl_standin needs the XCCL ring "
-                "stand-in, which only the CPU runtime's test-side stand-ins "
-                "register (none is registered in this process): unset it"
-            )
-        return self._xccl_ring
-
-
-cpu_stand_ins = CpuStandIns()
+    ) -> torch.Tensor | None:
+        """``out`` filled with the sum of ``input_`` over the group in this
+        communicator's mode, or None for the plain all-reduce. ``gathered``:
+        a caller-owned scratch buffer (see :func:`rank_order_all_reduce`)."""
+        if self.xpu_laguna_mode is TpReduceMode.RANK_ORDER:
+            return rank_order_all_reduce(input_, self.device_group, out, gathered)
+        return None
 
 
 def _group_world(group: ProcessGroup) -> int:
@@ -335,23 +329,14 @@ def rank_order_all_reduce(
 def all_reduce_into(
     input_: torch.Tensor,
     out: torch.Tensor,
-    group: _TpGroup,
+    group: object,
     gathered: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """Reduce ``input_`` into ``out`` the group's non-plain way, or return None.
-
-    For the CPU communicator (in place: ``out`` is ``input_``) and for callers
-    that own the output buffer (a collective break of a device graph):
-    ``out`` filled by :func:`rank_order_all_reduce` when the group's mode is
-    ``RANK_ORDER``, by the registered XCCL ring stand-in
-    (:data:`cpu_stand_ins`) when it is ``XCCL_STANDIN`` and the tensors are on
-    CPU (the stand-in replaces the plain all-reduce of CPU runs only); None
-    otherwise (the caller keeps its plain path). ``gathered``: a caller-owned
-    scratch buffer (see :func:`rank_order_all_reduce`).
-    """
-    mode = group_mode(group)
-    if mode is TpReduceMode.RANK_ORDER:
-        return rank_order_all_reduce(input_, group.device_group, out, gathered)
-    if mode is TpReduceMode.XCCL_STANDIN and input_.device.type == "cpu":
-        return cpu_stand_ins.xccl_ring()(input_, group.device_group, out, gathered)
-    return None
+    """Reduce ``input_`` into ``out`` the way the group's communicator does
+    (a :class:`SeriesAllReduce`), or return None: a communicator the series
+    did not build, or its plain mode (the caller keeps its plain path).
+    ``group``: a device communicator or a ``GroupCoordinator``."""
+    communicator = getattr(group, "device_communicator", None) or group
+    if not isinstance(communicator, SeriesAllReduce):
+        return None
+    return communicator.xpu_laguna_reduce_into(input_, out, gathered)

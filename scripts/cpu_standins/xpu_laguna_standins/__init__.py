@@ -9,8 +9,11 @@ the device, kept out of the wheel (nothing under ``vllm/`` imports this package)
 * :mod:`.int4_experts`: the XPU routed INT4 experts' kernel call (a reference dequantize and
   matmul), so a CPU engine loads a compressed-tensors W4A16 MoE through vLLM's XPU path (only
   with ``VXL_XPU_INT4_EXPERTS=1``);
+* :mod:`.platform` and :mod:`.communicator`: the CPU platform of the runtime (upstream's
+  ``CpuPlatform`` whose device communicator runs the series' all-reduce modes, as the series' XPU
+  platform's does on the device), chosen by vLLM through :func:`platform_plugin`;
 * :mod:`.xccl_ring`: XCCL's ring all-reduce (oneCCL's chunk split, sum order and rounding) for
-  the CPU communicator's ``debug_xccl_standin`` mode (the series' option of that name in the
+  that communicator's ``debug_xccl_standin`` mode (the series' option of that name in the
   engine's ``additional_config["xpu_laguna"]``; the matrix's ring legs and the patch tests'
   negative controls).
 
@@ -18,38 +21,39 @@ How it gets there: ``python -m scripts.cpu_runtime sync`` (so ``ensure`` too) co
 and ``xpu_laguna_standins-0.dist-info`` into the CPU runtime's site-packages (a pristine runtime
 never syncs, and never gets it). The dist-info names :func:`register` in vLLM's
 ``vllm.general_plugins`` group, which vLLM calls in every process it builds an engine in (the
-API server, the engine core, every worker) before any model is built.
+API server, the engine core, every worker) before any model is built, and
+:func:`platform_plugin` in ``vllm.platform_plugins``, which vLLM asks when it resolves the
+platform of a process.
 
 :func:`register`, on the CPU platform only, registers the reference kernels with the overlay's
-kernel registry (``vllm.v1.attention.ops.xpu_laguna_kernels.registry``) and the XCCL ring with the
-CPU communicator's stand-in registry (``vllm.distributed.xpu_laguna_collectives.cpu_stand_ins``);
-on any other platform, and in a vLLM without the series (no registries), it does nothing.
-Registering turns nothing on: a CPU engine still takes upstream's ``CPU_ATTN`` unless a test
-registers FlashAttention under it, and the all-reduce runs the ring only for an engine whose
-options turn ``debug_xccl_standin`` on (without a registered ring that option fails in one line).
+kernel registry (``vllm.v1.attention.ops.xpu_laguna_kernels.registry``); on any other platform,
+and in a vLLM without the series (no registry), it does nothing. Registering turns nothing on: a
+CPU engine still takes upstream's ``CPU_ATTN`` unless a test registers FlashAttention under it.
+The communicator runs the ring only for an engine whose options turn ``debug_xccl_standin`` on.
 A process that never builds an engine (a unit test) calls :func:`register` itself.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 KERNELS_NAME = "reference"
+PLATFORM = "xpu_laguna_standins.platform.StandInCpuPlatform"
 
 
 def register() -> bool:
     """The ``vllm.general_plugins`` entry point (may run more than once): True when the reference
-    kernels and the XCCL ring are registered in this process."""
+    kernels are registered in this process."""
     if importlib.util.find_spec("vllm.v1.attention.ops.xpu_laguna_kernels") is None:
         return False  # a vLLM without the series
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return False
-    from vllm.distributed import xpu_laguna_collectives
     from vllm.v1.attention.ops.xpu_laguna_kernels import AttentionKernels, registry
 
-    from . import int4_experts, reference_attention, xccl_ring
+    from . import int4_experts, reference_attention
 
     registry.register(
         AttentionKernels(
@@ -58,6 +62,19 @@ def register() -> bool:
             reshape_and_cache_flash=reference_attention.reshape_and_cache_flash,
         )
     )
-    xpu_laguna_collectives.cpu_stand_ins.register_xccl_ring(xccl_ring.xccl_ring_all_reduce)
     int4_experts.install()
     return True
+
+
+def platform_plugin() -> str | None:
+    """The ``vllm.platform_plugins`` entry point: the runtime's CPU platform
+    (:class:`~xpu_laguna_standins.platform.StandInCpuPlatform`) where upstream detects a CPU,
+    else None (a vLLM without the series: upstream's platform)."""
+    import vllm  # imported already: vLLM is resolving its platform
+
+    # looked up without importing vllm.distributed (it needs the platform)
+    if not any((Path(p) / "distributed" / "xpu_laguna_collectives.py").is_file() for p in vllm.__path__):
+        return None
+    from vllm.platforms import cpu_platform_plugin
+
+    return PLATFORM if cpu_platform_plugin() is not None else None

@@ -5,8 +5,8 @@ a buffer owned by the capture.
 
 On the exact path (``vllm.distributed.xpu_laguna_collectives``: exact
 verify and the ``exact_tp_reduce`` option on, TP > 1) the break runs the
-fixed rank-order sum, the same arithmetic the communicator's
-all-reduce runs outside a capture (patch 0010), so a replayed verify step and
+fixed rank-order sum, the same arithmetic the series' communicator's
+all-reduce runs outside a capture (``SeriesAllReduce``), so a replayed verify step and
 an eager teacher decode sum every element in the same order. The break count
 is unchanged (one break per all-reduce: 2L + 1 at TP > 1)."""
 
@@ -35,9 +35,10 @@ def all_reduce_into(
     gathered: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sum ``input_`` across ``group`` into the caller-owned ``out``: the
-    exact rank-order sum (or the registered CPU XCCL stand-in) when the
-    group's mode says so, with the caller-owned ``gathered`` as its scratch;
-    else the plain in-place all-reduce."""
+    way the group's series communicator reduces (the exact rank-order sum;
+    on CPU, the test-side XCCL ring stand-in) when its mode says so, with
+    the caller-owned ``gathered`` as its scratch; else the plain in-place
+    all-reduce."""
     if xpu_laguna_collectives.all_reduce_into(input_, out, group, gathered) is not None:
         return out
     out.copy_(input_)

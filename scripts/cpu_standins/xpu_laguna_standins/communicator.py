@@ -1,0 +1,48 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The CPU runtime's device communicator: upstream's ``CpuCommunicator`` with the series'
+all-reduce modes (``vllm.distributed.xpu_laguna_collectives.SeriesAllReduce``, the same mixin the
+series' ``XpuLagunaCommunicator`` uses) and the debug stand-in of XCCL's ring
+(:mod:`.xccl_ring`, mode ``XCCL_STANDIN``: the option ``debug_xccl_standin``). Built by
+:class:`~xpu_laguna_standins.platform.StandInCpuPlatform` for every group of a CPU worker; the mode
+is decided when it is built, under the worker's config (``PLAIN``: upstream's communicator).
+
+The all-reduce runs in place (upstream's CPU all-reduce is in place too), before the SHM / gloo
+dispatch, so both transports take it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed import ProcessGroup
+from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+from vllm.distributed.xpu_laguna_collectives import SeriesAllReduce, TpReduceMode
+
+from .xccl_ring import xccl_ring_all_reduce
+
+
+class StandInCpuCommunicator(SeriesAllReduce, CpuCommunicator):
+    reduce_modes = frozenset({TpReduceMode.RANK_ORDER, TpReduceMode.XCCL_STANDIN})
+
+    def __init__(
+        self,
+        cpu_group: ProcessGroup,
+        device: torch.device | None = None,
+        device_group: ProcessGroup | None = None,
+        unique_name: str = "",
+        use_all2all: bool = False,
+    ):
+        super().__init__(cpu_group, device, device_group, unique_name, use_all2all=use_all2all)
+        self.init_series_mode()
+
+    def xpu_laguna_reduce_into(
+        self, input_: torch.Tensor, out: torch.Tensor, gathered: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        if self.xpu_laguna_mode is TpReduceMode.XCCL_STANDIN and input_.device.type == "cpu":
+            return xccl_ring_all_reduce(input_, self.device_group, out, gathered)
+        return super().xpu_laguna_reduce_into(input_, out, gathered)
+
+    def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
+        if self.xpu_laguna_reduce_into(input_, input_) is not None:
+            return input_
+        return super().all_reduce(input_)
