@@ -25,6 +25,8 @@ from laguna_model_testlib import (
     tiny_laguna_config,
 )
 
+from vllm.distributed.xpu_laguna_collectives import SeriesAllReduce
+
 EVENTS: list[tuple[Any, ...]] = []
 # The series' options of the driver's configs: its breakable graphs, asked
 # for explicitly (how a CPU run asks for the series; exact verify on, its
@@ -80,6 +82,30 @@ def write_draft_config(path: str, num_layers: int, target_layers: int) -> None:
     )
     with open(config_path, "w") as f:
         json.dump(cfg, f)
+
+
+class OneRankSeriesCommunicator(SeriesAllReduce):
+    """What the series' XPU communicator does (an out-of-place eager
+    all-reduce; an eager break inside the series' breakable capture) over a
+    real one-rank group whose size the harness fakes (plain mode: the sum
+    of one rank)."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+        self.unique_name = group.unique_name
+        self.device_group = group.device_group
+
+    @property
+    def world_size(self) -> int:  # type: ignore[override]
+        return self.group.world_size
+
+    def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
+        return self.breakable(input_, self._eager)
+
+    def _eager(self, input_: torch.Tensor) -> torch.Tensor:
+        output = input_.clone()
+        torch.distributed.all_reduce(output, group=self.device_group)
+        return output
 
 
 class Harness:
@@ -162,14 +188,9 @@ class Harness:
         group = get_tp_group()
         group.world_size = tp  # fake TP size over a one-rank group
         if tp > 1 and group.device_communicator is None:
-            # Eager (uncaptured) all-reduce: what the XPU communicator does,
-            # on the real one-rank group (no communicator exists at size 1).
-            def out_of_place_all_reduce(input_, group=group):
-                output = input_.clone()
-                torch.distributed.all_reduce(output, group=group.device_group)
-                return output
-
-            group.all_reduce = out_of_place_all_reduce
+            # no communicator exists at size 1: the series' one, as the XPU
+            # platform builds it, over the real one-rank group
+            group.device_communicator = OneRankSeriesCommunicator(group)
         vllm_config.parallel_config.tensor_parallel_size = tp
         with set_current_vllm_config(vllm_config), torch.device("cpu"):
             # the target: the class vLLM's registry resolves (the series' own)

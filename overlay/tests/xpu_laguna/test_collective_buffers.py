@@ -118,7 +118,7 @@ def test_upstream_capture_gets_upstreams_all_reduce(upstream_capture, current) -
     included (the choice of capture was made from its config)."""
     group, x = _TwoRankGroup(), torch.ones(2, 4)
     with set_current_vllm_config(CURRENT_CONFIGS[current]):
-        assert torch.equal(breakable_all_reduce(x, group), x * 2)
+        assert torch.equal(breakable_all_reduce(x, group, group.all_reduce), x * 2)
     assert group.calls == 1
 
 
@@ -138,17 +138,19 @@ def test_the_series_capture_breaks_into_its_own_buffer(monkeypatch) -> None:
         backend=DeviceGraphBackend(name="recording", graph_factory=RecordingGraph)
     )
     with cap:
-        out = breakable_all_reduce(x, group)
+        out = breakable_all_reduce(x, group, group.all_reduce)
     assert group.calls == 0 and calls == [(2, 4)]
     assert out is not x and torch.equal(out, x * 2)
     assert cap.break_counts()["collective"] == 1
 
 
 def test_no_break_outside_a_capture(upstream_capture) -> None:
-    """Not capturing (or one rank): the group's own all-reduce (or none)."""
+    """Not capturing, or one rank: the communicator's own all-reduce (vLLM's
+    group bypasses a one-rank all-reduce before it reaches a communicator)."""
     upstream_capture._capturing = False
     group, x = _TwoRankGroup(), torch.ones(2, 4)
-    assert torch.equal(breakable_all_reduce(x, group), x * 2)
+    assert torch.equal(breakable_all_reduce(x, group, group.all_reduce), x * 2)
+    upstream_capture._capturing = True
     group.world_size = 1
-    assert breakable_all_reduce(x, group) is x
-    assert group.calls == 1
+    assert torch.equal(breakable_all_reduce(x, group, group.all_reduce), x * 2)
+    assert group.calls == 2

@@ -8,7 +8,8 @@ series' ``XpuLagunaCommunicator`` uses) and the debug stand-in of XCCL's ring
 is decided when it is built, under the worker's config (``PLAIN``: upstream's communicator).
 
 The all-reduce runs in place (upstream's CPU all-reduce is in place too), before the SHM / gloo
-dispatch, so both transports take it.
+dispatch, so both transports take it; inside the series' breakable capture (the emulated graphs of
+the CPU graph legs) it is an eager break, as the XPU communicator's is on the device.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ class StandInCpuCommunicator(SeriesAllReduce, CpuCommunicator):
         return super().xpu_laguna_reduce_into(input_, out, gathered)
 
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
+        # inside the series' breakable capture (emulated graphs): an eager break
+        return self.breakable(input_, self._eager_all_reduce)
+
+    def _eager_all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         if self.xpu_laguna_reduce_into(input_, input_) is not None:
             return input_
         return super().all_reduce(input_)

@@ -25,13 +25,15 @@ from vllm.distributed import xpu_laguna_collectives
 from vllm.forward_context import get_forward_context, is_forward_context_available
 
 if TYPE_CHECKING:
-    from vllm.distributed.parallel_state import GroupCoordinator
+    from collections.abc import Callable
+
+    from vllm.distributed.xpu_laguna_collectives import SeriesAllReduce
 
 
 def all_reduce_into(
     input_: torch.Tensor,
     out: torch.Tensor,
-    group: GroupCoordinator,
+    group: SeriesAllReduce,
     gathered: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sum ``input_`` across ``group`` into the caller-owned ``out``: the
@@ -46,29 +48,35 @@ def all_reduce_into(
     return out
 
 
-def breakable_all_reduce(input_: torch.Tensor, group: GroupCoordinator) -> torch.Tensor:
-    """Tensor-parallel all-reduce for breakable graphs.
+def breakable_all_reduce(
+    input_: torch.Tensor,
+    group: SeriesAllReduce,
+    eager: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Tensor-parallel all-reduce for breakable graphs: the series'
+    communicators' ``all_reduce`` (``SeriesAllReduce.breakable``).
 
-    Outside a capture it is the group's normal all-reduce. During a capture
-    it closes the graph segment, reduces eagerly into a buffer owned by the
-    capture (allocated outside the graph pool, reused on every replay) and
-    opens the next segment, which then reads that buffer's address.
+    Outside the series' capture it is ``eager(input_)``, the communicator's
+    own all-reduce. During a capture it closes the graph segment, reduces
+    eagerly into a buffer owned by the capture (allocated outside the graph
+    pool, reused on every replay) and opens the next segment, which then
+    reads that buffer's address.
     """
-    if group.world_size == 1:
-        return input_
+    if torch.compiler.is_compiling() or group.world_size == 1:
+        return eager(input_)  # traced by torch.compile; or nothing to break
     capture = BreakableCUDAGraphCapture.current()
     if capture is None or not capture._capturing:
-        return group.all_reduce(input_)
+        return eager(input_)
     if (
         is_forward_context_available()
         and get_forward_context().cudagraph_runtime_mode == CUDAGraphMode.FULL
     ):
-        return group.all_reduce(input_)
+        return eager(input_)
     if not isinstance(capture, XpuBreakableGraphCapture):
         # upstream's breakable capture (a model the series is not for, or
         # its options off: breakable_graph_wrapper_cls chose upstream's
         # wrapper from the config): upstream's all-reduce, as without it
-        return group.all_reduce(input_)
+        return eager(input_)
     buffers = capture.collective_buffers
     owned: list[torch.Tensor] = []
     gathered: torch.Tensor | None = None
