@@ -5,12 +5,11 @@ plugin (both ``xpu_laguna`` in the wheel's metadata).
 
 vLLM calls :func:`register` in every process that builds an engine (the
 ``EngineArgs`` of the API server and of the engine core, every worker)
-before any model is built; the entry point is ``xpu_laguna`` in the wheel's
-metadata (the series' one-line edit of ``pyproject.toml``). It registers the
-series' Laguna model class for the ``LagunaForCausalLM`` architecture. The
-class decides, from the configuration it is built with, whether the series
-acts (:mod:`vllm.model_executor.models.xpu_laguna`): registering turns
-nothing on.
+before any model is built. It registers the series' Laguna classes for
+the ``LagunaForCausalLM`` target and the ``DFlashLagunaForCausalLM``
+drafter (:mod:`vllm.model_executor.models.xpu_laguna`). A class decides,
+from the configuration it is built with, whether the series' forms act:
+registering turns nothing on.
 
 :func:`platform` (``vllm.platform_plugins``) names the series' XPU platform
 (:mod:`vllm.platforms.xpu_laguna`: upstream's with the series' communicator)
@@ -22,16 +21,20 @@ whose allow-list leaves it out (:func:`plugin_left_out`).
 """
 
 PLUGIN_NAME = "xpu_laguna"
-ARCHITECTURE = "LagunaForCausalLM"
-MODEL_CLASS = "vllm.model_executor.models.xpu_laguna:XpuLagunaForCausalLM"
+_MODELS = "vllm.model_executor.models.xpu_laguna"
+MODEL_CLASSES = {
+    "LagunaForCausalLM": f"{_MODELS}:XpuLagunaForCausalLM",
+    "DFlashLagunaForCausalLM": f"{_MODELS}:XpuLagunaDFlashForCausalLM",
+}
 PLATFORM_CLASS = "vllm.platforms.xpu_laguna.XpuLagunaPlatform"
 
 
 def register() -> None:
-    """Register the series' Laguna model class (idempotent)."""
+    """Register the series' Laguna model classes (idempotent)."""
     from vllm.model_executor.models import ModelRegistry
 
-    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+    for architecture, model_class in MODEL_CLASSES.items():
+        ModelRegistry.register_model(architecture, model_class)
 
 
 def platform() -> str | None:

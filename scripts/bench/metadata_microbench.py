@@ -80,7 +80,9 @@ def _builders(config: Any) -> list[Any]:
     the mode's series options are that configuration's."""
     import torch
     from vllm.config import set_current_vllm_config
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
+    from vllm.v1.attention.backends.xpu_laguna_flash_attn import (
+        XpuLagunaFlashAttentionMetadataBuilder as FlashAttentionMetadataBuilder,
+    )
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
     common = {

@@ -278,7 +278,7 @@ def route_and_count(cpu_flash_attn: bool) -> dict[str, Any]:
     """Exact-verify calls (by width), kernel calls and prebuilt-metadata uses in this process.
 
     The counts are the overlay's own (``xpu_laguna_exact.counters``), read when the leg ends.
-    With ``cpu_flash_attn`` the FlashAttention backend, the path Laguna takes on XPU, is
+    With ``cpu_flash_attn`` the series' FlashAttention backend, the path Laguna takes on XPU, is
     registered under ``CPU_ATTN`` so that the CPU engine (in-process, see the leg's
     environment) runs the real builder and impl on the reference kernels.
     """
@@ -292,7 +292,9 @@ def route_and_count(cpu_flash_attn: bool) -> dict[str, Any]:
         from vllm.v1.attention import selector
         from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-        register_backend(AttentionBackendEnum.CPU_ATTN, "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend")
+        from scripts.measure.series_attention.xpu_laguna_cpu_attention import FLASH_ATTN
+
+        register_backend(AttentionBackendEnum.CPU_ATTN, FLASH_ATTN)
         selector._cached_get_attn_backend.cache_clear()
         counts["backend"] = "FLASH_ATTN on CPU (reference kernels)"
     return counts

@@ -109,9 +109,7 @@ def test_unconsumed_routing_bias_is_a_load_error(tiny_models: TinyModels, load_m
         load_model(weights)
 
 
-def test_negative_control_upstream_class_drops_the_routing_bias(
-    tiny_models: TinyModels, load_model: Any
-) -> None:
+def test_negative_control_upstream_class_drops_the_routing_bias(tiny_models: TinyModels, load_model: Any) -> None:
     """Without the series' class the gate above fails: upstream's Laguna leaves every router's
     bias at zero and reports no bias loaded."""
     weights = _checkpoint(tiny_models)

@@ -100,7 +100,11 @@ class OneRankSeriesCommunicator(SeriesAllReduce):
         return self.group.world_size
 
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
-        return self.breakable(input_, self._eager)
+        from vllm.compilation.xpu_breakable_graph.collectives import (
+            breakable_all_reduce,
+        )
+
+        return breakable_all_reduce(input_, self, self._eager)
 
     def _eager(self, input_: torch.Tensor) -> torch.Tensor:
         output = input_.clone()
@@ -175,7 +179,6 @@ class Harness:
         from vllm.config import set_current_vllm_config
         from vllm.distributed.parallel_state import get_tp_group
         from vllm.model_executor.model_loader.utils import get_model_cls
-        from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
 
         vllm_config = self.vllm_config(
             num_layers, moe_layers, draft_layers=draft_layers
@@ -193,11 +196,11 @@ class Harness:
             group.device_communicator = OneRankSeriesCommunicator(group)
         vllm_config.parallel_config.tensor_parallel_size = tp
         with set_current_vllm_config(vllm_config), torch.device("cpu"):
-            # the target: the class vLLM's registry resolves (the series' own)
-            model_cls = (
-                DFlashLagunaForCausalLM
+            # the class vLLM's registry resolves (the series' own)
+            model_cls = get_model_cls(
+                vllm_config.speculative_config.draft_model_config
                 if draft_layers
-                else get_model_cls(vllm_config.model_config)
+                else vllm_config.model_config
             )
             model = model_cls(vllm_config=vllm_config, prefix="")
         gen = torch.Generator().manual_seed(1234)

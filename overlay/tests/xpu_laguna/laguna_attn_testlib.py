@@ -2,13 +2,15 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Shared helpers for the XPU Laguna attention tests (CPU, reference kernels).
 
-The tests drive the real FlashAttention metadata builder and impl with real
-tensors: a real ``VllmConfig`` (from a tiny local HF config, no hub access),
-a paged KV cache in the backend's own shape and stride order, the KV written
-with the impl's own ``do_kv_cache_update``. On a machine without an XPU the
-backend runs on the pure-torch reference kernels: the CPU runtime's test-side
-stand-ins (``xpu_laguna_standins``), registered here with the overlay's kernel
-registry as the runtime's general plugin does in an engine.
+The tests drive the series' FlashAttention metadata builder and impl (the
+backend the series' XPU platform picks: upstream's, subclassed in
+``xpu_laguna_flash_attn``) with real tensors: a real ``VllmConfig`` (from a
+tiny local HF config, no hub access), a paged KV cache in the backend's own
+shape and stride order, the KV written with the impl's own
+``do_kv_cache_update``. On a machine without an XPU the backend runs on the
+pure-torch reference kernels: the CPU runtime's test-side stand-ins
+(``xpu_laguna_standins``), registered here with the overlay's kernel registry
+as the runtime's general plugin does in an engine.
 
 The series' options reach the code under test the way they reach it in an
 engine: in the ``VllmConfig`` (``additional_config["xpu_laguna"]``) the
@@ -36,9 +38,11 @@ from vllm.config import (
 from vllm.config.xpu_laguna_options import ADDITIONAL_CONFIG_KEY
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends import flash_attn as flash_attn_module
-from vllm.v1.attention.backends.flash_attn import (
-    FlashAttentionImpl,
-    FlashAttentionMetadataBuilder,
+from vllm.v1.attention.backends.xpu_laguna_flash_attn import (
+    XpuLagunaFlashAttentionImpl as FlashAttentionImpl,
+)
+from vllm.v1.attention.backends.xpu_laguna_flash_attn import (
+    XpuLagunaFlashAttentionMetadataBuilder as FlashAttentionMetadataBuilder,
 )
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 

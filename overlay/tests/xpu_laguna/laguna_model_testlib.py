@@ -278,7 +278,7 @@ def build_target_and_drafter(
     (:func:`series_options` of them: the CPU run asks for the series) under
     a one-rank group, and its target (the class vLLM's registry resolves for
     ``LagunaForCausalLM``: the series' ``XpuLagunaForCausalLM``, which its
-    general plugin registers) and ``DFlashLagunaForCausalLM`` drafter built
+    general plugin registers) and drafter (``DFlashLagunaForCausalLM``'s) built
     under it on CPU, with seeded
     random weights (N(0, 0.2^2), the same for every call). The model reads
     its forms from the config it is built under, so every set of options
@@ -288,7 +288,6 @@ def build_target_and_drafter(
 
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.utils import get_model_cls
-    from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
 
     torch._dynamo.config.disable = True
     key = (tmp_prefix, draft_mlp)
@@ -322,7 +321,8 @@ def build_target_and_drafter(
     init_one_rank(config)
     with set_current_vllm_config(config), torch.device("cpu"):
         target = get_model_cls(config.model_config)(vllm_config=config, prefix="")
-        drafter = DFlashLagunaForCausalLM(vllm_config=config, prefix="")
+        drafter_cls = get_model_cls(config.speculative_config.draft_model_config)
+        drafter = drafter_cls(vllm_config=config, prefix="")
     gen = torch.Generator().manual_seed(1234)
     with torch.no_grad():
         for model in (target, drafter):

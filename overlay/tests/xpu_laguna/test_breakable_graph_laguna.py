@@ -112,7 +112,7 @@ def test_drafter_counts_match_topology(observed, layers: int, tp: int) -> None:
     query tokens itself), breaks at the embedding all-reduce and twice per
     layer at TP > 1: 2L + 1 collectives, as the wrapper expects."""
     r = _ok(observed[f"drafter/L{layers}/tp{tp}"])
-    assert r["model"] == "DFlashLagunaForCausalLM"
+    assert r["model"] == "XpuLagunaDFlashForCausalLM"  # the class vLLM resolves
     assert r["num_attention_modules"] == layers
     collective = 2 * layers + 1 if tp > 1 else 0
     counts = {

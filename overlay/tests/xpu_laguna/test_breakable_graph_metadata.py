@@ -26,7 +26,9 @@ from vllm.config import (
     set_current_vllm_config,
 )
 from vllm.v1.attention.backend import CommonAttentionMetadata
-from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
+from vllm.v1.attention.backends.xpu_laguna_flash_attn import (
+    XpuLagunaFlashAttentionMetadataBuilder as FlashAttentionMetadataBuilder,
+)
 
 WIDTH = 8
 COLS = 16

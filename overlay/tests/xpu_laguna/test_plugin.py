@@ -47,8 +47,14 @@ def test_register_is_idempotent() -> None:
 
     for _ in range(2):
         xpu_laguna_plugin.register()
-        registered = ModelRegistry.models[xpu_laguna_plugin.ARCHITECTURE]
-        assert registered.load_model_cls().__qualname__ == "XpuLagunaForCausalLM"
+        names = {
+            arch: ModelRegistry.models[arch].load_model_cls().__qualname__
+            for arch in xpu_laguna_plugin.MODEL_CLASSES
+        }
+        assert names == {
+            "LagunaForCausalLM": "XpuLagunaForCausalLM",
+            "DFlashLagunaForCausalLM": "XpuLagunaDFlashForCausalLM",
+        }
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,6 @@ What this module provides:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -186,19 +185,6 @@ class SeriesAllReduce:
     def init_series_mode(self) -> None:
         """Decide and keep the mode (call at the end of ``__init__``)."""
         self.xpu_laguna_mode = communicator_mode(self)
-
-    def breakable(
-        self,
-        input_: torch.Tensor,
-        eager: Callable[[torch.Tensor], torch.Tensor],
-    ) -> torch.Tensor:
-        """The communicator's ``all_reduce``: ``eager(input_)`` (its own
-        all-reduce), or inside the series' breakable capture an eager break
-        that reduces into a buffer the capture owns
-        (``vllm.compilation.xpu_breakable_graph.collectives``)."""
-        from vllm.compilation.xpu_breakable_graph import collectives
-
-        return collectives.breakable_all_reduce(input_, self, eager)
 
     def xpu_laguna_reduce_into(
         self,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from torch.distributed import ProcessGroup
+from vllm.compilation.xpu_breakable_graph.collectives import breakable_all_reduce
 from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 from vllm.distributed.xpu_laguna_collectives import SeriesAllReduce, TpReduceMode
 
@@ -45,7 +46,7 @@ class StandInCpuCommunicator(SeriesAllReduce, CpuCommunicator):
 
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         # inside the series' breakable capture (emulated graphs): an eager break
-        return self.breakable(input_, self._eager_all_reduce)
+        return breakable_all_reduce(input_, self, self._eager_all_reduce)
 
     def _eager_all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         if self.xpu_laguna_reduce_into(input_, input_) is not None:

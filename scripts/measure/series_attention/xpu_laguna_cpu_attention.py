@@ -13,7 +13,7 @@ runtime, and vLLM calls it in every process it loads general plugins in (the API
 it parses arguments, the engine core, every worker) before any model is built.
 
 In a process on the CPU platform with the marker set, :func:`register` registers
-``FlashAttentionBackend`` under ``CPU_ATTN`` (on CPU it runs on the pure-torch reference kernels
+the series' ``XpuLagunaFlashAttentionBackend`` under ``CPU_ATTN`` (on CPU it runs on the pure-torch reference kernels
 that the runtime's test-side plugin ``xpu_laguna_standins`` registers, patch 0004) and starts a
 reporter thread that logs the overlay's own counts (``xpu_laguna_exact.counters``) whenever they
 change, as one stderr line with ``COUNTERS_LINE``, the JSON snapshot and the process id, so the
@@ -29,7 +29,8 @@ import sys
 import threading
 
 MARK_ENV = "XPU_LAGUNA_CPU_SERIES_ATTENTION"
-FLASH_ATTN = "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"
+# the series' FlashAttention backend (upstream's, subclassed), which its XPU platform picks
+FLASH_ATTN = "vllm.v1.attention.backends.xpu_laguna_flash_attn.XpuLagunaFlashAttentionBackend"
 REGISTERED_LINE = "XPU Laguna CPU series attention: FLASH_ATTN (reference kernels) registered under CPU_ATTN"
 COUNTERS_LINE = "XPU Laguna CPU series attention: exact-verify counters"
 REPORT_PERIOD_S = 0.5

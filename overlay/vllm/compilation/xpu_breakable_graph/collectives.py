@@ -54,7 +54,8 @@ def breakable_all_reduce(
     eager: Callable[[torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
     """Tensor-parallel all-reduce for breakable graphs: the series'
-    communicators' ``all_reduce`` (``SeriesAllReduce.breakable``).
+    communicators' ``all_reduce`` (``XpuLagunaCommunicator``; the CPU
+    runtime's stand-in communicator).
 
     Outside the series' capture it is ``eager(input_)``, the communicator's
     own all-reduce. During a capture it closes the graph segment, reduces

@@ -19,6 +19,7 @@ is upstream's communicator).
 import torch
 from torch.distributed import ProcessGroup
 
+from vllm.compilation.xpu_breakable_graph.collectives import breakable_all_reduce
 from vllm.distributed import xpu_laguna_collectives
 from vllm.distributed.xpu_laguna_collectives import SeriesAllReduce, TpReduceMode
 
@@ -43,7 +44,7 @@ class XpuLagunaCommunicator(SeriesAllReduce, XpuCommunicator):
 
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         # inside the series' breakable capture: an eager break
-        return self.breakable(input_, self._eager_all_reduce)
+        return breakable_all_reduce(input_, self, self._eager_all_reduce)
 
     def _eager_all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         if self.xpu_laguna_mode is TpReduceMode.RANK_ORDER:

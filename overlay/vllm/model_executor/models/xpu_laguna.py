@@ -6,8 +6,10 @@ exact verify, the row-invariant forms composed in when it is built.
 
 Registered for the ``LagunaForCausalLM`` architecture by the series'
 general plugin (:mod:`vllm.xpu_laguna_plugin`), so vLLM builds this class
-for every Laguna target; the DFlash drafter (``DFlashLagunaForCausalLM``)
-builds upstream's decoder layers and gets neither.
+for every Laguna target; the DFlash drafter builds upstream's decoder
+layers and gets neither. The same plugin registers
+:class:`XpuLagunaDFlashForCausalLM` for ``DFlashLagunaForCausalLM``: the
+drafter with one CPU load fix (below).
 
 * **Routing bias** (every platform): Laguna checkpoints store the
   auxiliary-loss-free routing bias at ``mlp.experts.e_score_correction_bias``;
@@ -25,6 +27,15 @@ builds upstream's decoder layers and gets neither.
   the ``lm_head``, shared with the drafter, takes a form only inside this
   class's ``compute_logits``. With the path off nothing is installed and
   the model runs as upstream's.
+* **DFlash drafter on CPU**: ``DFlashLagunaModel`` builds its fused
+  context-KV buffers in ``process_weights_after_loading`` from each layer's
+  ``qkv_proj.weight``, which the CPU linear method has by then replaced by an
+  empty tensor (``dispatch_cpu_unquantized_gemm``, ``remove_weight=True``):
+  the first DFlash step dies with ``IndexError`` (pristine 0.34.0). The
+  drafter's ``qkv_proj`` layers take upstream's own opt-out,
+  ``_cpu_skip_gemm_dispatch``, when they are built on CPU. Written up for
+  upstream in ``docs/upstream/0013-...patch``; drop it when upstream's
+  drafter keeps the weight (``tests/e2e/test_laguna_spec_decode.py``).
 """
 
 from collections.abc import Iterable, Iterator
@@ -36,7 +47,9 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers import xpu_laguna_row_dispatch
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.laguna import LagunaForCausalLM
+from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
 from vllm.model_executor.models.utils import PPMissingLayer, is_pp_missing_parameter
+from vllm.platforms import current_platform
 from vllm.v1.attention.backends.xpu_laguna_exact import exact_verify_width
 
 logger = init_logger(__name__)
@@ -90,3 +103,15 @@ class XpuLagunaForCausalLM(LagunaForCausalLM):
                 raise ValueError(f"Laguna: {name} is not consumed by the MoE router")
             default_weight_loader(param, tensor)
             loaded.add(target)
+
+
+class XpuLagunaDFlashForCausalLM(DFlashLagunaForCausalLM):
+    """Upstream's DFlash Laguna drafter whose ``qkv_proj`` keeps its weight
+    on CPU (see module doc)."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        if current_platform.is_cpu():
+            for layer in self.model.layers:
+                # read after loading by _build_context_kv_buffers
+                layer.self_attn.qkv_proj._cpu_skip_gemm_dispatch = True
