@@ -53,7 +53,7 @@ def test_tp_legs_install_the_series_hooks_in_their_workers() -> None:
 
 # A stand-in vllm package for the plugin probe (tests/fake_vllm.py: the platform is CPU unless
 # FAKE_PLATFORM says otherwise, and upstream's CPU plugin detects it then): the kernel registry the
-# general plugin fills, stub CPU platform and communicator bases, and the overlay's real
+# general plugin fills, stub CPU platform and communicator bases and graph break, and the overlay's real
 # xpu_laguna_collectives (the modes and the mixin the runtime's communicator builds on).
 FAKE_VLLM = {
     "envs.py": "",
@@ -62,6 +62,9 @@ FAKE_VLLM = {
     + "def cpu_platform_plugin():\n    return 'cpu' if current_platform.is_cpu() else None\n",
     "platforms/cpu.py": "class CpuPlatform:\n    pass\n",
     "distributed/device_communicators/cpu_communicator.py": "class CpuCommunicator:\n    pass\n",
+    "compilation/xpu_breakable_graph/collectives.py": (
+        "def breakable_all_reduce(input_, group, eager):\n    return eager(input_)\n"
+    ),
     "v1/attention/ops/xpu_laguna_kernels.py": (
         "class AttentionKernels:\n"
         "    def __init__(self, **kw):\n        self.__dict__.update(kw)\n"

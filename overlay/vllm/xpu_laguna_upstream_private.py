@@ -124,6 +124,14 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "as _q_scale",
         "public scale accessors on the attention layer",
     ),
+    PrivateName(
+        "vllm.model_executor.layers.linear:UnquantizedLinearMethod",
+        "_cpu_skip_gemm_dispatch",
+        "set on the DFlash drafter's qkv_proj on CPU (upstream's own opt-out, "
+        "as MLA's kv_b_proj): its fused context-KV buffers read the weight "
+        "after loading",
+        "upstream's drafter keeping (or re-reading) the weight (docs/upstream/0013-*)",
+    ),
 )
 
 

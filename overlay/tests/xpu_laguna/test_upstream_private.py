@@ -30,7 +30,9 @@ _USERS = {
     ),
     "model_executor/layers/attention/attention.py": (
         "v1/attention/backends/xpu_laguna_exact.py",
+        "v1/attention/backends/xpu_laguna_flash_attn.py",
     ),
+    "model_executor/layers/linear.py": ("model_executor/models/xpu_laguna.py",),
 }
 
 

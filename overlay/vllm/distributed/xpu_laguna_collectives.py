@@ -170,9 +170,9 @@ class SeriesAllReduce:
     """The series' part of a device communicator (a mixin before the
     platform's communicator class): the all-reduce mode, decided when the
     communicator is built (:meth:`init_series_mode`, under the worker's
-    config), and the reduction into a caller-owned buffer that the
-    communicator's ``all_reduce`` and the breakable graphs' collective break
-    (:func:`all_reduce_into`) both run."""
+    config, at the end of its ``__init__``), and the reduction into a
+    caller-owned buffer that the communicator's ``all_reduce`` and the breakable
+    graphs' collective break (:func:`all_reduce_into`) both run."""
 
     unique_name: str
     world_size: int
@@ -182,8 +182,13 @@ class SeriesAllReduce:
     # the modes this communicator runs (another mode: its plain all-reduce)
     reduce_modes: frozenset[TpReduceMode] = frozenset({TpReduceMode.RANK_ORDER})
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)  # the platform's communicator
+        self.init_series_mode()
+
     def init_series_mode(self) -> None:
-        """Decide and keep the mode (call at the end of ``__init__``)."""
+        """Decide and keep the mode (``__init__`` does, once the platform's
+        communicator is built)."""
         self.xpu_laguna_mode = communicator_mode(self)
 
     def xpu_laguna_reduce_into(

@@ -15,7 +15,6 @@ the CPU graph legs) it is an eager break, as the XPU communicator's is on the de
 from __future__ import annotations
 
 import torch
-from torch.distributed import ProcessGroup
 from vllm.compilation.xpu_breakable_graph.collectives import breakable_all_reduce
 from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 from vllm.distributed.xpu_laguna_collectives import SeriesAllReduce, TpReduceMode
@@ -25,17 +24,6 @@ from .xccl_ring import xccl_ring_all_reduce
 
 class StandInCpuCommunicator(SeriesAllReduce, CpuCommunicator):
     reduce_modes = frozenset({TpReduceMode.RANK_ORDER, TpReduceMode.XCCL_STANDIN})
-
-    def __init__(
-        self,
-        cpu_group: ProcessGroup,
-        device: torch.device | None = None,
-        device_group: ProcessGroup | None = None,
-        unique_name: str = "",
-        use_all2all: bool = False,
-    ):
-        super().__init__(cpu_group, device, device_group, unique_name, use_all2all=use_all2all)
-        self.init_series_mode()
 
     def xpu_laguna_reduce_into(
         self, input_: torch.Tensor, out: torch.Tensor, gathered: torch.Tensor | None = None

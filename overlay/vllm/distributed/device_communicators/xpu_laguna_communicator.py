@@ -17,7 +17,6 @@ is upstream's communicator).
 """
 
 import torch
-from torch.distributed import ProcessGroup
 
 from vllm.compilation.xpu_breakable_graph.collectives import breakable_all_reduce
 from vllm.distributed import xpu_laguna_collectives
@@ -28,19 +27,6 @@ from .xpu_communicator import XpuCommunicator
 
 class XpuLagunaCommunicator(SeriesAllReduce, XpuCommunicator):
     """``XpuCommunicator`` with the series' all-reduce mode."""
-
-    def __init__(
-        self,
-        cpu_group: ProcessGroup,
-        device: torch.device | None = None,
-        device_group: ProcessGroup | None = None,
-        unique_name: str = "",
-        use_all2all: bool = False,
-    ):
-        super().__init__(
-            cpu_group, device, device_group, unique_name, use_all2all=use_all2all
-        )
-        self.init_series_mode()
 
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         # inside the series' breakable capture: an eager break
