@@ -43,7 +43,6 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from vllm.config import VllmConfig
-from vllm.logger import init_logger
 from vllm.model_executor.layers import xpu_laguna_row_dispatch
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.laguna import LagunaForCausalLM
@@ -51,8 +50,6 @@ from vllm.model_executor.models.laguna_dflash import DFlashLagunaForCausalLM
 from vllm.model_executor.models.utils import PPMissingLayer, is_pp_missing_parameter
 from vllm.platforms import current_platform
 from vllm.v1.attention.backends.xpu_laguna_exact import exact_verify_width
-
-logger = init_logger(__name__)
 
 BIAS_SUFFIX = ".e_score_correction_bias"
 
