@@ -60,8 +60,8 @@ class DraftModelPin:
     kind: str
     repo: str
     revision: str
-    # content fingerprint of the weights (``python -m vllm.xpu_laguna_drafter DIR``, the scheme in
-    # overlay/vllm/xpu_laguna_drafter.py); optional: without it a copy is told by hub snapshot only
+    # content fingerprint of the weights (``python -m vllm.xpu_laguna.drafter DIR``, the scheme in
+    # overlay/vllm/xpu_laguna/drafter.py); optional: without it a copy is told by hub snapshot only
     fingerprint: str = ""
 
 
@@ -86,7 +86,7 @@ class Pins:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for provenance files and reports (the wheel's drafter identity reads
-        ``draft`` and ``draft_bf16``: overlay/vllm/xpu_laguna_drafter.py)."""
+        ``draft`` and ``draft_bf16``: overlay/vllm/xpu_laguna/drafter.py)."""
         out: dict[str, Any] = {}
         for name in ("vllm", "xpu_runtime", "cpu_runtime", "target", "draft", "draft_bf16"):
             section = getattr(self, name)

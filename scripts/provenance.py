@@ -16,7 +16,7 @@ from scripts.git import head_commit, run_git
 from scripts.log import detail, info
 from scripts.worktree import Inputs, Layout, load_inputs
 
-# The shipped reader (overlay/vllm/xpu_laguna_provenance.py, which the doctor in the wheel uses)
+# The shipped reader (overlay/vllm/xpu_laguna/provenance.py, which the doctor in the wheel uses)
 # states the same value: the wheel cannot import the tooling; tests/test_provenance.py checks
 # that the two agree.
 SCHEMA = "vllm-xpu-laguna-provenance-v1"

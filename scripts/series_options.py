@@ -5,7 +5,7 @@ engine takes ``LLM(..., additional_config={"xpu_laguna": {...}})``, a server
 ``--additional-config '{"xpu_laguna": {...}}'`` (one JSON argument), a ``vllm serve --config`` YAML
 file an ``additional-config:`` mapping. Every definition here (the key, the options, their types and
 checks, which ``VLLM_XPU_LAGUNA_*`` variable each replaced) is the overlay's own
-(``overlay/vllm/config/xpu_laguna_options.py``), loaded from this repository's file: it needs no
+(``overlay/vllm/xpu_laguna/options.py``), loaded from this repository's file: it needs no
 vLLM, so the tooling checks options before any engine starts, with the engine's own words.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 from scripts.errors import ToolError
 from scripts.layout import Layout
 
-OPTIONS_FILE = "vllm/config/xpu_laguna_options.py"
+OPTIONS_FILE = "vllm/xpu_laguna/options.py"
 """The overlay module that defines the options (under ``overlay/``)."""
 CONFIG_FILE_KEY = "additional-config"
 """The ``vllm serve --config`` YAML key of ``EngineArgs.additional_config``."""

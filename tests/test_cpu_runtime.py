@@ -131,7 +131,7 @@ vllm = "vllm.entrypoints.cli.main:main"
 
 [project.entry-points."vllm.general_plugins"]
 lora_x = "vllm.plugins.x:register"
-xpu_laguna = "vllm.xpu_laguna_plugin:register"
+xpu_laguna = "vllm.xpu_laguna.plugin:register"
 """
 
 
@@ -298,9 +298,9 @@ def test_sync_writes_the_trees_entry_points_into_the_installed_dist_info(
     assert written == (
         "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n\n"
         "[vllm.general_plugins]\nlora_x = vllm.plugins.x:register\n"
-        "xpu_laguna = vllm.xpu_laguna_plugin:register\n\n"
+        "xpu_laguna = vllm.xpu_laguna.plugin:register\n\n"
     )
-    (tree / "pyproject.toml").write_text(PYPROJECT.replace('xpu_laguna = "vllm.xpu_laguna_plugin:register"\n', ""))
+    (tree / "pyproject.toml").write_text(PYPROJECT.replace('xpu_laguna = "vllm.xpu_laguna.plugin:register"\n', ""))
     _commit(tree, "no plugin")
     sync(tree, package)
     written = (package.parent / "vllm-0.34.0+cpu.dist-info" / "entry_points.txt").read_text()

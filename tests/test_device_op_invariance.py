@@ -122,7 +122,7 @@ def test_series_form_follows_the_defaults() -> None:
 def test_series_defaults_are_the_options_defaults_under_the_given_options() -> None:
     defaults, source = oc.series_defaults()
     assert defaults == {"qk_norm": "pad", "linears": "all", "linear_form": "none", "int4": "true"}
-    assert "overlay/vllm/config/xpu_laguna_options.py" in source
+    assert "overlay/vllm/xpu_laguna/options.py" in source
     given = {"row_invariant_qk_norm": "tokens", "row_invariant_int4": False, "row_invariant_linear_form": "rows"}
     defaults, source = oc.series_defaults(given)
     assert defaults == {"qk_norm": "tokens", "linears": "all", "linear_form": "rows", "int4": "false"}

@@ -186,18 +186,17 @@ def _stand_in_vllm(monkeypatch: pytest.MonkeyPatch, built: list[dict[str, Any]])
         "torch": types.ModuleType("torch"),
         "vllm": types.ModuleType("vllm"),
         "vllm.plugins": types.ModuleType("vllm.plugins"),
-        "vllm.v1": types.ModuleType("vllm.v1"),
-        "vllm.v1.attention": types.ModuleType("vllm.v1.attention"),
-        "vllm.v1.attention.backends": types.ModuleType("vllm.v1.attention.backends"),
-        "vllm.v1.attention.backends.xpu_laguna_exact": types.ModuleType("xpu_laguna_exact"),
+        "vllm.xpu_laguna": types.ModuleType("vllm.xpu_laguna"),
+        "vllm.xpu_laguna.attention": types.ModuleType("vllm.xpu_laguna.attention"),
+        "vllm.xpu_laguna.attention.exact": types.ModuleType("vllm.xpu_laguna.attention.exact"),
     }
     modules["vllm"].LLM = LLM  # type: ignore[attr-defined]
     modules["vllm"].SamplingParams = object  # type: ignore[attr-defined]
     modules["vllm.plugins"].load_general_plugins = lambda: None  # type: ignore[attr-defined]
-    exact = modules["vllm.v1.attention.backends.xpu_laguna_exact"]
+    exact = modules["vllm.xpu_laguna.attention.exact"]
     exact.counters = counters  # type: ignore[attr-defined]
     exact.kernel_seam_name = lambda: "stand-in"  # type: ignore[attr-defined]
-    modules["vllm.v1.attention.backends"].xpu_laguna_exact = exact  # type: ignore[attr-defined]
+    modules["vllm.xpu_laguna.attention"].exact = exact  # type: ignore[attr-defined]
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
 

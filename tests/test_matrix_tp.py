@@ -54,7 +54,7 @@ def test_tp_legs_install_the_series_hooks_in_their_workers() -> None:
 # A stand-in vllm package for the plugin probe (tests/fake_vllm.py: the platform is CPU unless
 # FAKE_PLATFORM says otherwise, and upstream's CPU plugin detects it then): the kernel registry the
 # general plugin fills, stub CPU platform and communicator bases and graph break, and the overlay's real
-# xpu_laguna_collectives (the modes and the mixin the runtime's communicator builds on).
+# vllm.xpu_laguna.collectives (the modes and the mixin the runtime's communicator builds on).
 FAKE_VLLM = {
     "envs.py": "",
     "logger.py": "import logging\ndef init_logger(name):\n    return logging.getLogger(name)\n",
@@ -62,17 +62,15 @@ FAKE_VLLM = {
     + "def cpu_platform_plugin():\n    return 'cpu' if current_platform.is_cpu() else None\n",
     "platforms/cpu.py": "class CpuPlatform:\n    pass\n",
     "distributed/device_communicators/cpu_communicator.py": "class CpuCommunicator:\n    pass\n",
-    "compilation/xpu_breakable_graph/collectives.py": (
-        "def breakable_all_reduce(input_, group, eager):\n    return eager(input_)\n"
-    ),
-    "v1/attention/ops/xpu_laguna_kernels.py": (
+    "xpu_laguna/graphs/collectives.py": ("def breakable_all_reduce(input_, group, eager):\n    return eager(input_)\n"),
+    "xpu_laguna/attention/kernels.py": (
         "class AttentionKernels:\n"
         "    def __init__(self, **kw):\n        self.__dict__.update(kw)\n"
         "class _R:\n    def register(self, kernels):\n        self.kernels = kernels\n"
         "registry = _R()\n"
     ),
-    "v1/attention/ops/xpu_laguna_split_plan.py": "",  # imported by the reference kernels' module
-    "distributed/xpu_laguna_collectives.py": (REPO / "overlay/vllm/distributed/xpu_laguna_collectives.py").read_text(),
+    "xpu_laguna/attention/split_plan.py": "",  # imported by the reference kernels' module
+    "xpu_laguna/collectives.py": (REPO / "overlay/vllm/xpu_laguna/collectives.py").read_text(),
 }
 
 # What vLLM does in every process: ask each vllm.platform_plugins entry point for its platform (the
@@ -119,7 +117,7 @@ def test_ring_legs_get_the_xccl_standin_from_the_runtime_platform(tmp_path: Path
     assert ring == plain  # the switch is the engine's option only: the same environment either way
     assert "xccl" not in (next(PLUGIN_DIR.glob("*.dist-info")) / "entry_points.txt").read_text()
     assert (cpu_standins.HERE / cpu_standins.PACKAGE / "xccl_ring.py").is_file()
-    platform = f"{cpu_standins.PACKAGE}.platform.StandInCpuPlatform"
+    platform = f"{cpu_standins.PACKAGE}.standin_platform.StandInCpuPlatform"
     on_cpu = _probe_plugins(tmp_path)
     assert on_cpu == {"platforms": {cpu_standins.PACKAGE: platform}, "modes": ["rank-order", "xccl-standin"]}
     off_cpu = _probe_plugins(tmp_path, FAKE_PLATFORM="xpu")

@@ -34,9 +34,10 @@ def _fake_vllm(root: Path) -> Path:
     (pkg / "v1" / "worker").mkdir(parents=True)
     for init in (pkg, pkg / "compilation", pkg / "v1", pkg / "v1" / "worker"):
         (init / "__init__.py").write_text("")
-    (pkg / "compilation" / "xpu_breakable_graph").mkdir()
-    (pkg / "compilation" / "xpu_breakable_graph" / "__init__.py").write_text("")
-    (pkg / "compilation" / "xpu_breakable_graph" / "config.py").write_text("")
+    (pkg / "xpu_laguna" / "graphs").mkdir(parents=True)
+    (pkg / "xpu_laguna" / "__init__.py").write_text("")
+    (pkg / "xpu_laguna" / "graphs" / "__init__.py").write_text("")
+    (pkg / "xpu_laguna" / "graphs" / "config.py").write_text("")
     (pkg / "v1" / "worker" / "cpu_worker.py").write_text("")
     (pkg / "other.py").write_text("")
     # the CPU runtime's test-side stand-ins (laid next to vllm/ by cpu_runtime sync)
@@ -62,8 +63,8 @@ def _run(tmp_path: Path, module: str, **env: str) -> str:
 @pytest.mark.parametrize(
     "module",
     [
-        "vllm.compilation.xpu_breakable_graph",
-        "vllm.compilation.xpu_breakable_graph.config",  # what the config's checks import
+        "vllm.xpu_laguna.graphs",
+        "vllm.xpu_laguna.graphs.config",  # what the config's checks import
         "vllm.v1.worker.cpu_worker",  # what a CPU worker process imports before it loads the model
     ],
 )
@@ -73,7 +74,7 @@ def test_hook_installs_once_when_vllm_loads_the_wrapper_or_the_cpu_worker(tmp_pa
 
 
 def test_hook_installs_once_for_both_modules(tmp_path: Path) -> None:
-    module = "vllm.compilation.xpu_breakable_graph, vllm.v1.worker.cpu_worker"
+    module = "vllm.xpu_laguna.graphs, vllm.v1.worker.cpu_worker"
     out = _run(tmp_path, module, **emulated_graphs_env())
     assert out == "False 1"
 
@@ -92,7 +93,7 @@ def test_hook_does_nothing_for_other_modules(tmp_path: Path) -> None:
 )
 def test_hook_stays_off_without_the_marker(tmp_path: Path, env: dict[str, str]) -> None:
     full = {**env, "PYTHONPATH": str(SITE_DIR)}
-    assert _run(tmp_path, "vllm.compilation.xpu_breakable_graph", **full) == "False 0"
+    assert _run(tmp_path, "vllm.xpu_laguna.graphs", **full) == "False 0"
 
 
 def test_crossover_option_puts_the_hook_on_the_path() -> None:

@@ -50,7 +50,7 @@ def _leg_log(first_pid: int, replays: int) -> str:
 
 
 def test_wrapper_logs_the_mark_this_module_reads() -> None:
-    source = (ROOT / "overlay" / "vllm" / "compilation" / "xpu_breakable_graph" / "wrapper.py").read_text()
+    source = (ROOT / "overlay" / "vllm" / "xpu_laguna" / "graphs" / "wrapper.py").read_text()
     assert f'ACCOUNTING_MARK = "{ACCOUNTING_MARK}"' in source
 
 

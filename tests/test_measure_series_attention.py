@@ -46,7 +46,7 @@ FAKE_MODULES = {
         "class AttentionBackendEnum(enum.Enum):\n    CPU_ATTN = 'CPU_ATTN'\n"
         "def register_backend(backend, class_path=None):\n    CALLS.append((backend.name, class_path))\n"
     ),
-    "v1/attention/backends/xpu_laguna_exact.py": (
+    "xpu_laguna/attention/exact.py": (
         "class _C:\n    widths = {}\n"
         "    def snapshot(self):\n"
         "        return {'exact_calls_by_width': dict(self.widths), 'prebuilt_calls': sum(self.widths.values())}\n"
@@ -59,9 +59,10 @@ import json, sys, time
 import xpu_laguna_cpu_attention as plugin
 plugin.register()
 plugin.register()  # vLLM may load general plugins more than once
-from vllm.v1.attention.backends import registry, xpu_laguna_exact
+from vllm.v1.attention.backends import registry
 from vllm.v1.attention import selector
-xpu_laguna_exact.counters.widths = {"8": 3}
+from vllm.xpu_laguna.attention import exact
+exact.counters.widths = {"8": 3}
 time.sleep(4 * plugin.REPORT_PERIOD_S)
 print(json.dumps({"calls": registry.CALLS, "clears": selector._cached_get_attn_backend.clears}))
 """

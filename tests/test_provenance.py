@@ -286,7 +286,7 @@ def test_failed_build_is_a_one_line_error(vxl_project, tmp_path: Path) -> None:
 def test_the_shipped_reader_checks_the_schema_the_tool_writes() -> None:
     """The doctor in the wheel compares a record's schema with the reader's SCHEMA; it must be
     the one this tool writes (the wheel cannot import the tooling, so each states it)."""
-    reader = REPO_ROOT / "overlay" / "vllm" / "xpu_laguna_provenance.py"
+    reader = REPO_ROOT / "overlay" / "vllm" / "xpu_laguna/provenance.py"
     tree = ast.parse(reader.read_text(encoding="utf-8"))
     values = [
         node.value.value

@@ -121,7 +121,7 @@ def test_real_apply_makes_the_documented_commits(vxl_real: Built) -> None:
     assert subjects[-1] == "overlay: lay the series' new files"
     assert len(inputs.patches) >= 1 and len(inputs.overlay) >= 1
     assert "check_series_contract(self)" in (tree / "vllm" / "config" / "vllm.py").read_text()  # a patch
-    assert (tree / "vllm" / "config" / "xpu_laguna_options.py").is_file()  # the overlay: the series' options
+    assert (tree / "vllm" / "xpu_laguna" / "options.py").is_file()  # the overlay: the series' options
     assert "VLLM_XPU_LAGUNA_" not in (tree / "vllm" / "envs.py").read_text()  # it declares no variable
     assert "g62d4bc3c7" in (tree / "vllm" / "_version.py").read_text()
     assert synthetic.git(tree, "status", "--porcelain", "--untracked-files=all") == ""

@@ -203,7 +203,7 @@ def test_negative_control_an_env_value_a_shell_would_split_is_refused() -> None:
         render_env(recipe)
 
 
-def _overlay_constant(name: str, module: str = "vllm/config/xpu_laguna_contract.py") -> object:
+def _overlay_constant(name: str, module: str = "vllm/xpu_laguna/contract.py") -> object:
     tree = ast.parse((REPO_ROOT / "overlay" / module).read_text())
     for node in tree.body:
         targets = (
@@ -216,16 +216,16 @@ def _overlay_constant(name: str, module: str = "vllm/config/xpu_laguna_contract.
 
 def test_the_doctor_checks_the_device_variables_the_recipe_sets() -> None:
     """The doctor ships in the wheel (it cannot import the tooling): its list must be the recipe's."""
-    doctor = _overlay_constant("RECIPE_DEVICE_ENV", "vllm/xpu_laguna_doctor.py")
+    doctor = _overlay_constant("RECIPE_DEVICE_ENV", "vllm/xpu_laguna/doctor.py")
     assert isinstance(doctor, dict)
     recipe = {s.key for s in xpu_recipe(load_pins()).env if not s.key.startswith("VLLM_")}
     assert set(doctor) == recipe
 
 
 def _drafter_identity_module() -> types.ModuleType:
-    """overlay/vllm/xpu_laguna_drafter.py, which ships in the wheel (standard library only at import)."""
+    """overlay/vllm/xpu_laguna/drafter.py, which ships in the wheel (standard library only at import)."""
     name = "xpu_laguna_drafter_under_test"
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "overlay/vllm/xpu_laguna_drafter.py")
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "overlay/vllm/xpu_laguna/drafter.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up

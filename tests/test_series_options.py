@@ -1,5 +1,5 @@
 """``scripts.series_options``: the tooling's one view of the series' options, the overlay's own
-definitions (``overlay/vllm/config/xpu_laguna_options.py``, loaded without vLLM), and the forms the
+definitions (``overlay/vllm/xpu_laguna/options.py``, loaded without vLLM), and the forms the
 tooling hands an engine: ``--additional-config JSON`` for a server, ``additional_config`` for ``LLM``."""
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ def test_the_repository_wheel_has_no_standins() -> None:
     files = series_wheel_files(inputs)
     # the list is the real one: the kernel registry, the exact path, the patched backend...
     for expected in (
-        "vllm/v1/attention/ops/xpu_laguna_kernels.py",
-        "vllm/v1/attention/backends/xpu_laguna_exact.py",
-        "vllm/compilation/xpu_breakable_graph/backends.py",
+        "vllm/xpu_laguna/attention/kernels.py",
+        "vllm/xpu_laguna/attention/exact.py",
+        "vllm/xpu_laguna/graphs/backends.py",
         "vllm/v1/attention/backends/flash_attn.py",
     ):
         assert expected in files

@@ -64,8 +64,8 @@ def _laguna_forward(input_ids: Any, positions: Any) -> Any:
     attention, attention-output all-reduce and MoE-output all-reduce."""
     import torch
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
-    from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
-    from vllm.compilation.xpu_breakable_graph.topology import BreakKind
+    from vllm.xpu_laguna.graphs.capture import XpuBreakableGraphCapture
+    from vllm.xpu_laguna.graphs.topology import BreakKind
 
     capture = BreakableCUDAGraphCapture.current()
     assert capture is not None
@@ -129,9 +129,9 @@ def _upstream_on_cpu() -> Iterator[None]:
 
 def _wrappers(config: Any) -> dict[str, Any]:
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
-    from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
-    from vllm.compilation.xpu_breakable_graph.topology import ExpectedTopology
-    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
+    from vllm.xpu_laguna.graphs.backends import DeviceGraphBackend
+    from vllm.xpu_laguna.graphs.topology import ExpectedTopology
+    from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
 
     backend = DeviceGraphBackend(name="stand-in", graph_factory=StandInGraph)
     expected = ExpectedTopology.decoder(LAYERS, TP)

@@ -80,10 +80,10 @@ def _builders(config: Any) -> list[Any]:
     the mode's series options are that configuration's."""
     import torch
     from vllm.config import set_current_vllm_config
-    from vllm.v1.attention.backends.xpu_laguna_flash_attn import (
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    from vllm.xpu_laguna.attention.backend import (
         XpuLagunaFlashAttentionMetadataBuilder as FlashAttentionMetadataBuilder,
     )
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
     common = {
         "block_size": BLOCK,
@@ -132,7 +132,7 @@ class Step:
 
 def _exact_only(builders: list[Any], step: Step, metadata: list[Any]) -> None:
     """Exact-verify metadata work only (metadata from a previous full build)."""
-    from vllm.v1.attention.backends import xpu_laguna_exact as x
+    from vllm.xpu_laguna.attention import exact as x
 
     owner0 = builders[0].laguna_prebuilt
     if owner0 is None:  # inline: every layer builds its tensors
@@ -157,7 +157,7 @@ def _exact_only(builders: list[Any], step: Step, metadata: list[Any]) -> None:
 
 def _full_step(builders: list[Any], step: Step) -> list[Any]:
     """Whole metadata preparation of a step, as the V1 runner does it."""
-    from vllm.v1.attention.backends import xpu_laguna_exact as x
+    from vllm.xpu_laguna.attention import exact as x
 
     cms = step.cms
     md_full = builders[0].build(0, cms[0])

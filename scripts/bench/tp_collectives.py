@@ -9,7 +9,7 @@ noise hits all alike:
   series; gloo here, XCCL on the device);
 * ``before``: the rank-order sum as 0010 first shipped it, kept here as the reference (all-gather,
   clone rank 0's copy, N - 1 in-place adds: :func:`before_rank_order`);
-* ``rank-order``: ``xpu_laguna_collectives.rank_order_all_reduce`` now (adds into the output; from
+* ``rank-order``: ``vllm.xpu_laguna.collectives.rank_order_all_reduce`` now (adds into the output; from
   ``RANK_ORDER_SCATTER_MIN_BYTES`` on, each rank sums its own slice, then all-gather).
 
 Per method and message shape: the fastest and the median round (microseconds per call, rank 0's
@@ -58,7 +58,7 @@ def before_rank_order(x: Any, group: Any) -> Any:
 
 def all_reduce_methods() -> dict[str, Callable[[Any, Any], Any]]:
     import torch.distributed as dist
-    from vllm.distributed import xpu_laguna_collectives as xc
+    from vllm.xpu_laguna import collectives as xc
 
     def plain(x: Any, group: Any) -> Any:
         out = x.clone()
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         import torch  # noqa: F401
-        from vllm.distributed import xpu_laguna_collectives  # noqa: F401
+        from vllm.xpu_laguna import collectives as xpu_laguna_collectives  # noqa: F401
     except ImportError:
         print("error: needs torch and the patched vLLM tree (the CPU runtime's python)", file=sys.stderr)
         return 2
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         line += "".join(f"{fastest[name] * REDUCTIONS_PER_STEP / 1000:>20.2f}" for name in METHODS)
         line += f"{fastest['rank-order'] / fastest['before']:>18.2f}x"
         print(line)
-    from vllm.distributed.xpu_laguna_collectives import RANK_ORDER_SCATTER_MIN_BYTES
+    from vllm.xpu_laguna.collectives import RANK_ORDER_SCATTER_MIN_BYTES
 
     elem = 2 if args.dtype == "bf16" else 4
     print(

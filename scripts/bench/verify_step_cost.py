@@ -6,7 +6,7 @@ per mode the fastest and the median round (us per call); ratios are taken on the
 ``plain`` is the path without patches 0010/0011 (upstream's): ``F.linear`` of the M verify rows,
 one q/k RMSNorm call, the backend's all-reduce.
 
-* Linears (patch 0011, ``xpu_laguna_row_invariant``): ``plain`` vs ``rows`` (``per_row``: one
+* Linears (patch 0011, ``vllm.xpu_laguna.row_invariant``): ``plain`` vs ``rows`` (``per_row``: one
   ``F.linear`` per row; the CPU default) vs ``batch_invariant`` (the XPU default: ``PaddedRows``,
   the copy of the M rows into the form's zero-padded width buffer, then one width-row call; here
   the call is ``F.linear`` in place of upstream's Triton kernel, which Triton on CPU only
@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch  # noqa: F401
 
         if "collectives" in args.parts:
-            from vllm.distributed import xpu_laguna_collectives  # noqa: F401
+            from vllm.xpu_laguna import collectives as xpu_laguna_collectives  # noqa: F401
     except ImportError as exc:
         parser.error(f"needs torch, and for the collectives the patched vLLM tree (the CPU runtime's python): {exc}")
     forms, _ = oc.load_forms()

@@ -41,9 +41,9 @@ _NOT_PARSED_BY_QUANTIZATION_CONFIG = ("transform_config", "sparsity_config")
 
 
 def layout() -> ModuleType:
-    """The checkpoint layout's one definition: the series' ``vllm.xpu_laguna_checkpoint`` (the
+    """The checkpoint layout's one definition: the series' ``vllm.xpu_laguna.checkpoint`` (the
     configuration contract refuses the same problems at load), from the vLLM this runs with."""
-    return importlib.import_module("vllm.xpu_laguna_checkpoint")
+    return importlib.import_module("vllm.xpu_laguna.checkpoint")
 
 
 class CheckpointError(ToolError):

@@ -4,7 +4,7 @@ One command for the first run on a B70 machine (``--python`` of ``nox -s day_one
 directly with the wheel installed). It runs, each as a child in a process group of its own with a
 time limit (stopped as a group, :mod:`scripts.procs`), its output in ``OUT/logs/STEP.log``:
 
-1. ``stack``: the doctor (``vllm.xpu_laguna_doctor``): the installed torch, Triton and
+1. ``stack``: the doctor (``vllm.xpu_laguna.doctor``): the installed torch, Triton and
    ``vllm_xpu_kernels`` against ``pins.toml``, the XPU count and memory against TP 4, the recipe's
    variables and the series' options; with ``--model-dir``/``--draft-dir`` the drafter identified
    by content;
@@ -129,7 +129,7 @@ def device_steps(
     pair = model is not None and draft is not None
     need_pair = "needs --model-dir and --draft-dir"
     models = ("--model", str(model), "--draft", str(draft)) if pair else ()
-    stack = _module("vllm.xpu_laguna_doctor", *models, *_doctor(options))
+    stack = _module("vllm.xpu_laguna.doctor", *models, *_doctor(options))
     series = _series(options)
     return [
         Step("stack", stack, 300, EXACTNESS),
@@ -173,7 +173,7 @@ def self_test_steps(out: Path, tiny: Path, tiny_int4: Path, options: Mapping[str
         Step(
             "stack",
             _module(
-                "vllm.xpu_laguna_doctor",
+                "vllm.xpu_laguna.doctor",
                 *("--no-device", "--model", str(target), "--draft", str(draft)),
                 *_doctor(options),
             ),

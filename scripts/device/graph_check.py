@@ -249,7 +249,7 @@ def _speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _accounting(worker: Any) -> dict[str, Any]:
-    from vllm.compilation.xpu_breakable_graph.wrapper import graph_accounting
+    from vllm.xpu_laguna.graphs.wrapper import graph_accounting
 
     return graph_accounting(worker.model_runner)
 

@@ -8,7 +8,7 @@ each row count M this runs ``--trials`` fresh random inputs (hidden states, rout
 
 * ``plain``: one M-row call, as a verify step makes it without the series' form;
 * ``rows``: the series' form (the option ``row_invariant_moe``: ``rows``): one call per row on
-  ``x[i:i+1]`` (``xpu_laguna_row_invariant_moe.experts_per_row`` of the installed vLLM, else this
+  ``x[i:i+1]`` (``vllm.xpu_laguna.row_invariant_moe.experts_per_row`` of the installed vLLM, else this
   script's own loop, said in the header);
 
 and compares each row bitwise (``torch.equal``) with a one-row call on a fresh copy of that row
@@ -42,7 +42,7 @@ from typing import Any
 from scripts.device import _report as report
 
 FORMS = ("plain", "rows")
-SERIES_FORM = "vllm.model_executor.layers.xpu_laguna_row_invariant_moe"
+SERIES_FORM = "vllm.xpu_laguna.row_invariant_moe"
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ importable vLLM and a device, Triton on CPU is only its interpreter); ``_xpu_C.i
 (``dist.all_reduce`` vs all-gather + rank-order BF16 sum, needs ``--ranks`` processes: gloo on
 CPU, one device each otherwise); softplus (gate), sigmoid (router), SiLU (MLPs), off / apply
 (patch 0009's CPU padding; unchanged off CPU). The forms are the series' own
-(overlay/vllm/model_executor/layers/xpu_laguna_row_invariant.py); the series' setting of each is
-its option (``row_invariant_*``): the options' defaults (overlay/vllm/config/xpu_laguna_options.py)
+(overlay/vllm/xpu_laguna/row_invariant.py); the series' setting of each is
+its option (``row_invariant_*``): the options' defaults (overlay/vllm/xpu_laguna/options.py)
 under ``--series-options`` (the day-one run passes the recipe's).
 
 Shapes (``--shapes laguna-s-tp4``), per rank at TP 4, from the Laguna-S-2.1 config (hidden 3072,
@@ -112,10 +112,10 @@ def load_forms() -> tuple[ModuleType, str]:
     """The series' forms: the overlay file of this repository, else the installed vllm's."""
     from scripts.layout import Layout
 
-    path = Layout().overlay / "vllm/model_executor/layers/xpu_laguna_row_invariant.py"
+    path = Layout().overlay / "vllm/xpu_laguna/row_invariant.py"
     if path.exists():
         return _load(path, "_vxl_row_forms"), str(path)
-    module = importlib.import_module("vllm.model_executor.layers.xpu_laguna_row_invariant")
+    module = importlib.import_module("vllm.xpu_laguna.row_invariant")
     return module, module.__name__
 
 

@@ -5,7 +5,7 @@ be reduced with another split count than the q=1 decode of its own length, when 
 in one call and the kernel picks the count (no plan), and with the series' plan (rows grouped
 by their own planned count: always none); plus the kernel calls per verify step the plan costs.
 Pure arithmetic on the port of vllm_xpu_kernels v0.1.11.1 ``get_num_splits``
-(vllm/v1/attention/ops/xpu_laguna_split_plan.py); runs anywhere the patched vLLM imports.
+(vllm/xpu_laguna/attention/split_plan.py); runs anywhere the patched vLLM imports.
 
     python -m scripts.device.split_divergence                  # Laguna-S TP4, Arc Pro B70
     python -m scripts.device.split_divergence --widths 8 --max-len 32768
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--widths", type=positive_ints, default=(8, 12, 16), help="verify widths (default: 8,12,16)")
     p.add_argument("--max-len", type=int, default=65536, help="longest KV length scanned (default: %(default)s)")
     a = p.parse_args(argv)
-    from vllm.v1.attention.ops import xpu_laguna_split_plan as plan
+    from vllm.xpu_laguna.attention import split_plan as plan
 
     wl = a.window - 1 if a.window else -1
     tile = plan.kv_tile(a.block)

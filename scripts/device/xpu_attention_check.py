@@ -88,8 +88,8 @@ def _run_case(
     kv_len: int,
     seed: int,
 ) -> Result:
-    from vllm.v1.attention.backends import xpu_laguna_exact as exact_mod
-    from vllm.v1.attention.ops import xpu_laguna_split_plan as plan
+    from vllm.xpu_laguna.attention import exact as exact_mod
+    from vllm.xpu_laguna.attention import split_plan as plan
 
     from scripts.cpu_standins import standin_module
 
@@ -209,7 +209,7 @@ def _run_case(
     )
 
     # Prebuilt metadata (patch 0005) refreshed on this device == inline.
-    from vllm.v1.attention.backends.xpu_laguna_prebuilt import PrebuiltExactMetadata
+    from vllm.xpu_laguna.attention.prebuilt import PrebuiltExactMetadata
 
     owner = PrebuiltExactMetadata(max(WIDTHS), dev)
     md = owner.refresh(q, seq_lens, table, kv_len)
@@ -282,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     if dev.type == "xpu" and not current_platform.is_xpu():
         print("error: no XPU platform here; use --device cpu for the self-test", file=sys.stderr)
         return 2
-    from vllm.v1.attention.backends import xpu_laguna_exact
-    from vllm.v1.attention.ops import xpu_laguna_split_plan as plan
+    from vllm.xpu_laguna.attention import exact as xpu_laguna_exact
+    from vllm.xpu_laguna.attention import split_plan as plan
 
     self_test = dev.type != "xpu"
     if self_test:  # the exact path's kernels off XPU: the test-side reference kernels

@@ -146,7 +146,7 @@ def _acceptance(metrics: Any) -> dict[str, Any]:
 
 def _rank_counts(worker: Any) -> dict[str, Any]:
     import torch
-    from vllm.v1.attention.backends import xpu_laguna_exact
+    from vllm.xpu_laguna.attention import exact as xpu_laguna_exact
 
     return {
         **xpu_laguna_exact.counters.snapshot(),
@@ -264,7 +264,7 @@ def _inject_stale_input(llm: Any, guarded: bool) -> None:
 
 
 def _runner_graph_accounting(worker: Any) -> dict[str, Any]:
-    from vllm.compilation.xpu_breakable_graph.wrapper import graph_accounting
+    from vllm.xpu_laguna.graphs.wrapper import graph_accounting
 
     return graph_accounting(worker.model_runner)
 
@@ -283,7 +283,7 @@ def route_and_count(cpu_flash_attn: bool) -> dict[str, Any]:
     environment) runs the real builder and impl on the reference kernels.
     """
     from vllm.plugins import load_general_plugins
-    from vllm.v1.attention.backends import xpu_laguna_exact
+    from vllm.xpu_laguna.attention import exact as xpu_laguna_exact
 
     load_general_plugins()  # as the engine will: on CPU the runtime's plugin registers the reference kernels
     xpu_laguna_exact.counters.reset()
@@ -301,6 +301,6 @@ def route_and_count(cpu_flash_attn: bool) -> dict[str, Any]:
 
 
 def _read_counts(counts: dict[str, Any]) -> dict[str, Any]:
-    from vllm.v1.attention.backends import xpu_laguna_exact
+    from vllm.xpu_laguna.attention import exact as xpu_laguna_exact
 
     return {**counts, **xpu_laguna_exact.counters.snapshot()}

@@ -3,7 +3,7 @@
 With the series' option ``breakable_graph`` on (``--additional-config '{"xpu_laguna":
 {"breakable_graph": true}}'``) every wrapper (target, DFlash drafter) logs one line
 ``XPU_LAGUNA_GRAPH_ACCOUNTING {json}`` at each capture, at the first replay and every 1000 replays after
-(``vllm/compilation/xpu_breakable_graph/wrapper.py``): graph class, captures with graphs and breaks by
+(``vllm/xpu_laguna/graphs/wrapper.py``): graph class, captures with graphs and breaks by
 kind, replays. This module reads those lines from a leg's server log; a leg without them has no
 graphs (the section stays ``measured: false``).
 """

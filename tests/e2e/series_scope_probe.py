@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm.config.xpu_laguna_options import ADDITIONAL_CONFIG_KEY as OPTIONS_KEY
+from vllm.xpu_laguna.options import ADDITIONAL_CONFIG_KEY as OPTIONS_KEY
 
 CONFIGS_MARKER = "series scope probe: engine done, configs next"
 SERIES_LINE = "XPU Laguna series:"  # how the contract's lines start
@@ -58,8 +58,8 @@ def _engine_args(cfg: dict[str, Any], model: str, kv_cache_dtype: str, series: b
 
 def _resolve(cfg: dict[str, Any], model: str, kv_cache_dtype: str, series: bool) -> dict[str, Any]:
     """The resolved settings the series could touch, or the one-line refusal."""
-    from vllm.distributed import xpu_laguna_collectives as coll
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.xpu_laguna import collectives as coll
 
     try:
         config = EngineArgs(**_engine_args(cfg, model, kv_cache_dtype, series)).create_engine_config()
@@ -94,9 +94,9 @@ def _worker_state(worker: Any) -> dict[str, Any]:
     """In a worker: its TP group, the all-reduce mode its communicator was built with (the series'
     decision from the worker's config), the scope its config gives, the series' options its config
     carried into this process, and the element size of its KV cache."""
-    from vllm.compilation.xpu_breakable_graph import config as series_config
     from vllm.distributed import get_tp_group
-    from vllm.distributed import xpu_laguna_collectives as coll
+    from vllm.xpu_laguna import collectives as coll
+    from vllm.xpu_laguna.graphs import config as series_config
 
     group = get_tp_group()
     caches = [t for t in getattr(worker.model_runner, "kv_caches", []) if hasattr(t, "element_size")]

@@ -187,7 +187,7 @@ def test_at_load_the_series_refuses_a_bf16_linear_missing_from_ignore(
     float_int4: Path, pair: int4.Int4Pair, tmp_path: Path
 ) -> None:
     """The configuration contract refuses it before any weight loads (vLLM itself would build the
-    linear as INT4: layout in vllm/xpu_laguna_checkpoint.py); the written pair passes."""
+    linear as INT4: layout in vllm/xpu_laguna/checkpoint.py); the written pair passes."""
     bad = int4.write(float_int4, tmp_path / "bad", not_ignored="model.layers.1.self_attn.g_proj")
     proc = _series_config(bad.target, "bfloat16")
     assert proc.returncode != 0

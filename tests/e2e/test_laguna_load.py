@@ -81,7 +81,7 @@ def _checkpoint(tiny_models: TinyModels) -> dict[str, Any]:
 def test_vllm_builds_the_series_laguna_class(tiny_models: TinyModels, load_model: Any) -> None:
     model, _ = load_model(_checkpoint(tiny_models))
     assert type(model).__qualname__ == "XpuLagunaForCausalLM"
-    assert type(model).__module__ == "vllm.model_executor.models.xpu_laguna"
+    assert type(model).__module__ == "vllm.xpu_laguna.model"
 
 
 def test_routing_bias_reaches_the_router(tiny_models: TinyModels, load_model: Any) -> None:

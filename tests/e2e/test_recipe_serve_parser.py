@@ -124,7 +124,7 @@ def _cpu_config(
 
 
 def test_cpu_recipe_builds_a_config_the_contract_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vllm.config.xpu_laguna_contract import series_active
+    from vllm.xpu_laguna.contract import series_active
 
     cfg = _cpu_config(monkeypatch)
     assert series_active(cfg)

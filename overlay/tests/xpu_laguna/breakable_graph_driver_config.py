@@ -45,10 +45,10 @@ def run_config() -> dict[str, Any]:
     platform given as XPU / CUDA / CPU stand-ins of the platform object."""
     from breakable_graph_standins import PlatformStandIn
 
-    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
     from vllm.config import CUDAGraphMode
     from vllm.platforms import current_platform
     from vllm.utils import torch_utils
+    from vllm.xpu_laguna.graphs.config import configure_breakable_graph
 
     def Xpu():
         return PlatformStandIn("xpu")

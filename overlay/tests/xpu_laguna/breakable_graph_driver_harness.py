@@ -25,7 +25,7 @@ from laguna_model_testlib import (
     tiny_laguna_config,
 )
 
-from vllm.distributed.xpu_laguna_collectives import SeriesAllReduce
+from vllm.xpu_laguna.collectives import SeriesAllReduce
 
 EVENTS: list[tuple[Any, ...]] = []
 # The series' options of the driver's configs: its breakable graphs, asked
@@ -100,7 +100,7 @@ class OneRankSeriesCommunicator(SeriesAllReduce):
         return self.group.world_size
 
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
-        from vllm.compilation.xpu_breakable_graph.collectives import (
+        from vllm.xpu_laguna.graphs.collectives import (
             breakable_all_reduce,
         )
 
@@ -250,7 +250,7 @@ def forward_ctx(
 
 
 def stand_in_backend():
-    from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
+    from vllm.xpu_laguna.graphs.backends import DeviceGraphBackend
 
     return DeviceGraphBackend(name="stand-in", graph_factory=StandInGraph)
 
@@ -264,7 +264,7 @@ def attention_layers(model) -> list[Any]:
 def observe_real_calls(model) -> None:
     """Log (not replace) the real eager work: each attention kernel call
     and each in-place all-reduce."""
-    from vllm.compilation.xpu_breakable_graph import collectives
+    from vllm.xpu_laguna.graphs import collectives
 
     for mod in attention_layers(model):
         impl = mod.impl

@@ -67,8 +67,8 @@ def run_numerics(h: Harness, num_layers: int, tp: int) -> dict[str, Any]:
     real attention, with graphs that record and do not run at capture."""
     from breakable_graph_standins import RecordingGraph, recording_capture
 
-    from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
-    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
+    from vllm.xpu_laguna.graphs.backends import DeviceGraphBackend
+    from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
 
     vllm_config, model = h.build(num_layers, tp)
     metadata, slots = real_attention(model, vllm_config, 8)
@@ -123,7 +123,7 @@ class _Meta:
 
 
 def run_guard(h: Harness) -> dict[str, Any]:
-    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
+    from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
 
     vllm_config, model = h.build(2, 2)
     names = [m.layer_name for m in attention_layers(model)]
@@ -216,8 +216,8 @@ def run_out_of_place(h: Harness) -> dict[str, Any]:
     with the upstream break decorator instead of the in-place break: the
     replay must refuse before the next segment reads stale memory."""
     from vllm.compilation.breakable_cudagraph import eager_break_during_capture
-    from vllm.compilation.xpu_breakable_graph import collectives
-    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
+    from vllm.xpu_laguna.graphs import collectives
+    from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
 
     def out_of_place(input_, group):
         output = input_.clone()

@@ -27,7 +27,7 @@ def _fields(obj: Any, *names: str) -> dict[str, Any] | None:
 
 
 def run_counts(h: Harness, num_layers: int, tp: int, moe: bool) -> dict[str, Any]:
-    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
+    from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
 
     moe_layers = tuple(range(num_layers)) if moe else ()
     vllm_config, model = h.build(num_layers, tp, moe_layers)
@@ -83,8 +83,8 @@ def run_drafter_counts(h: Harness, draft_layers: int, tp: int) -> dict[str, Any]
     all-reduce (2L) must be refused, and so must the drafter called with
     precomputed embeddings (the embedding all-reduce then does not happen)
     against the derived expectation."""
-    from vllm.compilation.xpu_breakable_graph.topology import ExpectedTopology
-    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
+    from vllm.xpu_laguna.graphs.topology import ExpectedTopology
+    from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
 
     vllm_config, model = h.build(3, tp, draft_layers=draft_layers)
     inputs = h.inputs()
@@ -131,8 +131,8 @@ def run_drafter_counts(h: Harness, draft_layers: int, tp: int) -> dict[str, Any]
 
 
 def run_ceiling(h: Harness) -> dict[str, Any]:
-    from vllm.compilation.xpu_breakable_graph.topology import ExpectedTopology
-    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
+    from vllm.xpu_laguna.graphs.topology import ExpectedTopology
+    from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
 
     vllm_config, model = h.build(3, 2)
     # Expect TP 1 topology (3 breaks, ceiling 14) from a TP 2 forward (10

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from laguna_model_testlib import VOCAB, tiny_laguna_config
 
-from vllm.config.xpu_laguna_options import ADDITIONAL_CONFIG_KEY, ENV_PREFIX
 from vllm.v1.executor.abstract import Executor
+from vllm.xpu_laguna.options import ADDITIONAL_CONFIG_KEY, ENV_PREFIX
 
 SERIES_ON: Mapping[str, Any] = {"prebuilt_metadata": True}
 """A known series state: prebuilt metadata on (a switch set true: the series
@@ -133,7 +133,7 @@ def log_lines(monkeypatch):
     """The contract's log lines. vLLM's logging setup (run again by every
     ``create_engine_config``) drops handlers of its child loggers, so the
     contract's logger is replaced by a recorder of its once-only methods."""
-    from vllm.config import xpu_laguna_contract
+    from vllm.xpu_laguna import contract as xpu_laguna_contract
 
     lines: list[str] = []
 

@@ -145,7 +145,7 @@ def _other_named_int4(root: Path, config: dict) -> Path:
 def fingerprint_of(seed: int, tmp: Path) -> str:
     """The fingerprint of the fake weights of ``seed``, as the module prints
     it (an input of the table, the expected identities are written out)."""
-    from vllm.xpu_laguna_drafter import fingerprint
+    from vllm.xpu_laguna.drafter import fingerprint
 
     path = tmp / f"fingerprint-{seed}"
     return fingerprint(path if path.is_dir() else plain_drafter(path, {}, seed))

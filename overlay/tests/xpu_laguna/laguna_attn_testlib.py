@@ -4,7 +4,7 @@
 
 The tests drive the series' FlashAttention metadata builder and impl (the
 backend the series' XPU platform picks: upstream's, subclassed in
-``xpu_laguna_flash_attn``) with real tensors: a real ``VllmConfig`` (from a
+``vllm.xpu_laguna.attention.backend``) with real tensors: a real ``VllmConfig`` (from a
 tiny local HF config, no hub access), a paged KV cache in the backend's own
 shape and stride order, the KV written with the impl's own
 ``do_kv_cache_update``. On a machine without an XPU the backend runs on the
@@ -35,16 +35,16 @@ from vllm.config import (
     VllmConfig,
     set_current_vllm_config,
 )
-from vllm.config.xpu_laguna_options import ADDITIONAL_CONFIG_KEY
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends import flash_attn as flash_attn_module
-from vllm.v1.attention.backends.xpu_laguna_flash_attn import (
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from vllm.xpu_laguna.attention.backend import (
     XpuLagunaFlashAttentionImpl as FlashAttentionImpl,
 )
-from vllm.v1.attention.backends.xpu_laguna_flash_attn import (
+from vllm.xpu_laguna.attention.backend import (
     XpuLagunaFlashAttentionMetadataBuilder as FlashAttentionMetadataBuilder,
 )
-from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from vllm.xpu_laguna.options import ADDITIONAL_CONFIG_KEY
 
 xpu_laguna_standins.register()  # on CPU: the reference kernels
 

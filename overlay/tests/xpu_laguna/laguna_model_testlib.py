@@ -12,7 +12,7 @@ its last stdout line; its test runs it once).
 
 The series reads its options from the configuration only
 (``VllmConfig.additional_config["xpu_laguna"]``, see
-``vllm.config.xpu_laguna_options``): nothing here sets an environment
+``vllm.xpu_laguna.options``): nothing here sets an environment
 variable, and a driver runs with none of the series' old variables (a
 config build refuses one).
 
@@ -61,7 +61,7 @@ def series_options(**options: Any) -> dict[str, Any]:
 def additional_config(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """``VllmConfig.additional_config`` holding ``options`` as the series'
     options (none: an empty one, the series' defaults)."""
-    from vllm.config.xpu_laguna_options import ADDITIONAL_CONFIG_KEY
+    from vllm.xpu_laguna.options import ADDITIONAL_CONFIG_KEY
 
     return {} if options is None else {ADDITIONAL_CONFIG_KEY: dict(options)}
 
@@ -76,7 +76,7 @@ def assert_reads_no_variable(
     every variable the series used to read set: each option in ``contrary``
     to that value (one that would change the decision if it were read),
     every other one to ``1``."""
-    from vllm.config.xpu_laguna_options import ENV_REPLACED_BY
+    from vllm.xpu_laguna.options import ENV_REPLACED_BY
 
     before = [decide(c) for c in configs]
     for name, key in ENV_REPLACED_BY.items():
@@ -365,7 +365,7 @@ def run_driver(driver: Path, cwd: Path, *args: str) -> dict[str, Any]:
     """Run a driver with ``args`` in its own process, with none of the
     series' old variables inherited (its configs carry the options), and
     return its observations (a crash fails the caller)."""
-    from vllm.config.xpu_laguna_options import ENV_PREFIX
+    from vllm.xpu_laguna.options import ENV_PREFIX
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     proc = subprocess.run(

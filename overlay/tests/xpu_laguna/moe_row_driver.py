@@ -115,7 +115,7 @@ def calls(config: Any, target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     """Per model and row count: the row counts of each recorded call one MoE
     forward made, and the form counters."""
     from vllm.forward_context import set_forward_context
-    from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
+    from vllm.xpu_laguna import row_invariant_moe as rim
 
     rim.counters.reset()
     out: dict[str, Any] = {}
@@ -147,7 +147,7 @@ def bitwise(config: Any, target: nn.Module, drafter: nn.Module) -> dict[str, Any
 
 
 def installed(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
-    from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
+    from vllm.xpu_laguna import row_invariant_moe as rim
 
     return {
         prefix: {
@@ -162,7 +162,7 @@ def installed(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
 def installed_form(target: nn.Module) -> dict[str, Any] | None:
     """The form the target's wrapped routed experts keep (None: not
     wrapped, the model was built without the exact path)."""
-    from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
+    from vllm.xpu_laguna import row_invariant_moe as rim
 
     apply = _moe(target).experts.routed_experts.quant_method.apply
     if not isinstance(apply, rim.RowInvariantExperts):

@@ -123,7 +123,7 @@ class StubAttention(nn.Module):
 
 
 def installed(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
-    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
+    from vllm.xpu_laguna import row_dispatch as rd
 
     out: dict[str, Any] = {}
     for prefix, model in (("target", target), ("draft", drafter)):
@@ -176,7 +176,7 @@ def gemm_calls(
 ) -> dict[str, Any]:
     """Per unit and row count: the row counts of the GEMM calls one call of
     the unit made, and the form counters."""
-    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
+    from vllm.xpu_laguna import row_dispatch as rd
 
     rd.counters.reset()
     out: dict[str, Any] = {}
@@ -246,7 +246,7 @@ def norm_calls(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
 def installed_settings(target: nn.Module) -> dict[str, Any] | None:
     """The forms the target's installed qkv_proj and q norm keep (None:
     nothing installed, the model was built without the exact path)."""
-    from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
+    from vllm.xpu_laguna import row_dispatch as rd
 
     attn = target.model.layers[0].self_attn
     if not isinstance(attn.q_norm, rd.RowInvariantQKNorm):

@@ -15,8 +15,8 @@ from types import ModuleType
 import pytest
 import xpu_laguna_standins
 
-from vllm.v1.attention.backends import xpu_laguna_exact
-from vllm.v1.attention.ops import xpu_laguna_kernels as kernels
+from vllm.xpu_laguna.attention import exact as xpu_laguna_exact
+from vllm.xpu_laguna.attention import kernels
 
 INDEX = "https://example.invalid/kernels/whl/"
 RECORD = {
@@ -35,7 +35,7 @@ def _fresh(monkeypatch) -> kernels.AttentionKernelRegistry:
 
 def _on_xpu(monkeypatch) -> None:
     monkeypatch.setattr(kernels.current_platform, "is_xpu", lambda: True)
-    monkeypatch.setattr("vllm.xpu_laguna_provenance.load", lambda: RECORD, raising=True)
+    monkeypatch.setattr("vllm.xpu_laguna.provenance.load", lambda: RECORD, raising=True)
 
 
 def test_off_xpu_nothing_registered_is_one_clear_error(monkeypatch):

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Unit tests of vllm/compilation/xpu_breakable_graph/ on CPU.
+"""Unit tests of vllm/xpu_laguna/graphs/ on CPU.
 
 ``RecordingGraph`` (breakable_graph_standins.py) stands in for a device
 graph with the property that matters: between ``capture_begin`` and
@@ -24,22 +24,22 @@ from breakable_graph_standins import PlatformStandIn, RecordingGraph
 from laguna_model_testlib import config_stand_in, series_options
 
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
-from vllm.compilation.xpu_breakable_graph.backends import (
+from vllm.xpu_laguna.graphs.backends import (
     DeviceGraphBackend,
     device_graph_backend,
 )
-from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
-from vllm.compilation.xpu_breakable_graph.errors import (
+from vllm.xpu_laguna.graphs.capture import XpuBreakableGraphCapture
+from vllm.xpu_laguna.graphs.errors import (
     BreakableGraphConfigError,
     CaptureCeilingError,
     OutOfPlaceBreakError,
     TopologyMismatchError,
 )
-from vllm.compilation.xpu_breakable_graph.guards import (
+from vllm.xpu_laguna.graphs.guards import (
     first_difference,
     reachable_tensor_identities,
 )
-from vllm.compilation.xpu_breakable_graph.topology import (
+from vllm.xpu_laguna.graphs.topology import (
     BreakKind,
     ExpectedTopology,
 )
@@ -183,7 +183,7 @@ def test_shared_capture_stream_for_every_capture() -> None:
     it); a new stream per capture was the old behaviour."""
     from types import ModuleType
 
-    from vllm.compilation.xpu_breakable_graph.backends import _side_stream_capture
+    from vllm.xpu_laguna.graphs.backends import _side_stream_capture
 
     class _Stream:
         def wait_stream(self, other) -> None:
@@ -234,7 +234,7 @@ def test_runner_wrapper_choice_follows_the_config() -> None:
     graphs on (on CPU: asked for explicitly), upstream's for every other
     config; two configs in one process each get their own choice."""
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
-    from vllm.compilation.xpu_breakable_graph.wrapper import (
+    from vllm.xpu_laguna.graphs.wrapper import (
         XpuBreakableGraphWrapper,
         breakable_graph_wrapper_cls,
     )
@@ -273,13 +273,13 @@ def test_v2_manager_builds_the_series_wrapper(
     from xpu_laguna_standins.emulated_graphs import recording_backend
 
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
-    from vllm.compilation.xpu_breakable_graph.backends import (
-        set_device_graph_backend_override,
-    )
-    from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
     from vllm.config import CompilationConfig
     from vllm.platforms import current_platform
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+    from vllm.xpu_laguna.graphs.backends import (
+        set_device_graph_backend_override,
+    )
+    from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
 
     monkeypatch.setattr(type(current_platform), "_global_graph_pool", "pool")
     set_device_graph_backend_override(recording_backend())
@@ -335,7 +335,7 @@ def test_the_configuration_forces_no_runner_and_arms_v2s_path(monkeypatch) -> No
     accepts it and turns on V2's breakable path in this config
     (compilation_config.use_breakable_cudagraph, the field V2 reads), not
     through the environment a later config would inherit."""
-    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
+    from vllm.xpu_laguna.graphs.config import configure_breakable_graph
 
     cfg = _config_stand_in()
     assert configure_breakable_graph(cfg, XPU) is True
@@ -353,7 +353,7 @@ def test_two_configs_in_one_process_get_their_own_graphs() -> None:
     width of one (4) never reaches another (8), the option off (a Laguna
     with the series but not its graphs) leaves that config as upstream
     resolves it, and configuring the first again gives the same result."""
-    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
+    from vllm.xpu_laguna.graphs.config import configure_breakable_graph
 
     narrow = _config_stand_in({"breakable_graph": True, "verify_width": 4})
     default = _config_stand_in()
@@ -372,8 +372,8 @@ def test_two_configs_in_one_process_get_their_own_graphs() -> None:
 def test_nothing_is_read_from_the_environment(monkeypatch) -> None:
     """The variables the series used to read change nothing: a config
     without the option stays upstream's, one with it gets its own width."""
-    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
-    from vllm.config.xpu_laguna_options import ENV_REPLACED_BY
+    from vllm.xpu_laguna.graphs.config import configure_breakable_graph
+    from vllm.xpu_laguna.options import ENV_REPLACED_BY
 
     contrary = {"breakable_graph": "1", "verify_width": "4"}
     for name, key in ENV_REPLACED_BY.items():
@@ -390,7 +390,7 @@ def test_a_cuda_platform_is_not_the_series(monkeypatch) -> None:
     """The series acts on XPU (and on CPU when a run asks): on a CUDA
     platform the option leaves the configuration as upstream resolves it;
     the XPU row is the control."""
-    from vllm.compilation.xpu_breakable_graph.config import (
+    from vllm.xpu_laguna.graphs.config import (
         breakable_graph_enabled,
         configure_breakable_graph,
     )
@@ -420,7 +420,7 @@ def test_v2_capture_sizes_other_than_the_width_are_refused(
     verify width and no FULL decode graphs; anything else is refused in one
     line (the accepted rows are the negative control: the same call with the
     width's value passes)."""
-    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
+    from vllm.xpu_laguna.graphs.config import configure_breakable_graph
 
     cfg = _config_stand_in()
     setattr(cfg.compilation_config, field, value)
@@ -438,10 +438,10 @@ def test_v2_capture_sizes_other_than_the_width_are_refused(
 def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
     from xpu_laguna_standins.emulated_graphs import recording_backend
 
-    from vllm.compilation.xpu_breakable_graph.backends import (
+    from vllm.xpu_laguna.graphs.backends import (
         set_device_graph_backend_override,
     )
-    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
+    from vllm.xpu_laguna.graphs.config import configure_breakable_graph
 
     with pytest.raises(BreakableGraphConfigError, match="XPU or CUDA"):
         configure_breakable_graph(_config_stand_in(), _PlatformStandIn("cpu"))
@@ -463,7 +463,7 @@ def test_breakable_graphs_configure_only_a_laguna_target(
     """The option set explicitly (as the XPU recipe does) leaves another
     model's configuration as upstream resolves it; the Laguna row is the
     control (the same call configures the graphs)."""
-    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
+    from vllm.xpu_laguna.graphs.config import configure_breakable_graph
 
     cfg = _config_stand_in(architecture=architecture)
     assert configure_breakable_graph(cfg, XPU) is configured
@@ -484,8 +484,8 @@ def test_a_later_config_in_the_process_resolves_its_own_graph_path(
     series used to write into ``os.environ`` turns it on for that model."""
     from laguna_model_testlib import write_tiny_llama
 
-    from vllm.compilation.xpu_breakable_graph.config import configure_breakable_graph
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.xpu_laguna.graphs.config import configure_breakable_graph
 
     laguna = _config_stand_in()
     assert configure_breakable_graph(laguna, XPU)

@@ -23,14 +23,14 @@ from breakable_graph_standins import piecewise_forward_context
 from laguna_model_testlib import write_tiny_llama
 from xpu_laguna_standins.emulated_graphs import recording_backend
 
-from vllm.compilation.xpu_breakable_graph.errors import StaticInputMismatchError
-from vllm.compilation.xpu_breakable_graph.guards import (
+from vllm.config import ModelConfig, VllmConfig
+from vllm.forward_context import get_forward_context
+from vllm.xpu_laguna.graphs.errors import StaticInputMismatchError
+from vllm.xpu_laguna.graphs.guards import (
     static_input_pointers,
     static_input_probe,
 )
-from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
-from vllm.config import ModelConfig, VllmConfig
-from vllm.forward_context import get_forward_context
+from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
 
 N = 8
 # Two KV-cache groups; layers a0/a1 share group A's slot mapping.

@@ -18,17 +18,17 @@ import torch
 from breakable_graph_standins import piecewise_forward_context
 from laguna_attn_testlib import BLOCK_SIZE, kv_spec, options, vllm_config
 
-from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
-from vllm.compilation.xpu_breakable_graph.errors import StaticInputMismatchError
-from vllm.compilation.xpu_breakable_graph.wrapper import XpuBreakableGraphWrapper
 from vllm.config import (
     VllmConfig,
     set_current_vllm_config,
 )
 from vllm.v1.attention.backend import CommonAttentionMetadata
-from vllm.v1.attention.backends.xpu_laguna_flash_attn import (
+from vllm.xpu_laguna.attention.backend import (
     XpuLagunaFlashAttentionMetadataBuilder as FlashAttentionMetadataBuilder,
 )
+from vllm.xpu_laguna.graphs.backends import DeviceGraphBackend
+from vllm.xpu_laguna.graphs.errors import StaticInputMismatchError
+from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
 
 WIDTH = 8
 COLS = 16

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The INT4 checkpoint layout checks (vllm/xpu_laguna_checkpoint.py) on a
+"""The INT4 checkpoint layout checks (vllm/xpu_laguna/checkpoint.py) on a
 hand-made safetensors folder: linears stored unquantized must be ignored
 (matched the way vLLM's compressed-tensors config matches ``ignore``: names
 and ``re:`` patterns), routed experts are packed, and K/V scales must sit
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from vllm import xpu_laguna_checkpoint as layout
+from vllm.xpu_laguna import checkpoint as layout
 
 EXPERT = "model.layers.1.mlp.experts.0.down_proj"
 G_PROJ = "model.layers.1.self_attn.g_proj"

@@ -14,16 +14,16 @@ from breakable_graph_standins import RecordingGraph
 from laguna_model_testlib import config_stand_in, series_options
 
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture
-from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
-from vllm.compilation.xpu_breakable_graph.capture import XpuBreakableGraphCapture
-from vllm.compilation.xpu_breakable_graph.collective_buffers import (
+from vllm.config import set_current_vllm_config
+from vllm.xpu_laguna import collectives as xc
+from vllm.xpu_laguna.graphs.backends import DeviceGraphBackend
+from vllm.xpu_laguna.graphs.capture import XpuBreakableGraphCapture
+from vllm.xpu_laguna.graphs.collective_buffers import (
     CollectiveBuffers,
     collective_buffers_for,
 )
-from vllm.compilation.xpu_breakable_graph.collectives import breakable_all_reduce
-from vllm.compilation.xpu_breakable_graph.errors import BreakableGraphError
-from vllm.config import set_current_vllm_config
-from vllm.distributed import xpu_laguna_collectives as xc
+from vllm.xpu_laguna.graphs.collectives import breakable_all_reduce
+from vllm.xpu_laguna.graphs.errors import BreakableGraphError
 
 
 def _slots(count: int = 3) -> CollectiveBuffers:

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The series' configuration contract (vllm/config/xpu_laguna_contract.py,
+"""The series' configuration contract (vllm/xpu_laguna/contract.py,
 hooked into ``VllmConfig.__post_init__`` by patch 0012), on CPU, in-process,
 no engine.
 
@@ -88,7 +88,7 @@ def test_the_baseline_passes_and_the_series_sets_its_one_safe_values(
 def test_unset_async_scheduling_is_turned_off(models) -> None:
     """The CPU platform turns async scheduling off later on its own, so the
     contract is called on a real config with the setting unset again."""
-    from vllm.config.xpu_laguna_contract import check_series_contract
+    from vllm.xpu_laguna.contract import check_series_contract
 
     cfg = make_config(models)
     cfg.scheduler_config.async_scheduling = None
@@ -228,7 +228,7 @@ UNIDENTIFIED = "is not identified as the INT4-matched DFlash drafter"
 def _drafter_case(models, tmp_path, monkeypatch, layout, pins) -> tuple[dict, dict]:
     """``models`` with the case's drafter folder as ``case``, and the
     provenance record (its pins) the contract is made to read."""
-    from vllm import xpu_laguna_provenance
+    from vllm.xpu_laguna import provenance as xpu_laguna_provenance
 
     config = json.loads((models["draft"] / "config.json").read_text())
     rec = record(pins, tmp_path)
@@ -253,8 +253,8 @@ def test_contract_and_doctor_tell_the_drafter_alike(
 ) -> None:
     """One table (drafter_testlib.CASES) through both: by content, never by
     the folder's name; symlinks followed both ways."""
-    from vllm.xpu_laguna_doctor import check_draft_identity
-    from vllm.xpu_laguna_drafter import KnownDrafters
+    from vllm.xpu_laguna.doctor import check_draft_identity
+    from vllm.xpu_laguna.drafter import KnownDrafters
 
     models, rec = _drafter_case(models, tmp_path, monkeypatch, layout, pins)
     doctor = check_draft_identity(models["case"], KnownDrafters.from_record(rec))
@@ -296,7 +296,7 @@ def test_an_unidentified_drafter_of_the_int4_target_gets_one_warning(
             "INT4 target), exactness does not change; use "
             "poolside/Laguna-S-2.1-DFlash-INT4 at revision 5e07c246915c, a hub "
             "snapshot of it or a copy whose fingerprint (python -m "
-            "vllm.xpu_laguna_drafter DIR) pins.toml records"
+            "vllm.xpu_laguna.drafter DIR) pins.toml records"
         )
         == 1
     )
@@ -308,7 +308,7 @@ def test_a_hub_repo_id_is_told_by_its_revision(
     """A hub drafter stays a repo id in vLLM's config; the revision asked for tells
     it (the repo's name does not: the matched repo without a revision is the
     default branch, which moves)."""
-    from vllm.config.xpu_laguna_contract import (
+    from vllm.xpu_laguna.contract import (
         SeriesConfigError,
         check_series_contract,
     )
@@ -440,9 +440,9 @@ def test_a_series_variable_still_set_is_refused_naming_its_option(
 def test_the_server_flag_carries_the_options(models) -> None:
     """``vllm serve ... --additional-config JSON``: vLLM's own argument
     parser turns the one JSON argument into the configuration's options."""
-    from vllm.config.xpu_laguna_options import XpuLagunaOptions
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.xpu_laguna.options import XpuLagunaOptions
 
     def config(extra: str):
         argv = ["--model", str(models["target"]), "--max-model-len", "512"]
@@ -475,8 +475,8 @@ def test_an_executor_that_uses_ray_gets_the_options_with_its_config(
     """No executor is refused any more (the Ray refusal was for variables a
     Ray worker might not have): the options are part of the VllmConfig that
     every executor hands its workers."""
-    from vllm.config.xpu_laguna_contract import check_series_contract
-    from vllm.config.xpu_laguna_options import XpuLagunaOptions
+    from vllm.xpu_laguna.contract import check_series_contract
+    from vllm.xpu_laguna.options import XpuLagunaOptions
 
     backend = f"{RayLikeExecutor.__module__}.RayLikeExecutor"
     cfg = make_config(models, distributed_executor_backend=backend)
@@ -491,10 +491,10 @@ def test_an_executor_that_uses_ray_gets_the_options_with_its_config(
 
 def _what_a_worker_sees(configs) -> list[dict]:
     """What the series' worker-side predicates decide for each config."""
-    from vllm.config.xpu_laguna_contract import series_active
-    from vllm.config.xpu_laguna_options import XpuLagunaOptions
-    from vllm.distributed.xpu_laguna_collectives import tp_reduce_mode
-    from vllm.v1.attention.backends.xpu_laguna_exact import exact_verify_width
+    from vllm.xpu_laguna.attention.exact import exact_verify_width
+    from vllm.xpu_laguna.collectives import tp_reduce_mode
+    from vllm.xpu_laguna.contract import series_active
+    from vllm.xpu_laguna.options import XpuLagunaOptions
 
     seen = []
     for cfg in configs:

@@ -85,7 +85,7 @@ def test_unset_graph_mode_is_set_to_none_before_the_level_defaults(
     reached on a real config with both modes unset again (as they are when
     the contract runs, before the -O level fills them: FULL_AND_PIECEWISE
     at O2, the XPU default)."""
-    from vllm.config.xpu_laguna_contract import check_series_contract
+    from vllm.xpu_laguna.contract import check_series_contract
 
     cfg = make_config(models)
     log_lines.clear()
@@ -230,7 +230,7 @@ def test_a_value_equal_to_a_valid_one_is_still_refused(valid, invalid) -> None:
     invalid one after the valid one was parsed."""
     from types import SimpleNamespace
 
-    from vllm.config.xpu_laguna_options import XpuLagunaOptions
+    from vllm.xpu_laguna.options import XpuLagunaOptions
 
     def parse(options):
         return XpuLagunaOptions.from_config(
@@ -336,8 +336,8 @@ def test_a_config_without_a_model_is_left_alone(log_lines) -> None:
 def test_another_model_keeps_its_configuration(tmp_path, log_lines) -> None:
     """Series switches set, a Llama target: prefix caching on, the KV dtype
     as asked, compilation as upstream, no rule, one info line."""
-    from vllm.config.xpu_laguna_contract import series_active
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.xpu_laguna.contract import series_active
 
     target = write_tiny_llama(tmp_path / "tiny-llama")
     cfg = EngineArgs(
@@ -387,9 +387,9 @@ def test_two_configs_in_one_process_each_get_their_own_decision(
     one): a Laguna target with the exact verify, the same target asking
     nothing, and a Llama target with the exact verify, alternately."""
     from vllm.config import set_current_vllm_config
-    from vllm.distributed import xpu_laguna_collectives as coll
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.attention.backends.xpu_laguna_exact import exact_verify_width
+    from vllm.xpu_laguna import collectives as coll
+    from vllm.xpu_laguna.attention.exact import exact_verify_width
 
     exact = {"exact_verify": True}
     laguna = make_config(models, options=exact, tensor_parallel_size=2)

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The serving doctor (``python -m vllm.xpu_laguna_doctor``), each check on
+"""The serving doctor (``python -m vllm.xpu_laguna.doctor``), each check on
 fake inputs: provenance records and package folders, model directories
 written in tmp_path, a stand-in ``torch.xpu`` and kernel ops defined with
 real ``torch.library`` schemas. Every check has a passing and a failing
@@ -16,9 +16,9 @@ import drafter_testlib
 import pytest
 import torch
 
-from vllm import xpu_laguna_doctor as doctor
-from vllm.v1.attention.ops import xpu_laguna_split_plan as split_plan
-from vllm.xpu_laguna_provenance import SCHEMA
+from vllm.xpu_laguna import doctor
+from vllm.xpu_laguna.attention import split_plan
+from vllm.xpu_laguna.provenance import SCHEMA
 
 TARGET_REV = "4bbfc285f2f8b3b6b526274c133b7b17aae6c8cb"
 DRAFT_REV = "5e07c246915c86dc6920fead03d019989224f2ba"
@@ -30,16 +30,16 @@ DRAFT_REV = "5e07c246915c86dc6920fead03d019989224f2ba"
 def _installed(tmp_path: Path) -> tuple[dict, Path]:
     """A package folder with one overlay file and the record of it."""
     pkg = tmp_path / "site" / "vllm"
-    pkg.mkdir(parents=True)
+    (pkg / "xpu_laguna").mkdir(parents=True)
     body = b"# overlay file\n"
-    (pkg / "xpu_laguna_doctor.py").write_bytes(body)
+    (pkg / "xpu_laguna/doctor.py").write_bytes(body)
     record = {
         "schema": SCHEMA,
         "version": "0.32.0+xpu.abc123def456",
         "patches": [{"name": "0001-x.patch", "sha256": "0" * 64}],
         "overlay": [
             {
-                "path": "vllm/xpu_laguna_doctor.py",
+                "path": "vllm/xpu_laguna/doctor.py",
                 "sha256": hashlib.sha256(body).hexdigest(),
             },
             {"path": "tests/xpu_laguna/test_doctor.py", "sha256": "1" * 64},
@@ -85,13 +85,13 @@ def test_provenance_fails_on_schema_or_version(tmp_path, change, words):
 def test_provenance_fails_when_a_shipped_file_changed_or_is_missing(tmp_path):
     record, pkg = _installed(tmp_path)
     installed = ("vllm", record["version"])
-    (pkg / "xpu_laguna_doctor.py").write_bytes(b"# edited after install\n")
+    (pkg / "xpu_laguna/doctor.py").write_bytes(b"# edited after install\n")
     check = doctor.check_provenance(record, installed, pkg)
     assert check.status == "fail"
-    assert "vllm/xpu_laguna_doctor.py differs from the record" in check.detail
-    (pkg / "xpu_laguna_doctor.py").unlink()
+    assert "vllm/xpu_laguna/doctor.py differs from the record" in check.detail
+    (pkg / "xpu_laguna/doctor.py").unlink()
     check = doctor.check_provenance(record, installed, pkg)
-    assert "vllm/xpu_laguna_doctor.py is missing" in check.detail
+    assert "vllm/xpu_laguna/doctor.py is missing" in check.detail
 
 
 # ------------------------------------------------------------------- pins
@@ -485,7 +485,7 @@ def test_draft_without_a_target_warns(tmp_path):
 
 
 def _known(pins: str, tmp_path: Path):
-    from vllm.xpu_laguna_drafter import KnownDrafters
+    from vllm.xpu_laguna.drafter import KnownDrafters
 
     return KnownDrafters.from_record(drafter_testlib.record(pins, tmp_path))
 

@@ -7,7 +7,7 @@ fails in one line. The expected lines are written out here."""
 
 import pytest
 
-from vllm import xpu_laguna_doctor as doctor
+from vllm.xpu_laguna import doctor
 
 DEFAULTS = "exact verify True, width 8, prebuilt metadata False, breakable graph False"
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The drafter identity (vllm/xpu_laguna_drafter.py) on fake drafter folders
+"""The drafter identity (vllm/xpu_laguna/drafter.py) on fake drafter folders
 (drafter_testlib: a config.json and a hand-written safetensors file): the
 fingerprint's scheme, recomputed here independently, what it sees and what it
 reads; hub snapshots and their blobs; the repo id form. The contract and the
@@ -25,7 +25,7 @@ from drafter_testlib import (
     tensor_bytes,
 )
 
-from vllm import xpu_laguna_drafter as drafter
+from vllm.xpu_laguna import drafter
 
 
 def _expected_fingerprint(*files: bytes) -> str:
@@ -185,13 +185,13 @@ def test_the_cli_prints_the_identity_and_the_pins_line(tmp_path, monkeypatch, ca
     import runpy
     import sys
 
-    from vllm import xpu_laguna_provenance
+    from vllm.xpu_laguna import provenance as xpu_laguna_provenance
 
     folder = plain_drafter(tmp_path / "d", {}, MATCHED_SEED)
     monkeypatch.setattr(xpu_laguna_provenance, "load", lambda: None)
     monkeypatch.setattr(sys, "argv", ["x", str(folder)])
-    monkeypatch.delitem(sys.modules, "vllm.xpu_laguna_drafter")  # run it afresh
-    runpy.run_module("vllm.xpu_laguna_drafter", run_name="__main__")
+    monkeypatch.delitem(sys.modules, "vllm.xpu_laguna.drafter")  # run it afresh
+    runpy.run_module("vllm.xpu_laguna.drafter", run_name="__main__")
     out = capsys.readouterr().out.splitlines()
     data = (folder / "model.safetensors").read_bytes()
     assert out == [

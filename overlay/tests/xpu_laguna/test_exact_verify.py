@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import laguna_attn_testlib as lib  # noqa: E402
 
-from vllm.v1.attention.backends import xpu_laguna_exact  # noqa: E402
+from vllm.xpu_laguna.attention import exact as xpu_laguna_exact  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     xpu_laguna_exact.kernel_seam_name() != "reference"

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The series' general plugin (vllm/xpu_laguna_plugin.py, the wheel's
+"""The series' general plugin (vllm/xpu_laguna/plugin.py, the wheel's
 ``xpu_laguna`` entry point) and the Laguna class it registers
-(vllm/model_executor/models/xpu_laguna.py).
+(vllm/xpu_laguna/model.py).
 
 What is real: vLLM's plugin loader over the installed distribution's entry
 points (the CPU runtime's are the tree's pyproject.toml, as in the wheel),
@@ -16,7 +16,7 @@ import importlib.metadata
 import pytest
 from contract_testlib import SERIES_OFF, error_line, make_config
 
-from vllm import xpu_laguna_plugin
+from vllm.xpu_laguna import plugin as xpu_laguna_plugin
 
 pytest_plugins = ("contract_testlib",)
 pytestmark = pytest.mark.usefixtures("series_environment")
@@ -28,7 +28,7 @@ def test_the_wheel_names_the_plugin_as_a_general_plugin() -> None:
         for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
         if ep.name == xpu_laguna_plugin.PLUGIN_NAME
     ]
-    assert entry.value == "vllm.xpu_laguna_plugin:register"
+    assert entry.value == "vllm.xpu_laguna.plugin:register"
 
 
 def test_a_config_built_by_vllm_resolves_the_series_laguna(models) -> None:
@@ -93,10 +93,7 @@ def test_the_allow_list_rule_acts_only_for_the_series(models, monkeypatch) -> No
 
 
 UPSTREAM_CPU = "vllm.distributed.device_communicators.cpu_communicator.CpuCommunicator"
-SERIES_XPU = (
-    "vllm.distributed.device_communicators.xpu_laguna_communicator."
-    "XpuLagunaCommunicator"
-)
+SERIES_XPU = "vllm.xpu_laguna.communicator.XpuLagunaCommunicator"
 
 
 def _communicator(monkeypatch, qualname: str) -> None:

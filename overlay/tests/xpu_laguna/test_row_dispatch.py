@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Row-invariant forms (xpu_laguna_row_invariant) and their dispatch
-(xpu_laguna_row_dispatch), in process: the forms against stand-ins of the
+"""Row-invariant forms (vllm.xpu_laguna.row_invariant) and their dispatch
+(vllm.xpu_laguna.row_dispatch), in process: the forms against stand-ins of the
 M-dependent XPU kernels (``row_invariant_standins.py``), the switches, and
 the linear dispatch on vLLM's real quantization methods (unquantized and
 compressed-tensors WNA16) with recording stand-in GEMMs. The options come
@@ -29,9 +29,6 @@ from row_invariant_standins import (
 from torch import nn
 from torch.nn import functional as F
 
-from vllm.config.xpu_laguna_options import XpuLagunaOptions
-from vllm.model_executor.layers import xpu_laguna_row_dispatch as rd
-from vllm.model_executor.layers import xpu_laguna_row_invariant as forms
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     LinearMethodBase,
@@ -43,6 +40,9 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
     CompressedTensorsWNA16,
 )
+from vllm.xpu_laguna import row_dispatch as rd
+from vllm.xpu_laguna import row_invariant as forms
+from vllm.xpu_laguna.options import XpuLagunaOptions
 
 # Laguna-S TP4 per-rank heads: full/sliding q heads, k heads
 LAGUNA_S_HEADS = (12, 18, 2)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from laguna_model_testlib import run_driver
 
-from vllm.model_executor.layers.xpu_laguna_row_dispatch import KINDS
+from vllm.xpu_laguna.row_dispatch import KINDS
 
 DRIVER = Path(__file__).with_name("row_dispatch_driver.py")
 TARGET_BLOCKS = ("target_attention_0", "target_attention_1", "target_dense_mlp_0")

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from vllm.model_executor.layers import xpu_laguna_row_invariant as ri
 from vllm.model_executor.layers.fused_moe.router import cpu_router
 from vllm.model_executor.models.laguna import LagunaMLP
+from vllm.xpu_laguna import row_invariant as ri
 
 FUNCTIONS = {"softplus": F.softplus, "sigmoid": torch.sigmoid, "silu": F.silu}
 # (rows, values per row): Laguna gate (4 heads), tiny router (8 experts),

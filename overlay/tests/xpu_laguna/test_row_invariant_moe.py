@@ -32,7 +32,7 @@ from laguna_model_testlib import (
 )
 from moe_row_standins import grouped_experts
 
-from vllm.model_executor.layers import xpu_laguna_row_invariant_moe as rim
+from vllm.xpu_laguna import row_invariant_moe as rim
 
 DRIVER = Path(__file__).with_name("moe_row_driver.py")
 HIDDEN, INTER, EXPERTS, TOP_K = 64, 32, 16, 4

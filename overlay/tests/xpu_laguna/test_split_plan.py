@@ -12,7 +12,7 @@ import pytest
 import torch
 from xpu_laguna_standins import reference_attention as ref
 
-from vllm.v1.attention.ops import xpu_laguna_split_plan as plan
+from vllm.xpu_laguna.attention import split_plan as plan
 
 # (batch, heads_q, heads_kv, seqlen_k, block, xe_cores) -> splits
 HEURISTIC_TABLE = {

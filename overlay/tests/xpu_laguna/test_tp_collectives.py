@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Exact tensor-parallel all-reduce (0010, ``xpu_laguna_collectives``).
+"""Exact tensor-parallel all-reduce (0010, ``vllm.xpu_laguna.collectives``).
 
 Real multi-process gloo groups on CPU (2 and 4 ranks, forked from this
 process so that torch and vLLM are imported once). A verify step all-reduces
@@ -34,13 +34,13 @@ import pytest
 import torch
 import torch.distributed as dist
 from laguna_model_testlib import config_stand_in, series_options
-from xpu_laguna_standins import communicator as standin_communicator
+from xpu_laguna_standins import standin_communicator as standin_communicator
 from xpu_laguna_standins import xccl_ring as standin
 
 import vllm._custom_ops  # noqa: F401  (loads the CPU SHM ops before the fork)
 from vllm.config import set_current_vllm_config
-from vllm.distributed import xpu_laguna_collectives as xc
 from vllm.distributed.device_communicators.xpu_communicator import XpuCommunicator
+from vllm.xpu_laguna import collectives as xc
 
 ROWS = 8  # the verify width M
 HIDDEN = (3072, 40)  # Laguna-S hidden size; a small odd-sized message
@@ -666,13 +666,13 @@ def test_the_runtime_platform_builds_the_standin_communicator(monkeypatch):
     stand-in one; where upstream detects no CPU platform it names none
     (negative control)."""
     import xpu_laguna_standins
-    from xpu_laguna_standins.platform import StandInCpuPlatform
+    from xpu_laguna_standins.standin_platform import StandInCpuPlatform
 
     import vllm.platforms
 
     assert xpu_laguna_standins.platform_plugin() == xpu_laguna_standins.PLATFORM
     assert StandInCpuPlatform.get_device_communicator_cls() == (
-        "xpu_laguna_standins.communicator.StandInCpuCommunicator"
+        "xpu_laguna_standins.standin_communicator.StandInCpuCommunicator"
     )
     monkeypatch.setattr(vllm.platforms, "cpu_platform_plugin", lambda: None)
     assert xpu_laguna_standins.platform_plugin() is None

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Routing of the series' communicators' all-reduce (``xpu_laguna_collectives.
+"""Routing of the series' communicators' all-reduce (``vllm.xpu_laguna.collectives.
 SeriesAllReduce``): which path the XPU communicator of the series' platform
 (``XpuLagunaCommunicator``) and the CPU runtime's stand-in communicator
-(``xpu_laguna_standins.communicator``) take for each combination of the
+(``xpu_laguna_standins.standin_communicator``) take for each combination of the
 series' options, at the monkeypatch level (recorders instead of
 collectives; the real gloo runs are in test_tp_collectives.py), and the
 XCCL ring stand-in's split rule.
@@ -27,13 +27,13 @@ from laguna_model_testlib import (
     config_stand_in,
     series_options,
 )
-from xpu_laguna_standins import communicator as standin_communicator
+from xpu_laguna_standins import standin_communicator as standin_communicator
 from xpu_laguna_standins import xccl_ring as standin
 
 from vllm.config import set_current_vllm_config
-from vllm.distributed import xpu_laguna_collectives as xc
 from vllm.distributed.device_communicators.xpu_communicator import XpuCommunicator
-from vllm.distributed.device_communicators.xpu_laguna_communicator import (
+from vllm.xpu_laguna import collectives as xc
+from vllm.xpu_laguna.communicator import (
     XpuLagunaCommunicator,
 )
 

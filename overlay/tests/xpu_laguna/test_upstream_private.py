@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The private upstream names the series uses are listed in one place
-(vllm/xpu_laguna_upstream_private.py), each still defined by this vLLM; a
+(vllm/xpu_laguna/upstream_private.py), each still defined by this vLLM; a
 renamed or removed one is one line naming it, why the series uses it and
 the public API that would replace it."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import vllm
-from vllm.xpu_laguna_upstream_private import (
+from vllm.xpu_laguna.upstream_private import (
     PRIVATE_NAMES,
     PrivateName,
     missing_names,
@@ -24,15 +24,15 @@ _ROOT = Path(vllm.__file__).parent
 # upstream modules whose private names they may use
 _USERS = {
     "compilation/breakable_cudagraph.py": (
-        "compilation/xpu_breakable_graph/capture.py",
-        "compilation/xpu_breakable_graph/wrapper.py",
-        "compilation/xpu_breakable_graph/collectives.py",
+        "xpu_laguna/graphs/capture.py",
+        "xpu_laguna/graphs/wrapper.py",
+        "xpu_laguna/graphs/collectives.py",
     ),
     "model_executor/layers/attention/attention.py": (
-        "v1/attention/backends/xpu_laguna_exact.py",
-        "v1/attention/backends/xpu_laguna_flash_attn.py",
+        "xpu_laguna/attention/exact.py",
+        "xpu_laguna/attention/backend.py",
     ),
-    "model_executor/layers/linear.py": ("model_executor/models/xpu_laguna.py",),
+    "model_executor/layers/linear.py": ("xpu_laguna/model.py",),
 }
 
 

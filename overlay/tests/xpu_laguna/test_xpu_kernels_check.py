@@ -6,7 +6,7 @@ before anything imports the package; present, or not the series' XPU wheel on
 an XPU, nothing is said.
 
 The module under test imports only the standard library and
-``vllm.xpu_laguna_provenance``: this file also runs outside the CPU runtime,
+``vllm.xpu_laguna.provenance``: this file also runs outside the CPU runtime,
 with the overlay as the ``vllm`` package
 (``PYTHONPATH=overlay python -m pytest --noconftest THIS_FILE``).
 """
@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from vllm import xpu_laguna_provenance
-from vllm.platforms import xpu_laguna_kernels_check as check
+from vllm.xpu_laguna import kernels_check as check
+from vllm.xpu_laguna import provenance as xpu_laguna_provenance
 
 INDEX = "https://example.invalid/kernels/whl/"
 

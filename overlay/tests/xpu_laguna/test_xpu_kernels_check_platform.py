@@ -9,7 +9,7 @@ target returns before it."""
 import pytest
 
 import vllm.platforms as platforms
-from vllm.platforms import xpu_laguna_kernels_check as check
+from vllm.xpu_laguna import kernels_check as check
 
 
 @pytest.fixture

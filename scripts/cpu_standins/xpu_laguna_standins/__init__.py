@@ -26,7 +26,7 @@ API server, the engine core, every worker) before any model is built, and
 platform of a process.
 
 :func:`register`, on the CPU platform only, registers the reference kernels with the overlay's
-kernel registry (``vllm.v1.attention.ops.xpu_laguna_kernels.registry``); on any other platform,
+kernel registry (``vllm.xpu_laguna.attention.kernels.registry``); on any other platform,
 and in a vLLM without the series (no registry), it does nothing. Registering turns nothing on: a
 CPU engine still takes upstream's ``CPU_ATTN`` unless a test registers FlashAttention under it.
 The communicator runs the ring only for an engine whose options turn ``debug_xccl_standin`` on.
@@ -39,19 +39,19 @@ import importlib.util
 from pathlib import Path
 
 KERNELS_NAME = "reference"
-PLATFORM = "xpu_laguna_standins.platform.StandInCpuPlatform"
+PLATFORM = "xpu_laguna_standins.standin_platform.StandInCpuPlatform"
 
 
 def register() -> bool:
     """The ``vllm.general_plugins`` entry point (may run more than once): True when the reference
     kernels are registered in this process."""
-    if importlib.util.find_spec("vllm.v1.attention.ops.xpu_laguna_kernels") is None:
+    if importlib.util.find_spec("vllm.xpu_laguna.attention.kernels") is None:
         return False  # a vLLM without the series
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return False
-    from vllm.v1.attention.ops.xpu_laguna_kernels import AttentionKernels, registry
+    from vllm.xpu_laguna.attention.kernels import AttentionKernels, registry
 
     from . import int4_experts, reference_attention
 
@@ -68,12 +68,12 @@ def register() -> bool:
 
 def platform_plugin() -> str | None:
     """The ``vllm.platform_plugins`` entry point: the runtime's CPU platform
-    (:class:`~xpu_laguna_standins.platform.StandInCpuPlatform`) where upstream detects a CPU,
+    (:class:`~xpu_laguna_standins.standin_platform.StandInCpuPlatform`) where upstream detects a CPU,
     else None (a vLLM without the series: upstream's platform)."""
     import vllm  # imported already: vLLM is resolving its platform
 
     # looked up without importing vllm.distributed (it needs the platform)
-    if not any((Path(p) / "distributed" / "xpu_laguna_collectives.py").is_file() for p in vllm.__path__):
+    if not any((Path(p) / "xpu_laguna" / "collectives.py").is_file() for p in vllm.__path__):
         return None
     from vllm.platforms import cpu_platform_plugin
 

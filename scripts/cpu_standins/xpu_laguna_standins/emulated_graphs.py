@@ -9,7 +9,7 @@ DFlash drafter, wrapper, guards) can run through the same capture/replay
 logic as on a device. Results obtained this way are *emulated* and must be
 labelled so. A test-side stand-in (never in the wheel): it reaches vLLM only
 through the overlay's hook
-(:func:`vllm.compilation.xpu_breakable_graph.backends.set_device_graph_backend_override`),
+(:func:`vllm.xpu_laguna.graphs.backends.set_device_graph_backend_override`),
 called by :func:`install_cpu_emulation` where a CPU run asks for emulation.
 
 What the stand-in reproduces (read against ``torch.cuda.CUDAGraph`` /
@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from vllm.compilation.xpu_breakable_graph.backends import DeviceGraphBackend
+from vllm.xpu_laguna.graphs.backends import DeviceGraphBackend
 
 # Ops that are eager breaks when a breakable capture is active.
 BREAK_OPS = frozenset({"vllm::unified_attention_with_output", "vllm::unified_mla_attention_with_output"})
@@ -227,9 +227,9 @@ def install_cpu_emulation() -> None:
     (``init_breakable_cg_runner``, patch 0006) and dispatches PIECEWISE
     steps to it exactly as on a device.
     """
-    from vllm.compilation.xpu_breakable_graph import backends, config
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.xpu_laguna.graphs import backends, config
 
     backends.set_device_graph_backend_override(recording_backend())
     if not hasattr(torch.ops._C, "weak_ref_tensor"):
@@ -309,8 +309,8 @@ def _alias_weak_refs() -> None:
     the same memory (a strong reference; the recording graph keeps that
     memory alive anyway, as the graph pool does on a device)."""
     from vllm.compilation import breakable_cudagraph
-    from vllm.compilation.xpu_breakable_graph import wrapper
     from vllm.utils import torch_utils
+    from vllm.xpu_laguna.graphs import wrapper
 
     for module in (torch_utils, breakable_cudagraph, wrapper):
         if hasattr(module, "weak_ref_tensor"):

@@ -28,7 +28,7 @@ Calls with ``max_seqlen_q == 1`` on a paged cache model the XPU paged-decode
 kernel's split-K (vllm_xpu_kernels v0.1.11.1, ``paged_decode_kernel.hpp``):
 the split count is ``num_splits_kv`` when given, else the kernel's own
 heuristic for the whole call (batch size, longest effective KV length; see
-:mod:`vllm.v1.attention.ops.xpu_laguna_split_plan`, with the modelled device's
+:mod:`vllm.xpu_laguna.attention.split_plan`, with the modelled device's
 Xe-core count); each sequence's KV is cut into the kernel's chunks (whole KV
 tiles, the window's first tile, one split below ``kMinBlocksForSplit``
 tiles); each chunk yields an unnormalised float32 partial output stored in
@@ -61,7 +61,7 @@ from typing import NamedTuple
 
 import torch
 from vllm.logger import init_logger
-from vllm.v1.attention.ops import xpu_laguna_split_plan as split_plan
+from vllm.xpu_laguna.attention import split_plan
 
 logger = init_logger(__name__)
 

@@ -3,14 +3,12 @@
 """Test-side stand-in of XCCL's ring all-reduce on CPU (never in the wheel).
 
 With the series' option ``debug_xccl_standin`` on where the exact reduction
-(``exact_tp_reduce``) is off, the CPU communicator's tensor-parallel all-reduce runs the stand-in
-registered in ``xpu_laguna_collectives.cpu_stand_ins``, so that CPU runs show
-the device's message-size dependence. :func:`xpu_laguna_standins.register`
-(the CPU runtime's general plugin, so every engine process and every worker
-of the mp executor) registers :func:`xccl_ring_all_reduce` there on the CPU
-platform; registering does not turn it on, only the option does. The patch
-tests (``tests/xpu_laguna/test_tp_collectives.py``) register it in their gloo
-ranks. It is a CPU stand-in only: no device ever runs it.
+(``exact_tp_reduce``) is off, the tensor-parallel all-reduce of the runtime's test-side CPU
+communicator (:class:`.standin_communicator.StandInCpuCommunicator`, built by the test-side platform in
+every worker) runs this stand-in, so that CPU runs show the device's message-size dependence;
+the wheel's XPU communicator has no such mode. The patch tests
+(``tests/xpu_laguna/test_tp_collectives.py``) call it in their gloo ranks. It is a CPU stand-in
+only: no device ever runs it.
 
 Stand-in: what it reproduces of the device and what not (oneCCL
 ``uxlfoundation/oneCCL``, ``deps/libccl/src/coll/algorithms``, 2026 sources,

@@ -27,7 +27,7 @@ MARK_ENV = "XPU_LAGUNA_EMULATED_GRAPHS"
 # breakable-graph package (any of its modules imports the package first) in the processes that
 # build or check a config (API server, engine core), the CPU worker process imports its worker module before it
 # loads the model (it gets its config pickled).
-HOOKED_MODULES = frozenset({"vllm.compilation.xpu_breakable_graph", "vllm.v1.worker.cpu_worker"})
+HOOKED_MODULES = frozenset({"vllm.xpu_laguna.graphs", "vllm.v1.worker.cpu_worker"})
 _installed = False
 
 

@@ -30,7 +30,7 @@ import threading
 
 MARK_ENV = "XPU_LAGUNA_CPU_SERIES_ATTENTION"
 # the series' FlashAttention backend (upstream's, subclassed), which its XPU platform picks
-FLASH_ATTN = "vllm.v1.attention.backends.xpu_laguna_flash_attn.XpuLagunaFlashAttentionBackend"
+FLASH_ATTN = "vllm.xpu_laguna.attention.backend.XpuLagunaFlashAttentionBackend"
 REGISTERED_LINE = "XPU Laguna CPU series attention: FLASH_ATTN (reference kernels) registered under CPU_ATTN"
 COUNTERS_LINE = "XPU Laguna CPU series attention: exact-verify counters"
 REPORT_PERIOD_S = 0.5
@@ -46,7 +46,7 @@ def _say(text: str) -> None:
 
 def _report(last: list[str]) -> None:
     """Print the counters if they changed since the last line (and are not all zero)."""
-    from vllm.v1.attention.backends import xpu_laguna_exact
+    from vllm.xpu_laguna.attention import exact as xpu_laguna_exact
 
     try:
         snapshot = xpu_laguna_exact.counters.snapshot()
