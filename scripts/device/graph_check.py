@@ -270,6 +270,12 @@ def run_leg(args: argparse.Namespace, leg: Leg) -> dict[str, Any]:
         # first request, and its sampler warm-up launches the top-k/top-p kernel, which Triton's
         # interpreter cannot run (``tl.range`` over a program id yields Python ints there).
         extra["kernel_config"] = {"enable_jit_warmup": False}
+    if device == "cuda" and leg.graphs:
+        # the series' worker on CUDA (the XPU platform names its own): its runner presets the
+        # series' breakable wrapper
+        from scripts.device.cuda_series_worker import WORKER
+
+        extra["worker_cls"] = WORKER
     if leg.graphs:
         w = args.width
         extra["compilation_config"] = {

@@ -229,25 +229,57 @@ def test_device_graph_choice() -> None:
 BREAKABLE = {"breakable_graph": True}
 
 
-def test_runner_wrapper_choice_follows_the_config() -> None:
-    """The series' wrapper for a Laguna config whose options turn breakable
-    graphs on (on CPU: asked for explicitly), upstream's for every other
-    config; two configs in one process each get their own choice."""
-    from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+class _Manager:
+    """V2's graph manager as ``preset_breakable_runner`` reads it."""
+
+    def __init__(self, use_breakable_cg: bool = True, runner=None) -> None:
+        self.use_breakable_cg = use_breakable_cg
+        self.breakable_cg_runner = runner
+
+
+class _Runner:
+    def __init__(self, vllm_config, manager) -> None:
+        self.vllm_config = vllm_config
+        self.cudagraph_manager = manager
+        self.model = torch.nn.Identity()
+
+
+def test_the_runner_gets_the_series_wrapper_where_its_config_asks() -> None:
+    """The worker's hook presets the series' wrapper for a Laguna config whose
+    options turn breakable graphs on (on CPU: asked for explicitly), before
+    V2's ``init_breakable_cg_runner`` would build upstream's; every other
+    config, a manager without breakable graphs or one that has a wrapper
+    already is left to upstream. Two configs in one process each get their
+    own choice."""
+    from vllm.config import CompilationConfig
     from vllm.xpu_laguna.graphs.wrapper import (
         XpuBreakableGraphWrapper,
-        breakable_graph_wrapper_cls,
+        preset_breakable_runner,
     )
 
-    on = config_stand_in(BREAKABLE)
-    off = config_stand_in(series_options(breakable_graph=False))
+    backend = BACKEND
+    compiled = {"compilation_config": CompilationConfig(cudagraph_capture_sizes=[8])}
+    on = config_stand_in(BREAKABLE, **compiled)
+    off = config_stand_in(series_options(breakable_graph=False), **compiled)
     for _ in range(2):
-        assert breakable_graph_wrapper_cls(on) is XpuBreakableGraphWrapper
-        assert breakable_graph_wrapper_cls(off) is BreakableCUDAGraphWrapper
-    assert breakable_graph_wrapper_cls(config_stand_in(None)) is (
-        BreakableCUDAGraphWrapper
-    )
-    assert breakable_graph_wrapper_cls(None) is BreakableCUDAGraphWrapper
+        runner = _Runner(on, _Manager())
+        assert preset_breakable_runner(runner, backend=backend)
+        wrapper = runner.cudagraph_manager.breakable_cg_runner
+        assert isinstance(wrapper, XpuBreakableGraphWrapper)
+        assert wrapper.runnable is runner.model
+        # the negative controls: upstream's wrapper stays V2's to build
+        for runner in (
+            _Runner(off, _Manager()),
+            _Runner(config_stand_in(None, **compiled), _Manager()),
+            _Runner(on, _Manager(use_breakable_cg=False)),
+        ):
+            assert not preset_breakable_runner(runner, backend=backend)
+            assert runner.cudagraph_manager.breakable_cg_runner is None
+    built = object()
+    kept = _Runner(on, _Manager(runner=built))
+    assert not preset_breakable_runner(kept, backend=backend)
+    assert kept.cudagraph_manager.breakable_cg_runner is built
+    assert not preset_breakable_runner(_Runner(on, None), backend=backend)
 
 
 @pytest.mark.parametrize(
@@ -260,42 +292,46 @@ def test_runner_wrapper_choice_follows_the_config() -> None:
         (BREAKABLE, "LlamaForCausalLM", False),
     ],
 )
-def test_v2_manager_builds_the_series_wrapper(
+def test_v2_manager_keeps_the_wrapper_the_worker_preset(
     monkeypatch, options, architecture, series
 ) -> None:
-    """Patch 0006: Model Runner V2's CudaGraphManager builds its breakable
-    runner from the series' wrapper when its config's options turn
-    breakable graphs on and the target is one the series is for, upstream's
-    otherwise: the option off (or not given) is the negative control of the
-    choice being the patch's, the Laguna row the control of the Llama and
-    no-model rows (a model out of scope keeps upstream's wrapper under
-    upstream's own breakable graphs)."""
+    """The series' worker hook, then Model Runner V2's own
+    ``CudaGraphManager.init_breakable_cg_runner`` (which builds upstream's
+    wrapper only when none is set): the series' wrapper when the config's
+    options turn breakable graphs on and the target is one the series is
+    for, upstream's otherwise. The option off (or not given) is the negative
+    control of the choice being the hook's, the Laguna row the control of
+    the Llama and no-model rows (a model out of scope keeps upstream's
+    wrapper under upstream's own breakable graphs)."""
     from xpu_laguna_standins.emulated_graphs import recording_backend
 
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
     from vllm.config import CompilationConfig
     from vllm.platforms import current_platform
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
-    from vllm.xpu_laguna.graphs.backends import (
-        set_device_graph_backend_override,
+    from vllm.xpu_laguna.graphs.wrapper import (
+        XpuBreakableGraphWrapper,
+        preset_breakable_runner,
     )
-    from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
 
     monkeypatch.setattr(type(current_platform), "_global_graph_pool", "pool")
-    set_device_graph_backend_override(recording_backend())
-    try:
-        vllm_config = config_stand_in(
-            options,
-            architecture,
-            compilation_config=CompilationConfig(cudagraph_capture_sizes=[8]),
-        )
-        manager = SimpleNamespace(breakable_cg_runner=None, vllm_config=vllm_config)
-        CudaGraphManager.init_breakable_cg_runner(manager, torch.nn.Identity())
-    finally:
-        set_device_graph_backend_override(None)
-    runner = manager.breakable_cg_runner
-    assert isinstance(runner, BreakableCUDAGraphWrapper)
-    assert isinstance(runner, XpuBreakableGraphWrapper) is series
+    vllm_config = config_stand_in(
+        options,
+        architecture,
+        compilation_config=CompilationConfig(cudagraph_capture_sizes=[8]),
+    )
+    manager = SimpleNamespace(
+        breakable_cg_runner=None, vllm_config=vllm_config, use_breakable_cg=True
+    )
+    model = torch.nn.Identity()
+    runner = SimpleNamespace(
+        cudagraph_manager=manager, vllm_config=vllm_config, model=model
+    )
+    assert preset_breakable_runner(runner, backend=recording_backend()) is series
+    CudaGraphManager.init_breakable_cg_runner(manager, model)
+    built = manager.breakable_cg_runner
+    assert isinstance(built, BreakableCUDAGraphWrapper)
+    assert isinstance(built, XpuBreakableGraphWrapper) is series
 
 
 @pytest.fixture(autouse=True)

@@ -223,9 +223,9 @@ def install_cpu_emulation() -> None:
     captures: V2's ``capture_model`` measures device memory and opens a
     device stream, which a CPU has not, so the stand-in calls the manager
     with the runner's buffers as ``capture_model`` does, and a capture
-    context with no stream). The manager then builds the series' wrapper
-    (``init_breakable_cg_runner``, patch 0006) and dispatches PIECEWISE
-    steps to it exactly as on a device.
+    context with no stream). Before that capture the series' wrapper is put
+    in place as the series' XPU worker does (``preset_breakable_runner``), and
+    the manager dispatches PIECEWISE steps to it exactly as on a device.
     """
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.worker.cpu_worker import CPUWorker
@@ -267,10 +267,14 @@ def _capture_on_cpu(runner: Any) -> None:
     """V2's ``capture_model`` for the decoder, without its device memory
     accounting and device stream."""
     from vllm.v1.worker.gpu import cudagraph_utils
+    from vllm.xpu_laguna.graphs.wrapper import preset_breakable_runner
 
     manager = runner.cudagraph_manager
     if manager is None or not manager.needs_capture():
         return
+    # what the series' XPU worker does after initialize_kv_cache: the series' wrapper in place
+    # before the manager's capture would build upstream's (none where the config does not ask)
+    preset_breakable_runner(runner)
     original = cudagraph_utils.graph_capture
     cudagraph_utils.graph_capture = _no_stream_capture
     try:

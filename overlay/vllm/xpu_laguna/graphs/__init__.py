@@ -102,8 +102,8 @@ from vllm.xpu_laguna.graphs.wrapper import (
     ACCOUNTING_EVERY,
     ACCOUNTING_MARK,
     XpuBreakableGraphWrapper,
-    breakable_graph_wrapper_cls,
     graph_accounting,
+    preset_breakable_runner,
 )
 
 __all__ = [
@@ -128,7 +128,6 @@ __all__ = [
     "apply_breakable_graph_settings",
     "breakable_all_reduce",
     "breakable_graph_enabled",
-    "breakable_graph_wrapper_cls",
     "configure_breakable_graph",
     "debug_checks_enabled",
     "device_graph_backend",
@@ -136,6 +135,7 @@ __all__ = [
     "expected_topology_for",
     "first_difference",
     "graph_accounting",
+    "preset_breakable_runner",
     "reachable_tensor_identities",
     "set_device_graph_backend_override",
     "shared_capture_stream",

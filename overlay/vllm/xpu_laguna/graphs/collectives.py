@@ -75,8 +75,8 @@ def breakable_all_reduce(
         return eager(input_)
     if not isinstance(capture, XpuBreakableGraphCapture):
         # upstream's breakable capture (a model the series is not for, or
-        # its options off: breakable_graph_wrapper_cls chose upstream's
-        # wrapper from the config): upstream's all-reduce, as without it
+        # its options off: preset_breakable_runner left upstream's wrapper
+        # to V2's manager): upstream's all-reduce, as without it
         return eager(input_)
     buffers = capture.collective_buffers
     owned: list[torch.Tensor] = []

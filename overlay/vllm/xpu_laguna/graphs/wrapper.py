@@ -338,12 +338,25 @@ def graph_accounting(runner: GPUModelRunner) -> dict[str, Any]:
     return {}
 
 
-def breakable_graph_wrapper_cls(
-    vllm_config: VllmConfig | None = None,
-) -> type[BreakableCUDAGraphWrapper]:
-    """The breakable-graph wrapper class V2's graph manager builds: the
-    series' while its toggle is on and the series is in scope for
-    ``vllm_config`` (a target it is not for keeps upstream's wrapper)."""
-    if breakable_graph_enabled(vllm_config):
-        return XpuBreakableGraphWrapper
-    return BreakableCUDAGraphWrapper
+def preset_breakable_runner(
+    runner: GPUModelRunner, *, backend: DeviceGraphBackend | None = None
+) -> bool:
+    """Give the runner's graph manager the series' breakable wrapper before
+    V2 builds upstream's: ``CudaGraphManager.init_breakable_cg_runner`` builds
+    one only when none is set. Call it once the runner has built its manager
+    (``initialize_kv_cache``); it does nothing (False) where the manager takes
+    no breakable graphs or already has a wrapper, or where the runner's config
+    does not ask for the series' (its toggle off, or a target the series is
+    not for: upstream's wrapper then)."""
+    manager = runner.cudagraph_manager
+    if (
+        manager is None
+        or not manager.use_breakable_cg
+        or manager.breakable_cg_runner is not None
+        or not breakable_graph_enabled(runner.vllm_config)
+    ):
+        return False
+    manager.breakable_cg_runner = XpuBreakableGraphWrapper(
+        runner.model, runner.vllm_config, backend=backend
+    )
+    return True
