@@ -273,7 +273,7 @@ def run_leg(args: argparse.Namespace, leg: Leg) -> dict[str, Any]:
     if device == "cuda" and leg.graphs:
         # the series' worker on CUDA (the XPU platform names its own): its runner presets the
         # series' breakable wrapper
-        from scripts.device.cuda_series_worker import WORKER
+        from scripts.device._cuda_series_worker import WORKER
 
         extra["worker_cls"] = WORKER
     if leg.graphs:

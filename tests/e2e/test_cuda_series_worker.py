@@ -1,4 +1,4 @@
-"""The device checks' CUDA worker (``scripts/device/cuda_series_worker.py``): on a CUDA GPU the
+"""The device checks' CUDA worker (``scripts/device/_cuda_series_worker.py``): on a CUDA GPU the
 graph check's legs get the series' breakable wrapper through the same hook and preset as the
 wheel's XPU worker (``vllm/xpu_laguna/worker.py``).
 
@@ -29,7 +29,7 @@ def test_the_worker_is_upstreams_cuda_worker_with_its_runner_hook() -> None:
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
     from vllm.v1.worker.gpu_worker import Worker
 
-    from scripts.device import cuda_series_worker as cuda
+    from scripts.device import _cuda_series_worker as cuda
 
     module, name = cuda.WORKER.rsplit(".", 1)
     assert module == cuda.__name__ and getattr(cuda, name) is cuda.CudaSeriesWorker
@@ -47,7 +47,7 @@ def test_the_runner_presets_the_series_wrapper(monkeypatch: pytest.MonkeyPatch, 
     from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
     from xpu_laguna_standins.emulated_graphs import recording_backend
 
-    from scripts.device import cuda_series_worker as cuda
+    from scripts.device import _cuda_series_worker as cuda
 
     def upstream(self: object, *args: object, **kwargs: object) -> None:
         self.cudagraph_manager = SimpleNamespace(use_breakable_cg=True, breakable_cg_runner=None)  # type: ignore[attr-defined]

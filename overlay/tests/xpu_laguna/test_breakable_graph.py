@@ -471,22 +471,37 @@ def test_v2_capture_sizes_other_than_the_width_are_refused(
     assert text.startswith("xpu_laguna.breakable_graph: ")
 
 
+class _EmulatingPlatformStandIn(_PlatformStandIn):
+    """A CPU platform that names graphs of its own (as the CPU runtime's
+    test-side platform does where a run asks for emulation)."""
+
+    def __init__(self, device_type: str, backend) -> None:
+        super().__init__(device_type)
+        self._backend = backend
+
+    def xpu_laguna_graph_backend(self):
+        return self._backend
+
+
 def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
+    """A platform's own graphs (the hook the test-side platform answers) are
+    taken, and said to be emulated; a CPU platform without them (negative
+    control), or whose hook names none, is refused."""
     from xpu_laguna_standins.emulated_graphs import recording_backend
 
-    from vllm.xpu_laguna.graphs.backends import (
-        set_device_graph_backend_override,
-    )
+    from vllm.xpu_laguna.graphs.backends import PLATFORM_BACKEND_HOOK
     from vllm.xpu_laguna.graphs.config import configure_breakable_graph
 
-    with pytest.raises(BreakableGraphConfigError, match="XPU or CUDA"):
-        configure_breakable_graph(_config_stand_in(), _PlatformStandIn("cpu"))
-    set_device_graph_backend_override(recording_backend())
-    try:
-        assert configure_breakable_graph(_config_stand_in(), _PlatformStandIn("cpu"))
-        assert "RecordingGraph" in device_graph_backend().graph_class_name
-    finally:
-        set_device_graph_backend_override(None)
+    assert PLATFORM_BACKEND_HOOK == "xpu_laguna_graph_backend"
+    for platform in (
+        _PlatformStandIn("cpu"),
+        _EmulatingPlatformStandIn("cpu", None),
+    ):
+        with pytest.raises(BreakableGraphConfigError, match="XPU or CUDA"):
+            configure_breakable_graph(_config_stand_in(), platform)
+    emulating = _EmulatingPlatformStandIn("cpu", recording_backend())
+    assert configure_breakable_graph(_config_stand_in(), emulating)
+    assert "RecordingGraph" in device_graph_backend(emulating).graph_class_name
 
 
 @pytest.mark.parametrize(

@@ -26,10 +26,7 @@ from breakable_graph_standins import RecordingGraph
 from laguna_model_testlib import config_stand_in
 
 from vllm.config import CompilationConfig
-from vllm.xpu_laguna.graphs.backends import (
-    DeviceGraphBackend,
-    set_device_graph_backend_override,
-)
+from vllm.xpu_laguna.graphs.backends import DeviceGraphBackend
 from vllm.xpu_laguna.graphs.wrapper import XpuBreakableGraphWrapper
 
 KERNEL_MODULES = ("_C", "_moe_C", "_xpu_C")
@@ -131,13 +128,11 @@ def test_the_runner_presets_the_wrapper_after_building_its_manager(
     runner = object.__new__(xpu.worker.XpuLagunaModelRunner)
     runner.vllm_config = vllm_config
     runner.model = torch.nn.Identity()
-    set_device_graph_backend_override(
-        DeviceGraphBackend(name="recording", graph_factory=RecordingGraph)
+    monkeypatch.setattr(
+        "vllm.xpu_laguna.graphs.wrapper.device_graph_backend",
+        lambda: DeviceGraphBackend(name="recording", graph_factory=RecordingGraph),
     )
-    try:
-        runner.initialize_kv_cache(None, is_profiling=True)
-    finally:
-        set_device_graph_backend_override(None)
+    runner.initialize_kv_cache(None, is_profiling=True)
     built = runner.cudagraph_manager.breakable_cg_runner
     assert isinstance(built, XpuBreakableGraphWrapper) is breakable
     assert (built is None) is not breakable

@@ -82,13 +82,6 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     PrivateName(
         _WRAPPER,
-        "_all_instances",
-        "the series' wrapper registers itself so upstream's clear_all_graphs "
-        "frees its graphs too",
-        "a public registration hook (or a base __init__ that takes the graph backend)",
-    ),
-    PrivateName(
-        _WRAPPER,
         "_capture",
         "overridden: the audited capture of one batch descriptor",
         "an overridable capture step on BreakableCUDAGraphWrapper",

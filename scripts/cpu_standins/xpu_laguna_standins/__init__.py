@@ -9,9 +9,11 @@ the device, kept out of the wheel (nothing under ``vllm/`` imports this package)
 * :mod:`.int4_experts`: the XPU routed INT4 experts' kernel call (a reference dequantize and
   matmul), so a CPU engine loads a compressed-tensors W4A16 MoE through vLLM's XPU path (only
   with ``VXL_XPU_INT4_EXPERTS=1``);
-* :mod:`.platform` and :mod:`.communicator`: the CPU platform of the runtime (upstream's
-  ``CpuPlatform`` whose device communicator runs the series' all-reduce modes, as the series' XPU
-  platform's does on the device), chosen by vLLM through :func:`platform_plugin`;
+* :mod:`.standin_platform`, :mod:`.standin_communicator` and :mod:`.standin_worker`: the CPU
+  platform of the runtime (upstream's ``CpuPlatform`` whose device communicator runs the series'
+  all-reduce modes, as the series' XPU platform's does on the device; where a run asks for
+  emulated graphs, its graphs are the recording graph and its worker captures them), chosen by
+  vLLM through :func:`platform_plugin`;
 * :mod:`.xccl_ring`: XCCL's ring all-reduce (oneCCL's chunk split, sum order and rounding) for
   that communicator's ``debug_xccl_standin`` mode (the series' option of that name in the
   engine's ``additional_config["xpu_laguna"]``; the matrix's ring legs and the patch tests'

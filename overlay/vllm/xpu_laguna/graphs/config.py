@@ -14,9 +14,7 @@ import torch
 import vllm.envs as envs
 from vllm.config import CompilationMode, CUDAGraphMode, VllmConfig
 from vllm.logger import init_logger
-from vllm.xpu_laguna.graphs.backends import (
-    device_graph_backend_override,
-)
+from vllm.xpu_laguna.graphs.backends import platform_graph_backend
 from vllm.xpu_laguna.graphs.errors import BreakableGraphConfigError
 from vllm.xpu_laguna.options import XpuLagunaOptions
 
@@ -109,12 +107,12 @@ def configure_breakable_graph(
     def fail(msg: str) -> None:
         raise BreakableGraphConfigError(f"{prefix}: {msg}")
 
-    override = device_graph_backend_override()
-    if override is not None:
+    own = platform_graph_backend(platform)
+    if own is not None:
         logger.warning_once(
             "Breakable graphs are EMULATED by %s on %s: results are emulated, "
             "not device graphs",
-            override.graph_class_name,
+            own.graph_class_name,
             platform.device_type,
         )
     elif platform.is_xpu():

@@ -93,13 +93,12 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         runtime_mode: CUDAGraphMode | None = None,
         key_fn: Callable[..., Hashable] | None = None,
     ) -> None:
-        self.runnable = runnable
-        self.vllm_config = vllm_config
-        self.runtime_mode = runtime_mode
-        # As upstream: Python control flow that changes what runs (e.g. MTP
-        # module selection) keys its own captures.
-        self.key_fn = key_fn
-        self.compilation_config = vllm_config.compilation_config
+        # upstream's state (runnable, config, key_fn: Python control flow that
+        # changes what runs keys its own captures, entries, the registration
+        # that lets clear_all_graphs free these graphs too), then the series'
+        super().__init__(
+            runnable, vllm_config, runtime_mode=runtime_mode, key_fn=key_fn
+        )
         self.backend = backend if backend is not None else device_graph_backend()
         self.graph_pool = self.backend.pool()
         self.is_debugging_mode = debug_checks_enabled() if debug is None else debug
@@ -113,10 +112,8 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         self.collective_buffers = _collective_buffers(
             runnable, vllm_config, self.expected
         )
-        self.entries: dict[Hashable, _BreakableEntry] = {}
         self.audit: list[str] = []
         self.replays = 0
-        BreakableCUDAGraphWrapper._all_instances.add(self)
         logger.info_once(
             "Breakable %s graphs enabled (eager breaks at attention and "
             "collectives; graph class %s)",
