@@ -74,7 +74,7 @@ def _check(tree: Path, patch: Path, *extra: str) -> tuple[int, str]:
 
 
 def test_handoff_has_one_patch_per_fix() -> None:
-    assert [p.name[:5] for p in PATCHES] == ["0002-", "0008-", "0013-"], [p.name for p in PATCHES]
+    assert [p.name[:5] for p in PATCHES] == ["0002-", "0006-", "0008-", "0013-"], [p.name for p in PATCHES]
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=[p.name[:4] for p in PATCHES])

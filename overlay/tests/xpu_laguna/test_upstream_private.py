@@ -33,6 +33,7 @@ _USERS = {
         "xpu_laguna/attention/backend.py",
     ),
     "model_executor/layers/linear.py": ("xpu_laguna/model.py",),
+    "v1/worker/xpu_worker.py": ("xpu_laguna/worker.py",),
 }
 
 

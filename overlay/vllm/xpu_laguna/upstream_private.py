@@ -125,6 +125,14 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "after loading",
         "upstream's drafter keeping (or re-reading) the weight (docs/upstream/0013-*)",
     ),
+    PrivateName(
+        "vllm.v1.worker.xpu_worker:XPUWorker",
+        "_make_model_runner",
+        "overridden: the series' XPU worker builds its model runner, which "
+        "presets the series' breakable graph wrapper (upstream documents it "
+        "as the method subclasses override)",
+        "Platform.get_breakable_graph_wrapper_cls (docs/upstream/0006-*)",
+    ),
 )
 
 
