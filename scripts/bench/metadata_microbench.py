@@ -21,6 +21,11 @@ Two figures per mode (median over steps, microseconds):
 * ``step metadata``: the whole metadata preparation of the step (the upstream
   ``build``/``update_block_table`` work, identical in both modes, plus the above).
 
+And, for a configuration the series is not for (its exact verify off), one ``build`` of the
+full-attention group by upstream's builder and by the series' builder (the class the series'
+platform gives every FlashAttention layer), side by side: what the series costs a model it
+does not act on (its builder decides when it is built and then returns upstream's metadata).
+
 Usage (from the repository root)::
 
     python -m scripts.bench.metadata_microbench [--steps 2000] [--cols 2048]
@@ -180,6 +185,24 @@ def _full_step(builders: list[Any], step: Step) -> list[Any]:
     return mds
 
 
+def _off_builders(cols: int) -> dict[str, Any]:
+    """Upstream's builder and the series' builder of the full-attention group of one config the
+    series is not for (exact verify off)."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.xpu_laguna.attention.backend import XpuLagunaFlashAttentionMetadataBuilder
+
+    config = _vllm_config(cols * BLOCK, {"exact_verify": False})
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE, dtype=torch.bfloat16)
+    with set_current_vllm_config(config):
+        return {
+            "upstream": FlashAttentionMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu")),
+            "series": XpuLagunaFlashAttentionMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu")),
+        }
+
+
 def _time_us(fn: Any, n: int) -> list[float]:
     samples = []
     for _ in range(n):
@@ -227,11 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     per = max(1, args.steps // args.rounds)
     exact: dict[str, list[float]] = {m: [] for m in modes}
     full: dict[str, list[float]] = {m: [] for m in modes}
+    off = _off_builders(args.cols)
+    off_build: dict[str, list[float]] = {m: [] for m in off}
     for _ in range(args.rounds):
         for name, builders in modes.items():
             md = prepared[name]
             exact[name] += _time_us(lambda b=builders, m=md: _exact_only(b, step, m), per)
             full[name] += _time_us(lambda b=builders: _full_step(b, step), per)
+        for name, builder in off.items():
+            off_build[name] += _time_us(lambda b=builder: b.build(0, step.cms[0]), per)
     print(
         f"metadata preparation per {LAYERS}-layer M={WIDTH} step "
         f"(4 KV-cache groups, {args.cols} block-table columns, "
@@ -243,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         inl = statistics.median(data["inline"])
         pre = statistics.median(data["prebuilt"])
         print(f"{label:24}{inl:12.1f}{pre:12.1f}{inl / pre:9.1f}x")
+    print("one build of a config the series is not for (exact verify off)")
+    print(f"{'':24}{'upstream':>12}{'series':>12}{'ratio':>10}")
+    up, series = (statistics.median(off_build[m]) for m in ("upstream", "series"))
+    print(f"{'build [us]':24}{up:12.1f}{series:12.1f}{series / up:9.2f}x")
     return 0
 
 

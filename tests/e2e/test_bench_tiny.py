@@ -40,6 +40,8 @@ def test_metadata_microbench_measures_inline_against_prebuilt(guards: str) -> No
     assert set(rows) == {"exact metadata [us]", "step metadata [us]"}, proc.stdout
     for inline, prebuilt, ratio in rows.values():
         assert inline > 0 and prebuilt > 0 and ratio > 0
+    off = _rows(proc.stdout, ("build [us]",))
+    assert set(off) == {"build [us]"} and all(v > 0 for v in off["build [us]"]), proc.stdout
 
 
 def test_graph_host_overhead_times_every_mode() -> None:

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import laguna_attn_testlib as lib  # noqa: E402
 
 from vllm.xpu_laguna.attention import exact as xpu_laguna_exact  # noqa: E402
+from vllm.xpu_laguna.attention.backend import laguna_exact  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     xpu_laguna_exact.kernel_seam_name() != "reference"
@@ -134,7 +135,7 @@ def test_upstream_verify_rows_are_not_bitwise_decodes():
             out, md = lib.forward(
                 builder, impl, layer, kv_cache, cm, req.q[seq_len - 8 : seq_len]
             )
-            assert md.laguna_exact is None
+            assert laguna_exact(md) is None
             for j in range(8):
                 tok = seq_len - 8 + j
                 dcm = lib.common_metadata([1], [tok + 1], table)
@@ -209,9 +210,9 @@ def test_eligibility(case):
                 builder, impl, layer, kv_cache, cm, query, mds[on]
             )
 
-    exact = mds[True].laguna_exact
+    exact = laguna_exact(mds[True])
     assert (exact.width if exact is not None else 0) == want
-    assert mds[False].laguna_exact is None
+    assert laguna_exact(mds[False]) is None
     # Apart from the exact-verify field the metadata is the upstream metadata.
     assert _metadata_fields_equal(mds[True], mds[False])
     if causal and want <= 1:
@@ -314,7 +315,7 @@ def test_builders_of_two_configs_keep_their_own_exact_path():
         for q in (8, 4):
             for name, builder in builders.items():
                 md = builder.build(0, lib.common_metadata([q], [300], table))
-                exact = md.laguna_exact
+                exact = laguna_exact(md)
                 got = None if exact is None else (exact.width, exact.split_plan)
                 assert got == BUILDER_CASES[name][1][q], (name, q)
 

@@ -395,3 +395,29 @@ def test_wrong_offset_vector_is_caught_by_the_equality_test(prebuilt_on):
     md = builder.build(0, step_cm(5, 401, table))
     with pytest.raises(AssertionError, match="KV lengths differ"):
         assert_prebuilt_equals_fresh(md.laguna_exact, md.seq_lens, table)
+
+
+@pytest.mark.parametrize("options", [None, lib.options(exact=False)])
+def test_a_config_the_series_is_not_for_gets_upstreams_metadata(options, monkeypatch):
+    """The builder decides when it is built: for a config the series is not
+    for (no options, or exact verify off) every step returns upstream's
+    metadata as upstream built it, and no step reads the options. The
+    series' config (the control) gets the series' metadata."""
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
+    from vllm.xpu_laguna.attention.backend import XpuLagunaFlashAttentionMetadata
+    from vllm.xpu_laguna.options import XpuLagunaOptions
+
+    off = lib.make_builder(None, options=options)
+    on = lib.make_builder(None, options=lib.options(exact=True, width=M))
+    assert off.laguna_planner.width == 0 and on.laguna_planner.width == M
+
+    def read(*args, **kwargs):
+        raise AssertionError("a step read the series' options")
+
+    monkeypatch.setattr(XpuLagunaOptions, "from_config", read)
+    cm = step_cm(M, 5 * lib.BLOCK_SIZE + 1, lib.block_table_for([[3, 1, 4, 15, 9, 26]]))
+    md = off.build(0, cm)
+    assert type(md) is FlashAttentionMetadata
+    md = on.build(0, cm)
+    assert type(md) is XpuLagunaFlashAttentionMetadata
+    assert md.laguna_exact is not None and md.laguna_exact.width == M

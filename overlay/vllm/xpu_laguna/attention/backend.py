@@ -45,9 +45,20 @@ class XpuLagunaFlashAttentionMetadata(FlashAttentionMetadata):
     laguna_exact: exact_verify.ExactVerifyMetadata | None = None
 
 
+def laguna_exact(
+    metadata: FlashAttentionMetadata,
+) -> exact_verify.ExactVerifyMetadata | None:
+    """A step's exact-verify metadata; None: upstream's path (upstream's own
+    metadata, which a builder of a config the series is not for returns, has
+    none)."""
+    return getattr(metadata, "laguna_exact", None)
+
+
 class XpuLagunaFlashAttentionMetadataBuilder(FlashAttentionMetadataBuilder):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # what each step's plan reads of the config, decided here
+        self.laguna_planner = exact_verify.StepPlanner.from_config(self.vllm_config)
         # fixed-address exact-verify metadata (None: planned inline)
         self.laguna_prebuilt = maybe_create(self.vllm_config, self.device)
 
@@ -56,16 +67,15 @@ class XpuLagunaFlashAttentionMetadataBuilder(FlashAttentionMetadataBuilder):
         common_prefix_len: int,
         common_attn_metadata: CommonAttentionMetadata,
         fast_build: bool = False,
-    ) -> XpuLagunaFlashAttentionMetadata:
+    ) -> FlashAttentionMetadata:
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        if self.laguna_planner.width == 0:
+            return metadata  # a config the series is not for: upstream's, as is
         fields = {
             f.name: getattr(metadata, f.name) for f in dataclasses.fields(metadata)
         }
-        fields["laguna_exact"] = exact_verify.plan_step(
-            common_attn_metadata,
-            self.vllm_config,
-            self.dcp_world_size,
-            self.laguna_prebuilt,
+        fields["laguna_exact"] = self.laguna_planner.plan(
+            common_attn_metadata, self.dcp_world_size, self.laguna_prebuilt
         )
         return XpuLagunaFlashAttentionMetadata(**fields)
 
@@ -104,7 +114,7 @@ class XpuLagunaFlashAttentionImpl(FlashAttentionImpl):
         output_scale: torch.Tensor | None = None,
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        exact = getattr(attn_metadata, "laguna_exact", None)
+        exact = laguna_exact(attn_metadata)
         if (
             exact is not None
             and output_scale is None

@@ -280,7 +280,15 @@ def step_width(
     """Q if this step is eligible for the exact path (1 = a single-request
     decode, which then runs with the planned split count), else 0; the
     series' scope decided from ``vllm_config`` (the builder's)."""
-    width = exact_verify_width(vllm_config)
+    return eligible_width(
+        common_attn_metadata, dcp_world_size, exact_verify_width(vllm_config)
+    )
+
+
+def eligible_width(
+    common_attn_metadata: "CommonAttentionMetadata", dcp_world_size: int, width: int
+) -> int:
+    """:func:`step_width` for a config whose exact verify width is ``width``."""
     cm = common_attn_metadata
     q = cm.max_query_len
     if (
@@ -320,31 +328,64 @@ def exact_seq_len(
     return int(cm.seq_lens[0].item())
 
 
+@dataclass(frozen=True)
+class StepPlanner:
+    """What planning a step reads of the config, decided once: a metadata
+    builder makes one when it is built (its config does not change), so a
+    step reads no option. ``width`` 0: the series is not for this config and
+    every step takes upstream's path."""
+
+    width: int
+    host_seq_lens_exact: bool = True
+    split_plan: bool = True
+
+    @classmethod
+    def from_config(cls, vllm_config: "VllmConfig") -> "StepPlanner":
+        width = exact_verify_width(vllm_config)
+        if width == 0:
+            return cls(0)
+        return cls(
+            width,
+            host_seq_lens_exact(vllm_config),
+            not XpuLagunaOptions.from_config(vllm_config).debug_no_split_plan,
+        )
+
+    def plan(
+        self,
+        common_attn_metadata: "CommonAttentionMetadata",
+        dcp_world_size: int,
+        prebuilt: ExactMetadataOwner | None = None,
+    ) -> ExactVerifyMetadata | None:
+        """The step's exact-verify metadata, or None (upstream path).
+
+        ``prebuilt`` is the builder's prebuilt-metadata owner (widths 2..M),
+        if any; width 1 is always built inline.
+        """
+        q = eligible_width(common_attn_metadata, dcp_world_size, self.width)
+        if q == 0:
+            return None
+        seq_len = exact_seq_len(common_attn_metadata, self.host_seq_lens_exact)
+        if prebuilt is not None and q >= 2:
+            return prebuilt.refresh(
+                q,
+                common_attn_metadata.seq_lens,
+                common_attn_metadata.block_table_tensor,
+                seq_len,
+            )
+        return ExactVerifyMetadata(width=q, seq_len=seq_len, split_plan=self.split_plan)
+
+
 def plan_step(
     common_attn_metadata: "CommonAttentionMetadata",
     vllm_config: "VllmConfig",
     dcp_world_size: int,
     prebuilt: ExactMetadataOwner | None = None,
 ) -> ExactVerifyMetadata | None:
-    """Builder hook: the step's exact-verify metadata, or None (upstream path).
-
-    ``prebuilt`` is the builder's prebuilt-metadata owner (widths 2..M), if
-    any; width 1 is always built inline.
-    """
-    # the builder's own config decides, not the process's last decision
-    q = step_width(common_attn_metadata, dcp_world_size, vllm_config)
-    if q == 0:
-        return None
-    seq_len = exact_seq_len(common_attn_metadata, host_seq_lens_exact(vllm_config))
-    if prebuilt is not None and q >= 2:
-        return prebuilt.refresh(
-            q,
-            common_attn_metadata.seq_lens,
-            common_attn_metadata.block_table_tensor,
-            seq_len,
-        )
-    split_plan = not XpuLagunaOptions.from_config(vllm_config).debug_no_split_plan
-    return ExactVerifyMetadata(width=q, seq_len=seq_len, split_plan=split_plan)
+    """One step planned from ``vllm_config`` (a builder keeps its
+    :class:`StepPlanner` instead of reading the config each step)."""
+    return StepPlanner.from_config(vllm_config).plan(
+        common_attn_metadata, dcp_world_size, prebuilt
+    )
 
 
 def build_inline(
