@@ -226,7 +226,7 @@ def _config(
     options: lib.Options | None = None,
     architecture: str = "LagunaForCausalLM",
 ) -> SimpleNamespace:
-    """The VllmConfig fields plan_step reads: the target's architecture and
+    """The VllmConfig fields a step planner reads: the target's architecture and
     the series' options (the series' scope and the exact path are decided
     from the builder's config) and the two that say whether the host's
     sequence lengths are exact."""
@@ -239,16 +239,21 @@ def _config(
     )
 
 
+def _plan(cm, config, dcp_world_size):
+    """One step planned as a metadata builder of ``config`` plans it."""
+    return xpu_laguna_exact.StepPlanner.from_config(config).plan(cm, dcp_world_size)
+
+
 def test_dcp_is_not_eligible():
     cm = lib.common_metadata([8], [300], lib.block_table_for([[1, 2, 3, 4, 5]]))
-    assert xpu_laguna_exact.plan_step(cm, _config(), 1) is not None
-    assert xpu_laguna_exact.plan_step(cm, _config(), 2) is None  # DCP
+    assert _plan(cm, _config(), 1) is not None
+    assert _plan(cm, _config(), 2) is None  # DCP
 
 
 def test_padded_step_is_not_eligible():
     cm = lib.common_metadata([4], [300], lib.block_table_for([[1, 2, 3, 4, 5]]))
     cm.num_actual_tokens = 8  # padded rows beyond the request's 4
-    assert xpu_laguna_exact.plan_step(cm, _config(), 1) is None
+    assert _plan(cm, _config(), 1) is None
 
 
 def test_exact_seq_len_under_async_speculative_decoding():
@@ -257,15 +262,11 @@ def test_exact_seq_len_under_async_speculative_decoding():
     read the device value, which is what the split plan needs."""
     cm = lib.common_metadata([8], [300], lib.block_table_for([[1, 2, 3, 4, 5]]))
     cm.seq_lens_cpu_upper_bound = torch.tensor([305], dtype=torch.int32)
-    on_device = xpu_laguna_exact.plan_step(
-        cm, _config(async_scheduling=True, spec=True), 1
-    )
+    on_device = _plan(cm, _config(async_scheduling=True, spec=True), 1)
     assert on_device is not None and on_device.seq_len == 300
     # Negative control: where the host copy is declared exact it is used as is
     # (here deliberately wrong, so the source of the value is visible).
-    on_host = xpu_laguna_exact.plan_step(
-        cm, _config(async_scheduling=False, spec=True), 1
-    )
+    on_host = _plan(cm, _config(async_scheduling=False, spec=True), 1)
     assert on_host is not None and on_host.seq_len == 305
 
 

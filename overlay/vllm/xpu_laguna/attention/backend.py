@@ -8,7 +8,7 @@ The series' XPU platform returns it where upstream's XPU platform picks
 (the CPU runtime's test-side plugins). What it adds, each by subclassing:
 
 * the metadata builder plans each step's exact verify
-  (``exact_verify.plan_step``: verify rows as one-token paged-decode
+  (``exact_verify.StepPlanner``: verify rows as one-token paged-decode
   pseudo-sequences, None for every step and model the series is not for)
   into :class:`XpuLagunaFlashAttentionMetadata`, from fixed-address
   buffers it owns when the ``prebuilt_metadata`` option asks

@@ -20,8 +20,8 @@ Each verify row is then computed by the same kernel, with the same inputs, as
 the q=1 decode of that token, so the verify logits are bitwise equal to
 non-speculative decoding.
 
-Which steps take the path (:func:`plan_step`, called once per step and KV
-cache group by the metadata builder): exactly one request, 1 <= q <= M query
+Which steps take the path (:meth:`StepPlanner.plan`, called once per step and
+KV cache group by the metadata builder): exactly one request, 1 <= q <= M query
 rows (M = the ``verify_width`` option; q = 1 is the plain decode, one row
 with the planned split count), all rows real (no padding), no
 decode context parallelism, causal attention without multimodal prefix ranges
@@ -272,23 +272,12 @@ def exact_verify_width(vllm_config: "VllmConfig | None") -> int:
     return width
 
 
-def step_width(
-    common_attn_metadata: "CommonAttentionMetadata",
-    dcp_world_size: int,
-    vllm_config: "VllmConfig | None" = None,
-) -> int:
-    """Q if this step is eligible for the exact path (1 = a single-request
-    decode, which then runs with the planned split count), else 0; the
-    series' scope decided from ``vllm_config`` (the builder's)."""
-    return eligible_width(
-        common_attn_metadata, dcp_world_size, exact_verify_width(vllm_config)
-    )
-
-
 def eligible_width(
     common_attn_metadata: "CommonAttentionMetadata", dcp_world_size: int, width: int
 ) -> int:
-    """:func:`step_width` for a config whose exact verify width is ``width``."""
+    """Q if this step is eligible for the exact path of a config whose exact
+    verify width is ``width`` (1 = a single-request decode, which then runs
+    with the planned split count), else 0."""
     cm = common_attn_metadata
     q = cm.max_query_len
     if (
@@ -373,19 +362,6 @@ class StepPlanner:
                 seq_len,
             )
         return ExactVerifyMetadata(width=q, seq_len=seq_len, split_plan=self.split_plan)
-
-
-def plan_step(
-    common_attn_metadata: "CommonAttentionMetadata",
-    vllm_config: "VllmConfig",
-    dcp_world_size: int,
-    prebuilt: ExactMetadataOwner | None = None,
-) -> ExactVerifyMetadata | None:
-    """One step planned from ``vllm_config`` (a builder keeps its
-    :class:`StepPlanner` instead of reading the config each step)."""
-    return StepPlanner.from_config(vllm_config).plan(
-        common_attn_metadata, dcp_world_size, prebuilt
-    )
 
 
 def build_inline(

@@ -2,8 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The breakable-graph wrapper: one audited capture per batch descriptor,
 the static-input guard before every replay, accounting of captures and
-replays, and the model runner's hooks (read its accounting, pick the
-wrapper class)."""
+replays, and the model runner's hooks (read its accounting, put the
+series' wrapper in its graph manager)."""
 
 from __future__ import annotations
 
