@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
 from scripts import cpu_standins
 from scripts.cpu_slots import OMP_BIND_ENV
+from scripts.cpu_standins import standin_module
 from scripts.matrix.cli import main
+from scripts.matrix.engine import engine_kwargs
 from scripts.matrix.evaluate import evaluate
 from scripts.matrix.legs import (
     EQUAL_BY_ARITHMETIC,
@@ -22,7 +24,7 @@ from scripts.matrix.legs import (
 )
 from scripts.matrix.runner import leg_environment
 from scripts.measure.emulation import PLUGIN_DIR
-from scripts.series_options import ENV_PREFIX
+from scripts.series_options import ENV_PREFIX, additional_config
 from tests.fake_vllm import PLATFORM_MODULE, run_probe, write_fake_vllm
 from tests.test_matrix_logprobs import TEACHER, _out
 
@@ -40,15 +42,40 @@ def test_tp2_legs_carry_the_reduction_options_and_no_fixed_cpu_binding() -> None
     assert OMP_BIND_ENV not in env and not [k for k in env if k.startswith(ENV_PREFIX)]
 
 
-def test_tp_legs_install_the_series_hooks_in_their_workers() -> None:
+def test_tp_legs_install_the_series_attention_hook_in_their_workers() -> None:
     env = leg_environment(LEG["dflash-graph1-meta1-tp2"], 1, "cpu", {"PYTHONPATH": "/x"})
-    assert env["XPU_LAGUNA_CPU_SERIES_ATTENTION"] == "1" and env["XPU_LAGUNA_EMULATED_GRAPHS"] == "1"
+    assert env["XPU_LAGUNA_CPU_SERIES_ATTENTION"] == "1"
     assert env["PYTHONPATH"].endswith(":/x") and "series_attention" in env["PYTHONPATH"]
     assert "XPU_LAGUNA_CPU_SERIES_ATTENTION" not in leg_environment(LEG["teacher"], 1, "cpu", {})
-    # the graph emulation's marker alone decides in a worker (its options are in the engine's config,
-    # which a process cannot read at start-up): only a graph leg sets it
-    eager = leg_environment(LEG["dflash-graph0-meta1-tp2"], 1, "cpu", {})
-    assert eager["XPU_LAGUNA_CPU_SERIES_ATTENTION"] == "1" and "XPU_LAGUNA_EMULATED_GRAPHS" not in eager
+    # the graph emulation is no environment hook: a graph leg asks in its engine's config
+    assert not [k for k in env if "EMULATED" in k]
+
+
+def _engine_config(name: str, emulate_graphs: bool) -> dict[str, object]:
+    leg = LEG[name]
+    return {
+        "leg": asdict(leg),
+        "target": "target",
+        "draft": "draft",
+        "method": "dflash",
+        "dtype": "float32",
+        "tp": leg.tp_size(1),
+        "options": leg.options(),
+        "max_model_len": 64,
+        "emulate_graphs": emulate_graphs,
+    }
+
+
+def test_a_graph_leg_asks_for_emulated_graphs_in_its_engine_config() -> None:
+    ask = standin_module().emulation_entry()
+    graph = engine_kwargs(_engine_config("dflash-graph1-meta1-tp2", True))
+    assert graph["additional_config"] == {**additional_config(LEG["dflash-graph1-meta1-tp2"].options()), **ask}
+    assert graph["distributed_executor_backend"] == "mp"  # the ranks get it with the config
+    # negative controls: an eager leg, and a graph leg on a device, do not ask
+    eager = engine_kwargs(_engine_config("dflash-graph0-meta1-tp2", True))
+    device = engine_kwargs(_engine_config("dflash-graph1-meta1-tp2", False))
+    for kwargs in (eager, device):
+        assert not set(ask) & set(kwargs["additional_config"])
 
 
 # A stand-in vllm package for the plugin probe (tests/fake_vllm.py: the platform is CPU unless

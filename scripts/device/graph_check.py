@@ -262,10 +262,12 @@ def run_leg(args: argparse.Namespace, leg: Leg) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     extra: dict[str, Any] = {}
+    config = additional_config(leg.options(args.width, args.series_options))
     if device == "cpu" and leg.graphs:
         from scripts.cpu_standins import standin_module
 
-        standin_module("emulated_graphs").install_cpu_emulation()
+        # the recording stand-in for this engine's graphs, asked in its config
+        config.update(standin_module().emulation_entry())
         # As the matrix's emulated legs: no JIT warm-up. It only moves first compiles out of the
         # first request, and its sampler warm-up launches the top-k/top-p kernel, which Triton's
         # interpreter cannot run (``tl.range`` over a program id yields Python ints there).
@@ -293,7 +295,7 @@ def run_leg(args: argparse.Namespace, leg: Leg) -> dict[str, Any]:
         kv_cache_memory_bytes=512 << 20,
         enable_prefix_caching=False,
         speculative_config=_speculative_config(args),
-        additional_config=additional_config(leg.options(args.width, args.series_options)),
+        additional_config=config,
         **extra,
     )
     try:

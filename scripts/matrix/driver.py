@@ -118,9 +118,7 @@ def _drive(
             "kv_cache_memory_bytes": args.kv_cache_bytes if device == "cpu" else None,
             "kv_cache_dtype": args.kv_cache_dtype,
             "cpu_flash_attn": device == "cpu",
-            # in the leg process itself (its in-process engine core checks the config), at every TP:
-            # a preloaded leg is a fork that never ran the graph hook's sitecustomize at start-up;
-            # past TP 1 the hook of the leg's environment installs it in the spawned ranks
+            # a graph leg asks for emulated graphs in its engine's config, which every rank gets
             "emulate_graphs": device == "cpu",
             "fault": args.inject_fault,
             "mutation": leg.mutation,

@@ -14,13 +14,10 @@ from scripts.matrix.logprobs import collect_logprobs
 from scripts.series_options import additional_config
 
 
-def run_leg(config: dict[str, Any]) -> dict[str, Any]:
-    """Run one leg in this process: a fresh engine, one request at a time, given the series'
-    options of ``config["options"]`` (:meth:`scripts.matrix.legs.Leg.options`) in its
-    ``additional_config``."""
-    import torch
-    from vllm import LLM, SamplingParams
-
+def engine_kwargs(config: dict[str, Any]) -> dict[str, Any]:
+    """The engine arguments of one leg (``LLM(**kwargs)``): the series' options of
+    ``config["options"]`` (:meth:`scripts.matrix.legs.Leg.options`) in its ``additional_config``,
+    and for an emulated graph leg the test side's ask beside them."""
     leg = Leg(**config["leg"])
     kwargs: dict[str, Any] = dict(
         model=config["target"],
@@ -56,13 +53,28 @@ def run_leg(config: dict[str, Any]) -> dict[str, Any]:
             kwargs["speculative_config"].update(prompt_lookup_min=2, prompt_lookup_max=5)
     if leg.graph:
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [WIDTH]}
-    counts = route_and_count(config.get("cpu_flash_attn", False))
     if leg.graph and config.get("emulate_graphs"):
-        _install_graph_emulation()
+        # CPU: the breakable graphs through the recording stand-in (emulated device graphs), asked
+        # in the engine's config, which every worker gets with it
+        from scripts.cpu_standins import standin_module
+
+        kwargs["additional_config"].update(standin_module().emulation_entry())
         # As an eager leg (enforce_eager turns it off): no JIT warm-up of the scheduler-driven
         # Triton kernels, which only moves their first compile out of the first request and costs
         # start-up time on the stand-in runtime (Triton interpreted).
         kwargs["kernel_config"] = {"enable_jit_warmup": False}
+    return kwargs
+
+
+def run_leg(config: dict[str, Any]) -> dict[str, Any]:
+    """Run one leg in this process: a fresh engine (:func:`engine_kwargs`), one request at a
+    time."""
+    import torch
+    from vllm import LLM, SamplingParams
+
+    leg = Leg(**config["leg"])
+    kwargs = engine_kwargs(config)
+    counts = route_and_count(config.get("cpu_flash_attn", False))
     began = time.monotonic()
     llm = LLM(**kwargs)
     startup_seconds = time.monotonic() - began
@@ -210,17 +222,6 @@ def _inject_mutation(llm: Any, mutation: str) -> None:
 
 
 # ---------------------------------------------------------------- graph legs (child process)
-
-
-def _install_graph_emulation() -> None:
-    """CPU: breakable graphs through the recording stand-in (emulated device graphs).
-
-    Needs the in-process engine (the driver sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and the
-    option ``breakable_graph`` on (the leg's ``additional_config``).
-    """
-    from scripts.cpu_standins import standin_module
-
-    standin_module("emulated_graphs").install_cpu_emulation()
 
 
 FAULTS = ("stale-input", "stale-input-unguarded")

@@ -76,19 +76,18 @@ def leg_environment(leg: Leg, default_tp: int, device: str, base: dict[str, str]
     """The leg process's environment (the series' options are not in it: they go to the engine's
     ``additional_config``, ``config["options"]`` of the leg). On CPU the engine runs in-process
     (the backend override applies); past TP 1 the ranks are worker processes of vLLM's mp
-    executor, so the series' attention (and for a graph leg the graph emulation) is installed in
-    each of them through the hooks a CPU server uses
-    (:func:`scripts.measure.emulation.server_hooks_env`). The XCCL ring stand-in a leg turns on
-    needs nothing here: the runtime's ``xpu_laguna_standins`` plugin registers it in every worker
-    (``scripts/cpu_standins``)."""
+    executor, so the series' attention is installed in each of them through the hook a CPU server
+    uses (:func:`scripts.measure.emulation.series_attention_env`). The graph emulation and the XCCL
+    ring stand-in a leg turns on need nothing here: both are asked in the engine's config, which
+    every worker gets (``scripts/cpu_standins``)."""
     env = dict(base)
     if device != "cpu":
         return env
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if leg.tp_size(default_tp) > 1:
-        from scripts.measure.emulation import server_hooks_env
+        from scripts.measure.emulation import series_attention_env
 
-        hooks = server_hooks_env(series_attention=True, emulate_graphs=leg.graph)
+        hooks = series_attention_env()
         if base.get("PYTHONPATH"):
             hooks["PYTHONPATH"] = os.pathsep.join((hooks["PYTHONPATH"], base["PYTHONPATH"]))
         env.update(hooks)

@@ -38,7 +38,7 @@ from scripts.layout import Layout
 from scripts.log import detail, info, step
 from scripts.measure import client, preflight
 from scripts.measure.artifacts import RECORD_FILE, finish_run, server_log_artifact, write_rows
-from scripts.measure.emulation import MARK_ENV, server_hooks_env
+from scripts.measure.emulation import series_attention_env
 from scripts.measure.gates import GATES_PATH, Gates, load_gates
 from scripts.measure.leg_recipe import NO_SPECULATION, LegRecipe, load_recipe
 from scripts.measure.manifest import MANIFEST_FILE, Manifest, RequestPolicy, ServerRun, StoredMeta, load_manifest
@@ -121,9 +121,9 @@ def leg_inputs(
     args: argparse.Namespace, recipe: LegRecipe | None
 ) -> tuple[dict[str, LegSetup], dict[str, Any], dict[str, Any]]:
     """Per-leg environments and options, the treatment and the control values (the recipe's value
-    of a treated variable or option is its control value unless ``--control`` names one). With
-    ``--emulate-graphs`` the emulation's marker is set in the legs with breakable graphs only (the
-    hook's folder is on every leg's path): the marker alone decides, in each process of a server."""
+    of a treated variable or option is its control value unless ``--control`` names one).
+    ``--emulate-graphs`` is asked in the config of each leg with breakable graphs
+    (:func:`leg_argv`), not in an environment."""
     treatment = parse_assignments(args.treatment, "--treatment")
     control = parse_assignments(args.control, "--control")
     base: dict[str, Any] = dict(base_env())
@@ -131,15 +131,10 @@ def leg_inputs(
         given = {**recipe.env, **{option_name(k): v for k, v in recipe.series_options.items()}}
         control = {**{k: v for k, v in given.items() if k in treatment}, **control}
         base.update({k: v for k, v in given.items() if k not in treatment})
-    hooks = server_hooks_env(series_attention=not args.upstream_cpu_attention, emulate_graphs=args.emulate_graphs)
-    marker = hooks.pop(MARK_ENV, None)
-    base.update(hooks)
+    if not args.upstream_cpu_attention:
+        base.update(series_attention_env())
     base.update(parse_assignments(args.env, "--env"))
     legs = {leg: split_settings(settings, leg) for leg, settings in leg_environments(base, control, treatment).items()}
-    if marker is not None:
-        for setup in legs.values():
-            if setup.breakable_graph:
-                setup.env[MARK_ENV] = marker
     return legs, treatment, control
 
 
@@ -235,11 +230,18 @@ def leg_argv(
 ) -> list[str]:
     """A leg's server command: the recipe as ``--config FILE`` (or ``--model``), ``extra``, then the
     leg's options as ``--additional-config`` (after the file, so they win; a recipe's other
-    ``additional-config`` entries kept)."""
+    ``additional-config`` entries kept). With ``--emulate-graphs`` a leg with breakable graphs asks
+    the CPU runtime's test side for emulated graphs in that config too, which reaches the engine
+    core and every worker with it."""
+    kept: dict[str, Any] = {}
+    if args.emulate_graphs and setup.breakable_graph:
+        from scripts.cpu_standins import standin_module
+
+        kept = standin_module().emulation_entry()
     if recipe is not None:
-        options = server_args(setup.options, replaces=recipe.additional_config)
+        options = server_args(setup.options, replaces={**recipe.additional_config, **kept})
         return serve_argv(args.python, None, port, [*extra, *options], config=str(recipe.path))
-    options = server_args(setup.options)
+    options = server_args(setup.options, replaces=kept)
     return serve_argv(args.python, str(Path(args.model).resolve()), port, [*extra, *options])
 
 

@@ -53,7 +53,7 @@ def test_the_runner_presets_the_series_wrapper(monkeypatch: pytest.MonkeyPatch, 
         self.cudagraph_manager = SimpleNamespace(use_breakable_cg=True, breakable_cg_runner=None)  # type: ignore[attr-defined]
 
     monkeypatch.setattr(GPUModelRunner, "initialize_kv_cache", upstream)
-    monkeypatch.setattr("vllm.xpu_laguna.graphs.wrapper.device_graph_backend", recording_backend)
+    monkeypatch.setattr("vllm.xpu_laguna.graphs.wrapper.device_graph_backend", lambda vllm_config: recording_backend())
     runner = object.__new__(cuda.CudaSeriesModelRunner)
     runner.vllm_config = _config(breakable)  # type: ignore[assignment]
     runner.model = torch.nn.Identity()

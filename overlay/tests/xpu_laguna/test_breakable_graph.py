@@ -217,13 +217,14 @@ class _PlatformStandIn(PlatformStandIn):
 
 
 def test_device_graph_choice() -> None:
-    xpu = device_graph_backend(_PlatformStandIn("xpu"))
+    cfg = _config_stand_in()
+    xpu = device_graph_backend(cfg, _PlatformStandIn("xpu"))
     assert xpu.name == "xpu" and xpu.graph_factory is torch.xpu.XPUGraph
     assert xpu.pool() == ("pool", "xpu")
-    cuda = device_graph_backend(_PlatformStandIn("cuda"))
+    cuda = device_graph_backend(cfg, _PlatformStandIn("cuda"))
     assert cuda.name == "cuda" and cuda.graph_factory is torch.cuda.CUDAGraph
     with pytest.raises(BreakableGraphConfigError, match="XPU or CUDA"):
-        device_graph_backend(_PlatformStandIn("cpu"))
+        device_graph_backend(cfg, _PlatformStandIn("cpu"))
 
 
 BREAKABLE = {"breakable_graph": True}
@@ -473,13 +474,16 @@ def test_v2_capture_sizes_other_than_the_width_are_refused(
 
 class _EmulatingPlatformStandIn(_PlatformStandIn):
     """A CPU platform that names graphs of its own (as the CPU runtime's
-    test-side platform does where a run asks for emulation)."""
+    test-side platform does for an engine whose config asks for emulation);
+    it keeps the configs it was asked with."""
 
     def __init__(self, device_type: str, backend) -> None:
         super().__init__(device_type)
         self._backend = backend
+        self.asked_with: list = []
 
-    def xpu_laguna_graph_backend(self):
+    def xpu_laguna_graph_backend(self, vllm_config):
+        self.asked_with.append(vllm_config)
         return self._backend
 
 
@@ -500,8 +504,29 @@ def test_emulated_backend_is_accepted_on_cpu_and_named() -> None:
         with pytest.raises(BreakableGraphConfigError, match="XPU or CUDA"):
             configure_breakable_graph(_config_stand_in(), platform)
     emulating = _EmulatingPlatformStandIn("cpu", recording_backend())
-    assert configure_breakable_graph(_config_stand_in(), emulating)
-    assert "RecordingGraph" in device_graph_backend(emulating).graph_class_name
+    cfg = _config_stand_in()
+    assert configure_breakable_graph(cfg, emulating)
+    assert "RecordingGraph" in device_graph_backend(cfg, emulating).graph_class_name
+    # the platform is asked with the config of the engine the graphs are for
+    assert emulating.asked_with == [cfg, cfg]
+
+
+def test_the_test_side_platform_emulates_only_for_a_config_that_asks() -> None:
+    """The CPU runtime's test-side platform names the recording graph for
+    an engine whose config asks for emulation, and none for another engine
+    of the same process (negative control: the CPU has no device graphs, so
+    the series refuses its breakable graphs)."""
+    from xpu_laguna_standins import emulation_entry
+    from xpu_laguna_standins.standin_platform import StandInCpuPlatform
+
+    asking = _config_stand_in()
+    asking.additional_config = {**asking.additional_config, **emulation_entry()}
+    other = _config_stand_in()
+    backend = StandInCpuPlatform.xpu_laguna_graph_backend(asking)
+    assert backend is not None and backend.name == "emulated"
+    assert "RecordingGraph" in backend.graph_class_name
+    assert StandInCpuPlatform.xpu_laguna_graph_backend(other) is None
+    assert StandInCpuPlatform.xpu_laguna_graph_backend(asking) is not None
 
 
 @pytest.mark.parametrize(

@@ -130,7 +130,9 @@ def test_the_runner_presets_the_wrapper_after_building_its_manager(
     runner.model = torch.nn.Identity()
     monkeypatch.setattr(
         "vllm.xpu_laguna.graphs.wrapper.device_graph_backend",
-        lambda: DeviceGraphBackend(name="recording", graph_factory=RecordingGraph),
+        lambda vllm_config: DeviceGraphBackend(
+            name="recording", graph_factory=RecordingGraph
+        ),
     )
     runner.initialize_kv_cache(None, is_profiling=True)
     built = runner.cudagraph_manager.breakable_cg_runner

@@ -3,9 +3,10 @@ the device, kept out of the wheel (nothing under ``vllm/`` imports this package)
 
 * :mod:`.reference_attention`: pure-torch reference kernels for the FlashAttention backend (the
   XPU paged-decode kernel's split-K, the cache write), and the oracle of the device checks;
-* :mod:`.emulated_graphs`: emulated device graphs for breakable-graph runs on CPU, installed only
-  where a run asks for them (``install_cpu_emulation``: the matrix's and the e2e tests' graph
-  legs, a CPU server with ``--emulate-graphs``, the device graph check's self test);
+* :mod:`.emulated_graphs`: emulated device graphs for breakable-graph runs on CPU, only for an
+  engine whose config asks for them (:func:`emulation_entry` in its ``additional_config``: the
+  matrix's and the e2e tests' graph legs, a CPU server with ``--emulate-graphs``, the device graph
+  check's self test);
 * :mod:`.int4_experts`: the XPU routed INT4 experts' kernel call (a reference dequantize and
   matmul), so a CPU engine loads a compressed-tensors W4A16 MoE through vLLM's XPU path (only
   with ``VXL_XPU_INT4_EXPERTS=1``);
@@ -39,9 +40,38 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 KERNELS_NAME = "reference"
 PLATFORM = "xpu_laguna_standins.standin_platform.StandInCpuPlatform"
+EMULATION_KEY = "xpu_laguna_standins"
+"""The key of ``VllmConfig.additional_config`` where an engine asks the test side for emulated
+graphs (:func:`emulation_entry`); beside the series' own key, which holds the series' options."""
+EMULATED_GRAPHS = "emulated_graphs"
+
+
+def emulation_entry() -> dict[str, dict[str, bool]]:
+    """The ``additional_config`` entry of an engine whose breakable graphs the test side emulates on
+    CPU: merged into its ``additional_config``, it reaches every process of the engine with the
+    config (workers included, whatever the executor), and no other engine."""
+    return {EMULATION_KEY: {EMULATED_GRAPHS: True}}
+
+
+def emulation_asked(vllm_config: VllmConfig | None) -> bool:
+    """Whether ``vllm_config`` asks for emulated graphs (:func:`emulation_entry`). A malformed entry
+    is refused in one line naming the key."""
+    extra: Any = getattr(vllm_config, "additional_config", None) or {}
+    entry = extra.get(EMULATION_KEY) if isinstance(extra, dict) else None
+    if entry is None:
+        return False
+    if not isinstance(entry, dict) or set(entry) != {EMULATED_GRAPHS} or not isinstance(entry[EMULATED_GRAPHS], bool):
+        raise ValueError(
+            f"additional_config[{EMULATION_KEY!r}]: expected {{{EMULATED_GRAPHS!r}: true or false}}, got {entry!r}"
+        )
+    return entry[EMULATED_GRAPHS]
 
 
 def register() -> bool:

@@ -9,10 +9,11 @@ DFlash drafter, wrapper, guards) can run through the same capture/replay
 logic as on a device. Results obtained this way are *emulated* and must be
 labelled so. A test-side stand-in (never in the wheel): it reaches vLLM only
 through the runtime's test-side platform and worker
-(:mod:`.standin_platform`, :mod:`.standin_worker`) where a run asks for it
-(:func:`install_cpu_emulation`), for an engine whose series' options turn
-``breakable_graph`` on: the platform names :func:`recording_backend` as its
-graphs, the worker captures through it.
+(:mod:`.standin_platform`, :mod:`.standin_worker`), for an engine whose
+config asks for it (:func:`xpu_laguna_standins.emulation_entry` in its
+``additional_config``) and whose series' options turn ``breakable_graph``
+on: the platform names :func:`recording_backend` as its graphs for that
+engine, the worker captures through it.
 
 What the stand-in reproduces (read against ``torch.cuda.CUDAGraph`` /
 ``torch.xpu.XPUGraph`` and vLLM 0.26.0's breakable capture):
@@ -209,28 +210,6 @@ def recording_backend() -> DeviceGraphBackend:
         capture_context=recording_capture,
         graph_class=GRAPH_CLASS_NAME,
     )
-
-
-class Emulation:
-    """Whether this process asked for emulated graphs (:func:`install_cpu_emulation`; a forked
-    worker inherits the answer)."""
-
-    asked: ClassVar[bool] = False
-
-
-def install_cpu_emulation() -> None:
-    """Ask for emulated breakable graphs in this process and the workers it
-    forks: for an engine whose series' options turn ``breakable_graph`` on,
-    the runtime's test-side platform then names the recording graph as its
-    graphs, keeps the breakable configuration the CPU platform would clear,
-    and its worker captures after the warm-up
-    (:class:`~xpu_laguna_standins.standin_platform.StandInCpuPlatform`,
-    :class:`~xpu_laguna_standins.standin_worker.StandInCpuWorker`). Called
-    where a CPU run asks for emulation: the matrix's graph legs, a CPU
-    server's processes with ``--emulate-graphs``, the graph check's self
-    test. Without the ask a CPU engine with breakable graphs is refused (no
-    XPU or CUDA device), as without the stand-ins."""
-    Emulation.asked = True
 
 
 @contextlib.contextmanager

@@ -1,10 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The CPU runtime's test-side platform: upstream's ``CpuPlatform`` with the series' device
-communicator on CPU and, where a run asks for emulation
-(:func:`~xpu_laguna_standins.emulated_graphs.install_cpu_emulation`) for an engine whose series'
-options turn ``breakable_graph`` on, breakable graphs emulated by the recording graph. Never in the
-wheel.
+communicator on CPU and, for an engine whose config asks for emulation
+(:func:`~xpu_laguna_standins.emulation_entry`) and whose series' options turn ``breakable_graph``
+on, breakable graphs emulated by the recording graph. Never in the wheel.
 
 vLLM picks it through this package's ``vllm.platform_plugins`` entry point
 (:func:`xpu_laguna_standins.platform_plugin`),
@@ -18,12 +17,13 @@ plugin takes precedence over the built-in one. It models the series' XPU platfor
   (gloo / SHM instead of XCCL) differ from the XPU one;
 * ``check_and_update_config``: where upstream names its CPU worker,
   :class:`~xpu_laguna_standins.standin_worker.StandInCpuWorker` (the XPU platform names the series'
-  XPU worker); and, emulating, for a config that asks for the series' breakable graphs, the graph
-  settings the CPU platform clears (mode PIECEWISE, the capture size, ``use_breakable_cudagraph``)
-  set again;
-* ``xpu_laguna_graph_backend`` (the series' graphs package asks a platform for its own graphs):
-  emulating, the recording graph, so the series' wrapper captures and replays through it,
-  labelled emulated; else none (a CPU has no device graphs: the series refuses breakable graphs);
+  XPU worker); and, for a config that asks for emulation and the series' breakable graphs, the
+  graph settings the CPU platform clears (mode PIECEWISE, the capture size,
+  ``use_breakable_cudagraph``) set again;
+* ``xpu_laguna_graph_backend(vllm_config)`` (the series' graphs package asks a platform for its
+  own graphs, with the config of the engine they are for): for a config that asks for emulation,
+  the recording graph, so the series' wrapper captures and replays through it, labelled emulated;
+  else none (a CPU has no device graphs: the series refuses breakable graphs);
 * ``_global_graph_pool``: a name where a device has its pool handle (CPU has none).
 """
 
@@ -32,6 +32,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from vllm.platforms.cpu import CpuPlatform
+
+from . import emulation_asked
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -42,14 +44,6 @@ CPU_WORKER = "vllm.v1.worker.cpu_worker.CPUWorker"
 WORKER = "xpu_laguna_standins.standin_worker.StandInCpuWorker"
 # what upstream's graph manager takes for the global graph pool (a device's pool handle)
 EMULATED_POOL = "emulated graph pool (CPU)"
-
-
-def _emulating() -> bool:
-    """Whether this process asked for emulated graphs (imported late: the platform plugin is
-    probed before vLLM's platform is set up, and the graphs' module needs it)."""
-    from .emulated_graphs import Emulation
-
-    return Emulation.asked
 
 
 class StandInCpuPlatform(CpuPlatform):
@@ -64,14 +58,16 @@ class StandInCpuPlatform(CpuPlatform):
         from vllm.xpu_laguna.graphs.config import apply_breakable_graph_settings, breakable_graph_enabled
 
         super().check_and_update_config(vllm_config)
-        if _emulating() and breakable_graph_enabled(vllm_config):
+        if emulation_asked(vllm_config) and breakable_graph_enabled(vllm_config):
             apply_breakable_graph_settings(vllm_config)
             vllm_config.compilation_config.use_breakable_cudagraph = True
         if vllm_config.parallel_config.worker_cls == CPU_WORKER:
             vllm_config.parallel_config.worker_cls = WORKER
 
     @classmethod
-    def xpu_laguna_graph_backend(cls) -> DeviceGraphBackend | None:
+    def xpu_laguna_graph_backend(cls, vllm_config: VllmConfig) -> DeviceGraphBackend | None:
+        # imported late: the platform plugin is probed before vLLM's platform is set up, and the
+        # graphs' module needs it
         from .emulated_graphs import recording_backend
 
-        return recording_backend() if _emulating() else None
+        return recording_backend() if emulation_asked(vllm_config) else None

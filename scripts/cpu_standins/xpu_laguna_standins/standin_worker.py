@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The CPU runtime's test-side worker: upstream's ``CPUWorker`` that, for an engine with the
-series' breakable graphs where a run asks for emulation, captures them (emulated) after its
+series' breakable graphs whose config asks for emulation, captures them (emulated) after its
 warm-up. Never in the wheel; named
 by :class:`~xpu_laguna_standins.standin_platform.StandInCpuPlatform`.
 
@@ -21,13 +21,14 @@ from typing import Any
 import torch
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from .emulated_graphs import Emulation, alias_weak_refs, capture_on_cpu
+from . import emulation_asked
+from .emulated_graphs import alias_weak_refs, capture_on_cpu
 
 
 class StandInCpuWorker(CPUWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if Emulation.asked and not hasattr(torch.ops._C, "weak_ref_tensor"):
+        if emulation_asked(self.vllm_config) and not hasattr(torch.ops._C, "weak_ref_tensor"):
             alias_weak_refs()
 
     def compile_or_warm_up_model(self) -> Any:

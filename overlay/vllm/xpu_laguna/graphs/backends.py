@@ -4,9 +4,11 @@
 platform (``torch.xpu.XPUGraph`` on XPU, ``torch.cuda.CUDAGraph`` on CUDA),
 one capture stream for the whole process. A platform that captures with
 graphs of its own (the CPU runtime's test-side platform, whose recording
-graphs emulate device graphs) names them with a classmethod
-``xpu_laguna_graph_backend()`` (:data:`PLATFORM_BACKEND_HOOK`); the series'
-XPU platform has none and gets ``torch.xpu.XPUGraph``."""
+graphs emulate device graphs where an engine's config asks for them) names
+them with a classmethod ``xpu_laguna_graph_backend(vllm_config)``
+(:data:`PLATFORM_BACKEND_HOOK`), asked with the config of the engine whose
+graphs are built; the series' XPU platform has none and gets
+``torch.xpu.XPUGraph``."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch
 from vllm.xpu_laguna.graphs.errors import BreakableGraphConfigError
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
     from vllm.platforms.interface import Platform
 
 
@@ -109,20 +112,25 @@ def _device_pre_capture() -> None:
 PLATFORM_BACKEND_HOOK = "xpu_laguna_graph_backend"
 
 
-def platform_graph_backend(platform: Platform) -> DeviceGraphBackend | None:
-    """The graphs ``platform`` names with :data:`PLATFORM_BACKEND_HOOK`
-    (None: its device graphs)."""
+def platform_graph_backend(
+    platform: Platform, vllm_config: VllmConfig
+) -> DeviceGraphBackend | None:
+    """The graphs ``platform`` names with :data:`PLATFORM_BACKEND_HOOK` for
+    an engine built with ``vllm_config`` (None: its device graphs)."""
     hook = getattr(platform, PLATFORM_BACKEND_HOOK, None)
-    return hook() if hook is not None else None
+    return hook(vllm_config) if hook is not None else None
 
 
-def device_graph_backend(platform: Platform | None = None) -> DeviceGraphBackend:
-    """The device-graph backend of ``platform`` (default: the current one)."""
+def device_graph_backend(
+    vllm_config: VllmConfig, platform: Platform | None = None
+) -> DeviceGraphBackend:
+    """The device-graph backend of ``platform`` (default: the current one)
+    for an engine built with ``vllm_config``."""
     if platform is None:
         from vllm.platforms import current_platform
 
         platform = current_platform
-    own = platform_graph_backend(platform)
+    own = platform_graph_backend(platform, vllm_config)
     if own is not None:
         return own
     if platform.is_xpu():

@@ -107,7 +107,7 @@ def configure_breakable_graph(
     def fail(msg: str) -> None:
         raise BreakableGraphConfigError(f"{prefix}: {msg}")
 
-    own = platform_graph_backend(platform)
+    own = platform_graph_backend(platform, vllm_config)
     if own is not None:
         logger.warning_once(
             "Breakable graphs are EMULATED by %s on %s: results are emulated, "

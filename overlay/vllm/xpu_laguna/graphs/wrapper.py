@@ -99,7 +99,9 @@ class XpuBreakableGraphWrapper(BreakableCUDAGraphWrapper):
         super().__init__(
             runnable, vllm_config, runtime_mode=runtime_mode, key_fn=key_fn
         )
-        self.backend = backend if backend is not None else device_graph_backend()
+        self.backend = (
+            backend if backend is not None else device_graph_backend(vllm_config)
+        )
         self.graph_pool = self.backend.pool()
         self.is_debugging_mode = debug_checks_enabled() if debug is None else debug
         self.expected = (
