@@ -129,7 +129,7 @@ def installed(target: nn.Module, drafter: nn.Module) -> dict[str, Any]:
     for prefix, model in (("target", target), ("draft", drafter)):
         kinds, norms = {}, []
         for name, mod in model.named_modules():
-            kind = getattr(mod, rd._KIND_ATTR, None)
+            kind = rd.installed_kind(mod)
             if kind is not None:
                 kinds[name] = kind
             if isinstance(mod, rd.RowInvariantQKNorm):

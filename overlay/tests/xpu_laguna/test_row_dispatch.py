@@ -608,7 +608,7 @@ def test_install_keeps_the_settings_of_the_config_it_was_given() -> None:
             (head, "lm_head"),
         ):
             assert linear.quant_method.apply.settings == want
-            assert getattr(linear, rd._KIND_ATTR) == kind
+            assert rd.installed_kind(linear) == kind
     # and they act on it: tokens form up to 4 rows vs plain linears at 8
     assert _calls(first.self_attn.qkv_proj, 4) == [1] * 4
     assert _calls(first.self_attn.qkv_proj, 8) == [8]  # wider than its width

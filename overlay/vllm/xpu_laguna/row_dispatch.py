@@ -112,9 +112,6 @@ KINDS = (
     "lm_head",
 )
 
-# Attribute set on installed target linears.
-_KIND_ATTR = "_xpu_laguna_row_invariant_kind"
-
 _TARGET_LOGITS: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "xpu_laguna_target_logits", default=False
 )
@@ -319,11 +316,15 @@ def linear_batch_invariant(
 
 class RowInvariantApply:
     """Replaces a target layer's ``quant_method.apply``: the form of the
-    model's linears/INT4 options on exact verify rows, else the original."""
+    model's linears/INT4 options for a linear of ``kind`` (one of
+    :data:`KINDS`) on exact verify rows, else the original."""
 
-    def __init__(self, inner: Callable[..., torch.Tensor], settings: Settings) -> None:
+    def __init__(
+        self, inner: Callable[..., torch.Tensor], settings: Settings, kind: str
+    ) -> None:
         self.inner = inner
         self.settings = settings
+        self.kind = kind
         self.method = getattr(inner, "__self__", None)
         self._class: str | None = None  # "bf16" | "int4" | "other"
 
@@ -344,8 +345,8 @@ class RowInvariantApply:
         return self._class
 
     def form(self, layer: nn.Module, x: torch.Tensor) -> str | None:
-        kind = getattr(layer, _KIND_ATTR, None)
-        if kind is None or x.dim() != 2 or torch.compiler.is_compiling():
+        kind = self.kind
+        if x.dim() != 2 or torch.compiler.is_compiling():
             return None
         if kind == "lm_head" and not _TARGET_LOGITS.get():
             return None  # the drafter's compute_logits (shared lm_head)
@@ -368,7 +369,7 @@ class RowInvariantApply:
         form = self.form(layer, x)
         if form is None:
             return self.inner(layer, x, bias)
-        counters.calls["linear", getattr(layer, _KIND_ATTR), form] += 1
+        counters.calls["linear", self.kind, form] += 1
         if form == "batch_invariant":
             assert self.settings.padded_rows is not None  # width > 0 here
             return linear_batch_invariant(layer, x, bias, self.settings.padded_rows)
@@ -379,9 +380,14 @@ def _install_linear(layer: nn.Module | None, kind: str, s: Settings) -> None:
     method = getattr(layer, "quant_method", None)
     if layer is None or method is None:
         return
-    setattr(layer, _KIND_ATTR, kind)
     if not isinstance(method.apply, RowInvariantApply):
-        method.apply = RowInvariantApply(method.apply, s)
+        method.apply = RowInvariantApply(method.apply, s, kind)
+
+
+def installed_kind(layer: nn.Module) -> str | None:
+    """The kind a target linear was installed as (None: not installed)."""
+    apply = getattr(getattr(layer, "quant_method", None), "apply", None)
+    return apply.kind if isinstance(apply, RowInvariantApply) else None
 
 
 def install_target_layers(
