@@ -151,8 +151,11 @@ def _wrappers(config: Any) -> dict[str, Any]:
 def measure(steps: int, rounds: int) -> dict[str, list[float]]:
     """Host time per replayed step (us) of each mode, one figure per round."""
     import torch
-    from vllm.config import CUDAGraphMode, set_current_vllm_config
-    from vllm.forward_context import BatchDescriptor, set_forward_context
+    from vllm.config import set_current_vllm_config
+
+    from scripts.cpu_standins import standin_module
+
+    piecewise_step_context = standin_module("emulated_graphs").piecewise_step_context
 
     config = _vllm_config()
     input_ids = torch.zeros(TOKENS, dtype=torch.int64)
@@ -164,14 +167,7 @@ def measure(steps: int, rounds: int) -> dict[str, list[float]]:
         wrappers = _wrappers(config)
 
         def context() -> Any:
-            return set_forward_context(
-                None,
-                config,
-                num_tokens=TOKENS,
-                cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE,
-                batch_descriptor=BatchDescriptor(num_tokens=TOKENS),
-                slot_mapping=slot_mapping,
-            )
+            return piecewise_step_context(config, TOKENS, slot_mapping=slot_mapping)
 
         for wrapper in wrappers.values():  # capture once
             with context():

@@ -19,11 +19,13 @@ from typing import Any
 import torch
 import torch._dynamo
 from laguna_model_testlib import (
+    WIDTH,
     additional_config,
     init_one_rank,
     tiny_engine_args,
     tiny_laguna_config,
 )
+from xpu_laguna_standins.emulated_graphs import piecewise_step_context
 
 from vllm.xpu_laguna.collectives import SeriesAllReduce
 
@@ -229,23 +231,18 @@ class Harness:
 
 def forward_ctx(
     vllm_config,
-    num_tokens: int = 8,
+    num_tokens: int = WIDTH,
     attn_metadata: Any = None,
     graphs: bool = True,
     slot_mapping: Any = None,
 ):
-    from vllm.config import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor, set_forward_context
-
-    return set_forward_context(
-        attn_metadata,
+    """A step of ``num_tokens`` (default: the drivers' verify width)."""
+    return piecewise_step_context(
         vllm_config,
-        num_tokens=num_tokens,
-        cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE
-        if graphs
-        else CUDAGraphMode.NONE,
-        batch_descriptor=BatchDescriptor(num_tokens=num_tokens),
+        num_tokens,
+        attn_metadata=attn_metadata,
         slot_mapping=slot_mapping,
+        graphs=graphs,
     )
 
 

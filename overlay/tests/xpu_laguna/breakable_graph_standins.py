@@ -9,12 +9,11 @@ drives the emulated graph legs of the equivalence matrix); see there what it
 reproduces of a device graph and what not.
 """
 
-from typing import Any
-
 from xpu_laguna_standins.emulated_graphs import (
     BREAK_OPS,
     Recorder,
     RecordingGraph,
+    piecewise_step_context,
     recording_capture,
 )
 
@@ -23,7 +22,7 @@ __all__ = [
     "PlatformStandIn",
     "Recorder",
     "RecordingGraph",
-    "piecewise_forward_context",
+    "piecewise_step_context",
     "recording_capture",
 ]
 
@@ -44,20 +43,3 @@ class PlatformStandIn:
 
     def is_cuda_alike(self) -> bool:
         return self.device_type == "cuda"
-
-
-def piecewise_forward_context(
-    attn_metadata: Any, vllm_config: Any, num_tokens: int, slot_mapping: Any
-) -> Any:
-    """The forward context of a piecewise-graph step of ``num_tokens``."""
-    from vllm.config import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor, set_forward_context
-
-    return set_forward_context(
-        attn_metadata,
-        vllm_config,
-        num_tokens=num_tokens,
-        cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE,
-        batch_descriptor=BatchDescriptor(num_tokens=num_tokens),
-        slot_mapping=slot_mapping,
-    )

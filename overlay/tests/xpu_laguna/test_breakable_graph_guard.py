@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from breakable_graph_standins import piecewise_forward_context
+from breakable_graph_standins import piecewise_step_context
 from laguna_model_testlib import write_tiny_llama
 from xpu_laguna_standins.emulated_graphs import recording_backend
 
@@ -101,7 +101,7 @@ def _setup():
     def call(kwargs, slot_mapping):
         with (
             torch.inference_mode(),
-            piecewise_forward_context(None, config, N, slot_mapping),
+            piecewise_step_context(config, N, slot_mapping=slot_mapping),
         ):
             return wrapper(**kwargs).clone()
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from breakable_graph_standins import piecewise_forward_context
+from breakable_graph_standins import piecewise_step_context
 from laguna_attn_testlib import BLOCK_SIZE, kv_spec, options, vllm_config
 
 from vllm.config import (
@@ -125,7 +125,9 @@ def test_wrapped_forward_survives_500_dflash_cycles(prebuilt):
     slots = {name: runner.slots for name in runner.builders}
 
     def call(metadata, ids=input_ids):
-        with piecewise_forward_context(metadata, config, WIDTH, slots):
+        with piecewise_step_context(
+            config, WIDTH, attn_metadata=metadata, slot_mapping=slots
+        ):
             return wrapper(input_ids=ids, positions=positions)
 
     seen = set()

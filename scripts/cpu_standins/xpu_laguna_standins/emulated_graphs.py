@@ -203,6 +203,30 @@ def recording_capture() -> Iterator[None]:
         RecordingGraph.shared = None
 
 
+def piecewise_step_context(
+    vllm_config: Any,
+    num_tokens: int,
+    *,
+    attn_metadata: Any = None,
+    slot_mapping: Any = None,
+    graphs: bool = True,
+) -> Any:
+    """The forward context the model runner sets for a step of ``num_tokens`` that runs the
+    piecewise (breakable) graphs of that size (``graphs=False``: the same step eager), for driving
+    a wrapper outside an engine (tests, benchmarks)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor, set_forward_context
+
+    return set_forward_context(
+        attn_metadata,
+        vllm_config,
+        num_tokens=num_tokens,
+        cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE if graphs else CUDAGraphMode.NONE,
+        batch_descriptor=BatchDescriptor(num_tokens=num_tokens),
+        slot_mapping=slot_mapping,
+    )
+
+
 def recording_backend() -> DeviceGraphBackend:
     return DeviceGraphBackend(
         name="emulated",
