@@ -8,14 +8,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from _measure_run import manifest_for
 from test_measure_burst import burst_legs
 
 from _measure_synth import teacher
 from scripts import REPO_ROOT
+from scripts.errors import ToolError
+from scripts.measure import preflight
 from scripts.measure.artifacts import RECORD_FILE, finish_run, write_rows
 from scripts.measure.cli import analyze_run
+from scripts.measure.crossover import parser
 from scripts.measure.gates import load_gates
+from scripts.measure.leg_recipe import load_recipe
 from scripts.measure.record import RecordMeta
 from scripts.measure.verify_record import load_record, verify
 
@@ -121,6 +126,30 @@ def test_crossover_refuses_a_long_prompt_that_does_not_fit(tmp_path: Path) -> No
     # without --max-model-len the model's max_position_embeddings is the limit
     proc = _run_module(*base, "--max-tokens", "4000", "--rollover-at", "4000")
     assert proc.returncode == 1 and "max_position_embeddings" in proc.stderr
+
+
+def test_crossover_refuses_server_args_a_stand_in_runtime_cannot_start(tmp_path: Path) -> None:
+    """On a CPU runtime whose Triton runs interpreted, servers from --server-args need vLLM's JIT
+    warm-up off: one line naming the argument to add. Negative controls: the argument given,
+    --enforce-eager, a recipe (it carries its own kernel config), a runtime without the interpreter, no CPU runtime."""
+    (tmp_path / "config.json").write_text("{}")
+    argv = ["--treatment", "X=1", "--model", str(tmp_path), "--server-args", "--dtype float32"]
+    stand_in = {"mode": "stand-in", "triton_interpreted": "3.9.0"}
+    with pytest.raises(ToolError) as info:
+        preflight.check_runtime(parser().parse_args(argv), None, stand_in)
+    text = str(info.value)
+    assert text.startswith("--server-args: ") and preflight.JIT_WARMUP_OFF in text and "\n" not in text
+    given = [*argv[:-1], "--dtype float32 " + preflight.JIT_WARMUP_OFF]
+    preflight.check_runtime(parser().parse_args(given), None, stand_in)
+    eager = [*argv[:-1], "--dtype float32 --enforce-eager"]  # turns the warm-up off too
+    preflight.check_runtime(parser().parse_args(eager), None, stand_in)
+    preflight.check_runtime(parser().parse_args(argv), None, {"mode": "whole", "triton_interpreted": None})
+    preflight.check_runtime(parser().parse_args(argv), None, None)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {json.dumps(str(tmp_path))}\n")
+    (tmp_path / "r.env").write_text("")
+    args = parser().parse_args(["--recipe", str(recipe), "--treatment", "X=1"])
+    preflight.check_runtime(args, load_recipe(recipe), stand_in)
 
 
 def test_bench_shows_the_failing_step_output() -> None:

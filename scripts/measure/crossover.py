@@ -448,6 +448,9 @@ def main(argv: list[str]) -> int:
         draft = (spec or {}).get("model")
         target_revision = target_revision or recipe.revision
         draft_revision = draft_revision or (spec or {}).get("revision")
+    runtime = probe_runtime(args.python)
+    on_cpu = is_cpu_runtime(runtime.to_json())
+    preflight.check_runtime(args, recipe, runtime.cpu_runtime)
     if args.check_only:
         info("crossover: options OK")
         return 0
@@ -463,8 +466,6 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):
         raise ToolError(f"run directory {out} is not empty")
-    runtime = probe_runtime(args.python)
-    on_cpu = is_cpu_runtime(runtime.to_json())
     if on_cpu and runtime.cpu_runtime:
         info(f"CPU runtime: {runtime.cpu_runtime.get('line')}")
     if runtime.vllm_commit is None:

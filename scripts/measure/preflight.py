@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,27 @@ def check(args: argparse.Namespace, recipe: LegRecipe | None = None) -> None:
     if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ToolError(f"--out {args.out}: exists and is not an empty directory")
     _check_lengths(args, target, recipe)
+
+
+JIT_WARMUP_OFF = """--kernel-config '{"enable_jit_warmup": false}'"""
+"""What a CPU stand-in runtime's servers need in ``--server-args`` (the CPU recipes carry it)."""
+
+
+def check_runtime(args: argparse.Namespace, recipe: LegRecipe | None, cpu_runtime: Mapping[str, Any] | None) -> None:
+    """Raise :class:`ToolError` (one line) when the servers cannot start on the probed runtime
+    (``cpu_runtime``: the CPU runtime the probe found, None elsewhere). On a stand-in runtime,
+    whose Triton runs interpreted, vLLM's JIT warm-up launches a sampler kernel the interpreter
+    cannot run and every server dies before it is ready. ``--enforce-eager`` turns the warm-up off
+    too (vLLM's ``VllmConfig``), and a recipe sets its own kernel config."""
+    if recipe is not None or not cpu_runtime or not cpu_runtime.get("triton_interpreted"):
+        return
+    tokens = shlex.split(args.server_args)
+    if "--enforce-eager" in tokens or any("jit_warmup" in t.replace("-", "_") for t in tokens):
+        return
+    raise ToolError(
+        f"--server-args: on this CPU runtime (Triton interpreted) add {JIT_WARMUP_OFF} or --enforce-eager: "
+        "vLLM's JIT warm-up runs a kernel the Triton interpreter cannot run"
+    )
 
 
 def _check_lengths(args: argparse.Namespace, target: dict[str, Any], recipe: LegRecipe | None) -> None:
